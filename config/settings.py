@@ -1,0 +1,147 @@
+"""Arbor settings. The environment is read here and nowhere else."""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    return os.environ.get(name, str(default)).strip().lower() in {"1", "true", "yes", "on"}
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "arbor-insecure-development-key-change-me")
+DEBUG = _env_bool("DJANGO_DEBUG", True)
+ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "conversations",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL") or f"sqlite:///{BASE_DIR / 'var' / 'arbor.sqlite3'}",
+        conn_max_age=0,
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # psycopg 3's pool: turn threads open and close connections often.
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 2, "max_size": 20, "timeout": 10}
+else:
+    # SQLite: wait for the writer instead of failing at once when a turn thread holds the lock.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
+    )
+    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "var" / "test-arbor.sqlite3")}
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "var" / "static"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGIN_URL = "/admin/login/"
+
+EMAIL_BACKEND = os.environ.get("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = os.environ.get("DJANGO_DEFAULT_FROM_EMAIL", "arbor@localhost")
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "conversations.apis.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Arbor API",
+    "DESCRIPTION": "Conversation-tree context store and chat service.",
+    "VERSION": "0.1.0",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# Arbor itself.
+ARBOR_MODEL = os.environ.get("ARBOR_MODEL", "arbor/echo")
+ARBOR_API_BASE = os.environ.get("ARBOR_API_BASE") or None
+ARBOR_MODELS = [m for m in os.environ.get("ARBOR_MODELS", "").split(",") if m] or [ARBOR_MODEL]
+ARBOR_LLM_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_LLM_TIMEOUT_SECONDS", "120"))
+ARBOR_ECHO_MAX_INPUT_TOKENS = int(os.environ.get("ARBOR_ECHO_MAX_INPUT_TOKENS", "4000"))
+ARBOR_MAX_ROUNDS_PER_TURN = int(os.environ.get("ARBOR_MAX_ROUNDS_PER_TURN", "8"))
+ARBOR_MAX_CONTENT_CHARS = int(os.environ.get("ARBOR_MAX_CONTENT_CHARS", "100000"))
+ARBOR_TURN_LOCK_SECONDS = int(os.environ.get("ARBOR_TURN_LOCK_SECONDS", "300"))
+ARBOR_PATH_DEPTH_LIMIT = int(os.environ.get("ARBOR_PATH_DEPTH_LIMIT", "100000"))
+ARBOR_TOOL_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_TOOL_TIMEOUT_SECONDS", "30"))
+ARBOR_SALES_DB_PATH = BASE_DIR / "var" / "sales.sqlite3"
+ARBOR_SQL_ROW_CAP = int(os.environ.get("ARBOR_SQL_ROW_CAP", "200"))
+ARBOR_SQL_TIME_LIMIT_SECONDS = float(os.environ.get("ARBOR_SQL_TIME_LIMIT_SECONDS", "2"))
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"arbor": {"handlers": ["console"], "level": os.environ.get("ARBOR_LOG_LEVEL", "INFO")}},
+}

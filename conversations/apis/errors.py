@@ -1,0 +1,53 @@
+"""The API's one error shape: {"error": {"code": ..., "message": ...}}."""
+
+from __future__ import annotations
+
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from conversations.errors import ArborError
+
+
+def error_body(code: str, message: str, **extra) -> dict:
+    return {"error": {"code": code, "message": message, **extra}}
+
+
+def _flatten(detail, prefix: str = "") -> list[str]:
+    if isinstance(detail, dict):
+        return [m for key, value in detail.items() for m in _flatten(value, f"{prefix}{key}: " if key != "non_field_errors" else prefix)]
+    if isinstance(detail, list):
+        return [m for value in detail for m in _flatten(value, prefix)]
+    return [f"{prefix}{detail}"]
+
+
+_CODES = {
+    exceptions.ParseError: "malformed_json",
+    exceptions.NotAuthenticated: "not_authenticated",
+    exceptions.AuthenticationFailed: "authentication_failed",
+    exceptions.PermissionDenied: "permission_denied",
+    exceptions.NotFound: "not_found",
+    exceptions.MethodNotAllowed: "method_not_allowed",
+    exceptions.UnsupportedMediaType: "unsupported_media_type",
+    exceptions.NotAcceptable: "not_acceptable",
+    exceptions.Throttled: "throttled",
+}
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, ArborError):
+        return Response(error_body(exc.code, exc.message, **exc.extra), status=exc.status)
+    if isinstance(exc, Http404):
+        return Response(error_body("not_found", "Not found."), status=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, exceptions.ValidationError):
+        messages = _flatten(exc.detail)
+        return Response(
+            error_body("bad_input", " ".join(messages) or "Invalid input.", fields=exc.detail),
+            status=status.HTTP_400_BAD_REQUEST,
+        )
+    response = drf_exception_handler(exc, context)
+    if response is not None and isinstance(exc, exceptions.APIException):
+        code = _CODES.get(type(exc), exc.default_code)
+        response.data = error_body(code, " ".join(_flatten(exc.detail)))
+    return response

@@ -1,0 +1,122 @@
+"""Input and output shapes. No business logic: services and the turn runner decide."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from rest_framework import serializers
+
+from conversations.models import Conversation, Node
+from conversations.selectors import BubbleView
+
+
+class StrictCharField(serializers.CharField):
+    """A CharField that refuses numbers and booleans instead of quietly turning them into text."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+def validate_model_name(value: str) -> str:
+    if value not in settings.ARBOR_MODELS:
+        raise serializers.ValidationError(f"Unknown model {value!r}; choose one of: {', '.join(settings.ARBOR_MODELS)}.")
+    return value
+
+
+class ConversationIn(serializers.Serializer):
+    title = StrictCharField(max_length=200, required=False, allow_blank=True)
+    model = StrictCharField(max_length=200, required=False, validators=[validate_model_name])
+    instructions = StrictCharField(required=False, allow_blank=True, max_length=20000)
+
+
+class ConversationOut(serializers.ModelSerializer):
+    turn_running = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Conversation
+        fields = ["id", "title", "model", "instructions", "head", "version", "turn_running", "created_at",
+                  "updated_at"]
+
+    def get_turn_running(self, conversation: Conversation) -> bool:
+        from django.utils import timezone
+
+        return bool(conversation.turn_token and conversation.turn_expires_at
+                    and conversation.turn_expires_at > timezone.now())
+
+
+class NodeOut(serializers.ModelSerializer):
+    class Meta:
+        model = Node
+        fields = ["id", "parent", "conversation", "kind", "status", "failure_reason", "failure_message", "sent",
+                  "received", "provider", "model", "usage", "compacted_from", "created_at", "finished_at"]
+
+
+class NodeSummaryOut(serializers.ModelSerializer):
+    class Meta:
+        model = Node
+        fields = ["id", "parent", "conversation", "kind", "status", "failure_reason", "provider", "model", "usage",
+                  "compacted_from", "created_at"]
+
+
+class TurnIn(serializers.Serializer):
+    content = StrictCharField(trim_whitespace=False)
+
+
+class EditIn(serializers.Serializer):
+    node = StrictIntegerField()
+    content = StrictCharField(trim_whitespace=False)
+
+
+class RegenerateIn(serializers.Serializer):
+    node = StrictIntegerField(required=False)
+
+
+class SwitchIn(serializers.Serializer):
+    node = StrictIntegerField()
+
+
+class ApprovalIn(serializers.Serializer):
+    tool_call_id = StrictCharField(max_length=200)
+    approve = serializers.BooleanField()
+
+    def validate_approve(self, value):
+        if not isinstance(self.initial_data.get("approve"), bool):
+            raise serializers.ValidationError("Must be true or false.")
+        return value
+
+
+class BranchOut(serializers.Serializer):
+    index = serializers.IntegerField()
+    count = serializers.IntegerField()
+    siblings = serializers.ListField(child=serializers.IntegerField())
+
+
+class BubbleOut(serializers.Serializer):
+    id = serializers.IntegerField(source="bubble.id")
+    node = serializers.IntegerField(source="bubble.node_id")
+    role = serializers.CharField(source="bubble.role")
+    content = serializers.CharField(source="bubble.content")
+    data = serializers.JSONField(source="bubble.data")
+    branch = BranchOut(allow_null=True)
+
+    def to_representation(self, instance: BubbleView):
+        return super().to_representation(instance)
+
+
+class TurnOut(serializers.Serializer):
+    answer = serializers.CharField(allow_null=True)
+    head = serializers.IntegerField(allow_null=True)
+    nodes = NodeOut(many=True)
+    approval_required = serializers.ListField(child=serializers.DictField(), required=False)
+
+
+class ContextOut(serializers.Serializer):
+    messages = serializers.ListField(child=serializers.DictField())

@@ -1,0 +1,22 @@
+from django.urls import path
+
+from conversations.apis import views as v
+
+_turn_view = v.off_the_shared_thread
+
+urlpatterns = [
+    path("conversations/", v.ConversationListCreate.as_view(), name="conversation-list"),
+    path("conversations/<int:conversation_id>/", v.ConversationDetail.as_view(), name="conversation-detail"),
+    path("conversations/<int:conversation_id>/turns/", _turn_view(v.TurnCreate.as_view()), name="turn-create"),
+    path("conversations/<int:conversation_id>/edit/", _turn_view(v.TurnEdit.as_view()), name="turn-edit"),
+    path("conversations/<int:conversation_id>/regenerate/", _turn_view(v.TurnRegenerate.as_view()),
+         name="turn-regenerate"),
+    path("conversations/<int:conversation_id>/approvals/", _turn_view(v.ToolApprovalCreate.as_view()),
+         name="tool-approval"),
+    path("conversations/<int:conversation_id>/switch/", v.HeadSwitch.as_view(), name="head-switch"),
+    path("conversations/<int:conversation_id>/clear/", v.ConversationClear.as_view(), name="conversation-clear"),
+    path("conversations/<int:conversation_id>/context/", v.ContextDetail.as_view(), name="conversation-context"),
+    path("conversations/<int:conversation_id>/bubbles/", v.BubbleList.as_view(), name="conversation-bubbles"),
+    path("conversations/<int:conversation_id>/nodes/", v.NodeList.as_view(), name="conversation-nodes"),
+    path("nodes/<int:node_id>/", v.NodeDetail.as_view(), name="node-detail"),
+]

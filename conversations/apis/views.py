@@ -1,0 +1,248 @@
+"""One small view per operation. Views parse, call a service or the turn runner, and shape the answer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.db import connections
+from django.http import StreamingHttpResponse
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import generics, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from conversations import services, turns
+from conversations.apis import serializers as s
+from conversations.apis.errors import error_body
+from conversations.context import assemble
+from conversations.llm import provider_of
+from conversations.models import Node
+from conversations.selectors import (
+    conversation_for_user,
+    conversation_list,
+    conversation_nodes,
+    node_for_user,
+    node_path,
+    path_bubbles,
+)
+from conversations.streaming import events_in_thread
+
+_FAILURE_STATUS = {"rate_limit": 503, "timeout": 503, "context_overflow": 502, "provider_error": 502}
+
+
+def off_the_shared_thread(view: Callable) -> Callable:
+    """Run a long (turn-running) view in a thread of its own under ASGI.
+
+    Under ASGI, Django runs every sync view on one shared thread; a turn lasting seconds there would
+    hold up every other request (an edit's immediate 409, say). Under WSGI nothing is shared.
+    """
+
+    def run(request, *args, **kwargs):
+        try:
+            return view(request, *args, **kwargs)
+        finally:
+            connections.close_all()  # this thread's connections, not the server's
+
+    async def wrapper(request, *args, **kwargs):
+        if isinstance(request, ASGIRequest):
+            return await sync_to_async(run, thread_sensitive=False)(request, *args, **kwargs)
+        return await sync_to_async(view, thread_sensitive=True)(request, *args, **kwargs)
+
+    for attribute in ("cls", "initkwargs", "csrf_exempt", "view_class", "view_initkwargs"):
+        if hasattr(view, attribute):
+            setattr(wrapper, attribute, getattr(view, attribute))
+    return wrapper
+
+
+# --- conversations ---------------------------------------------------------------------------------
+
+
+class ConversationListCreate(APIView):
+    @extend_schema(responses=s.ConversationOut(many=True))
+    def get(self, request: Request) -> Response:
+        paginator = self.pagination_class() if self.pagination_class else None
+        queryset = conversation_list(user=request.user)
+        page = paginator.paginate_queryset(queryset, request, view=self)
+        return paginator.get_paginated_response(s.ConversationOut(page, many=True).data)
+
+    @extend_schema(request=s.ConversationIn, responses={201: s.ConversationOut})
+    def post(self, request: Request) -> Response:
+        data = _valid(s.ConversationIn, request)
+        conversation = services.conversation_create(owner=request.user, **data)
+        return Response(s.ConversationOut(conversation).data, status=status.HTTP_201_CREATED)
+
+    @property
+    def pagination_class(self):
+        from rest_framework.settings import api_settings
+
+        return api_settings.DEFAULT_PAGINATION_CLASS
+
+
+class ConversationDetail(APIView):
+    @extend_schema(responses=s.ConversationOut)
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        return Response(s.ConversationOut(conversation).data)
+
+    @extend_schema(request=s.ConversationIn, responses=s.ConversationOut)
+    def patch(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        data = _valid(s.ConversationIn, request)
+        services.conversation_update(conversation=conversation, **data)
+        return Response(s.ConversationOut(conversation).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        services.conversation_delete(conversation=conversation)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _valid(serializer_class, request: Request) -> dict:
+    if not isinstance(request.data, dict):
+        from rest_framework.exceptions import ValidationError
+
+        raise ValidationError({"non_field_errors": ["The body must be a JSON object."]})
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+# --- turns -----------------------------------------------------------------------------------------
+
+
+def _wants_stream(request: Request) -> bool:
+    return "text/event-stream" in request.headers.get("Accept", "")
+
+
+def _sse(event) -> bytes:
+    return f"event: {event.type}\ndata: {json.dumps(event.data, ensure_ascii=False)}\n\n".encode()
+
+
+def _turn_response(request: Request, turn: turns.Turn | None) -> Response | StreamingHttpResponse:
+    """Run the turn and answer: SSE when asked for, else one JSON body when the turn has ended."""
+    if turn is None:  # an approval recorded, others still waiting
+        return Response({"answer": None, "head": None, "nodes": [], "approval_required": []},
+                        status=status.HTTP_202_ACCEPTED)
+    if _wants_stream(request):
+        async def stream():
+            async for event in events_in_thread(turn.events):
+                yield _sse(event)
+
+        response = StreamingHttpResponse(stream(), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+    events = turn.run()
+    last = events[-1]
+    nodes = s.NodeOut(Node.objects.filter(pk__in=turn.nodes).order_by("id"), many=True).data
+    if last.type == "error":
+        body = error_body(last.data["code"], last.data["message"], node=last.data.get("node"),
+                          head=last.data.get("head"), nodes=nodes)
+        return Response(body, status=_FAILURE_STATUS.get(last.data["code"], 502))
+    if last.type == "approval_required":
+        return Response({"answer": None, "head": turn.conversation.head_id, "nodes": nodes,
+                         "approval_required": last.data["calls"]}, status=status.HTTP_202_ACCEPTED)
+    return Response({"answer": last.data["answer"], "head": last.data["head"], "nodes": nodes},
+                    status=status.HTTP_201_CREATED)
+
+
+_TURN_RESPONSES = {
+    201: s.TurnOut,
+    202: OpenApiResponse(s.TurnOut, description="paused: a tool call waits for approval (F3)"),
+    400: OpenApiResponse(description="bad input"),
+    404: OpenApiResponse(description="not found or not yours"),
+    409: OpenApiResponse(description="turn_in_progress, approval_pending or before_compaction"),
+    413: OpenApiResponse(description="content too large"),
+    502: OpenApiResponse(description="the model provider failed; the failed node is recorded"),
+    503: OpenApiResponse(description="the provider timed out or is rate limited"),
+}
+
+
+class TurnCreate(APIView):
+    @extend_schema(request=s.TurnIn, responses=_TURN_RESPONSES,
+                   description="Run a turn from the head. `Accept: text/event-stream` streams SSE events "
+                               "`token`, `tool_call`, `tool_result`, `approval_required`, `done`, `error`.")
+    def post(self, request: Request, conversation_id: int):
+        data = _valid(s.TurnIn, request)
+        turn = turns.turn_ask(user=request.user, conversation_id=conversation_id, content=data["content"])
+        return _turn_response(request, turn)
+
+
+class TurnEdit(APIView):
+    @extend_schema(request=s.EditIn, responses=_TURN_RESPONSES)
+    def post(self, request: Request, conversation_id: int):
+        data = _valid(s.EditIn, request)
+        turn = turns.turn_edit(user=request.user, conversation_id=conversation_id, node_id=data["node"],
+                               content=data["content"])
+        return _turn_response(request, turn)
+
+
+class TurnRegenerate(APIView):
+    @extend_schema(request=s.RegenerateIn, responses=_TURN_RESPONSES)
+    def post(self, request: Request, conversation_id: int):
+        data = _valid(s.RegenerateIn, request)
+        turn = turns.turn_regenerate(user=request.user, conversation_id=conversation_id, node_id=data.get("node"))
+        return _turn_response(request, turn)
+
+
+class ToolApprovalCreate(APIView):
+    @extend_schema(request=s.ApprovalIn, responses=_TURN_RESPONSES)
+    def post(self, request: Request, conversation_id: int):
+        data = _valid(s.ApprovalIn, request)
+        turn = turns.turn_decide(user=request.user, conversation_id=conversation_id,
+                                 call_id=data["tool_call_id"], approve=data["approve"])
+        return _turn_response(request, turn)
+
+
+# --- the head and the tree -----------------------------------------------------------------------
+
+
+class HeadSwitch(APIView):
+    @extend_schema(request=s.SwitchIn, responses=s.ConversationOut)
+    def post(self, request: Request, conversation_id: int) -> Response:
+        data = _valid(s.SwitchIn, request)
+        conversation = turns.head_switch(user=request.user, conversation_id=conversation_id, node_id=data["node"])
+        return Response(s.ConversationOut(conversation).data)
+
+
+class ConversationClear(APIView):
+    @extend_schema(request=None, responses=s.ConversationOut)
+    def post(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        services.conversation_clear(conversation=conversation)
+        return Response(s.ConversationOut(conversation).data)
+
+
+class ContextDetail(APIView):
+    @extend_schema(responses=s.ContextOut)
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        messages = assemble(node_path(conversation.head_id), instructions=conversation.instructions,
+                            provider=provider_of(conversation.model))
+        return Response({"messages": messages})
+
+
+class BubbleList(APIView):
+    @extend_schema(responses=s.BubbleOut(many=True))
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        return Response(s.BubbleOut(path_bubbles(conversation=conversation), many=True).data)
+
+
+class NodeList(APIView):
+    @extend_schema(responses=s.NodeSummaryOut(many=True))
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        return Response(s.NodeSummaryOut(conversation_nodes(conversation=conversation), many=True).data)
+
+
+class NodeDetail(generics.GenericAPIView):
+    serializer_class = s.NodeOut
+
+    def get(self, request: Request, node_id: int) -> Response:
+        return Response(s.NodeOut(node_for_user(user=request.user, node_id=node_id)).data)

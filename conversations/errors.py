@@ -1,0 +1,55 @@
+"""Domain errors. Each carries the API's error code and HTTP status; nothing here knows about DRF."""
+
+from __future__ import annotations
+
+
+class ArborError(Exception):
+    code = "error"
+    status = 400
+
+    def __init__(self, message: str, *, code: str | None = None, status: int | None = None, **extra):
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+        if status:
+            self.status = status
+        self.extra = extra
+
+
+class BadInput(ArborError):
+    code = "bad_input"
+    status = 400
+
+
+class NotFound(ArborError):
+    code = "not_found"
+    status = 404
+
+
+class TurnInProgress(ArborError):
+    code = "turn_in_progress"
+    status = 409
+
+    def __init__(self, message: str = "A turn is running on this conversation; try again when it ends."):
+        super().__init__(message)
+
+
+class ApprovalPending(ArborError):
+    code = "approval_pending"
+    status = 409
+
+
+class BeforeCompaction(ArborError):
+    code = "before_compaction"
+    status = 409
+
+
+class TooLarge(ArborError):
+    code = "too_large"
+    status = 413
+
+
+class CorruptTree(ArborError):
+    code = "corrupt_tree"
+    status = 500

@@ -1,0 +1,339 @@
+"""The one seam to model providers: the only module that imports litellm.
+
+`stream_call` streams one model call and returns its received items and usage; errors come out as
+`LLMError` with a failure reason from T1. The offline provider `arbor/echo` is registered here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price list at run time
+
+import litellm  # noqa: E402
+from django.conf import settings  # noqa: E402
+from litellm import CustomLLM  # noqa: E402
+from litellm.types.utils import GenericStreamingChunk, ModelResponse  # noqa: E402
+
+from conversations import items as it  # noqa: E402
+
+litellm.telemetry = False
+litellm.suppress_debug_info = True
+
+ECHO_PROVIDER = "arbor"
+
+
+class LLMError(Exception):
+    """A failed call, with the T1 failure reason and whatever items had arrived before it failed."""
+
+    def __init__(self, reason: str, message: str, *, partial: list[dict] | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.partial = partial or []
+
+
+@dataclass
+class CallResult:
+    received: list[dict]
+    usage: dict[str, Any]
+    provider: str
+    model: str
+
+
+@dataclass
+class _StreamState:
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    thinking_blocks: list[dict] = field(default_factory=list)
+    calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)
+
+    def items(self, provider: str) -> list[dict]:
+        received: list[dict] = []
+        if self.reasoning or self.thinking_blocks:
+            received.append(
+                {"type": "reasoning", "provider": provider, "text": "".join(self.reasoning),
+                 "data": self.thinking_blocks or None}
+            )
+        if self.text:
+            received.append(it.text("".join(self.text)))
+        for _, call in sorted(self.calls.items()):
+            received.append(it.tool_call(call["id"] or f"call_{uuid.uuid4().hex[:16]}", call["name"],
+                                         call["arguments"] or "{}"))
+        return received
+
+
+def provider_of(model: str) -> str:
+    """Return litellm's provider name for a model string such as `openai/gpt-4o` or `arbor/echo`."""
+    _register_echo()
+    try:
+        return litellm.get_llm_provider(model)[1]
+    except Exception:  # an unknown provider is reported when the call is made
+        return model.split("/", 1)[0] if "/" in model else ""
+
+
+def classify(error: BaseException) -> str:
+    """Map a provider exception to a failure reason. Order matters: overflow is also a BadRequestError."""
+    if isinstance(error, litellm.ContextWindowExceededError):
+        return "context_overflow"
+    if isinstance(error, litellm.Timeout):
+        return "timeout"
+    if isinstance(error, litellm.RateLimitError):
+        return "rate_limit"
+    return "provider_error"
+
+
+def stream_call(
+    *, model: str, messages: list[dict], tools: list[dict] | None = None, api_base: str | None = None
+) -> Generator[str, None, CallResult]:
+    """Stream one call: yield text tokens as they arrive, return the received items and usage.
+
+    Closing the generator (the user pressed stop) raises `LLMError('cancelled')` with the partial items.
+    """
+    _register_echo()
+    provider = provider_of(model)
+    state = _StreamState()
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "timeout": settings.ARBOR_LLM_TIMEOUT_SECONDS,
+        "num_retries": 0,
+        "max_retries": 0,
+    }
+    if tools:
+        kwargs["tools"] = tools
+    if api_base or (settings.ARBOR_API_BASE and provider != ECHO_PROVIDER):
+        kwargs["api_base"] = api_base or settings.ARBOR_API_BASE
+    stream = None
+    try:
+        stream = litellm.completion(**kwargs)
+        for chunk in stream:
+            token = _absorb(state, chunk)
+            if token:
+                yield token
+    except GeneratorExit:
+        _close(stream)
+        raise LLMError("cancelled", "stopped by the user", partial=state.items(provider)) from None
+    except LLMError:
+        raise
+    except Exception as error:  # every provider failure becomes a recorded failed node
+        raise LLMError(classify(error), _message(error), partial=state.items(provider)) from error
+    return CallResult(received=state.items(provider), usage=state.usage, provider=provider, model=model)
+
+
+def _absorb(state: _StreamState, chunk: Any) -> str:
+    usage = getattr(chunk, "usage", None)
+    if usage:
+        state.usage = {
+            "prompt_tokens": getattr(usage, "prompt_tokens", 0) or 0,
+            "completion_tokens": getattr(usage, "completion_tokens", 0) or 0,
+            "total_tokens": getattr(usage, "total_tokens", 0) or 0,
+        }
+    if not chunk.choices:
+        return ""
+    delta = chunk.choices[0].delta
+    for call in getattr(delta, "tool_calls", None) or []:
+        slot = state.calls.setdefault(call.index or 0, {"id": "", "name": "", "arguments": ""})
+        if call.id:
+            slot["id"] = call.id
+        if call.function and call.function.name:
+            slot["name"] = call.function.name
+        if call.function and call.function.arguments:
+            slot["arguments"] += call.function.arguments
+    reasoning = getattr(delta, "reasoning_content", None)
+    if reasoning:
+        state.reasoning.append(reasoning)
+    for block in getattr(delta, "thinking_blocks", None) or []:
+        state.thinking_blocks.append(dict(block))
+    token = delta.content or ""
+    if token:
+        state.text.append(token)
+    return token
+
+
+def _close(stream: Any) -> None:
+    close = getattr(getattr(stream, "completion_stream", None), "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:  # closing a dead stream is best effort
+            pass
+
+
+def _message(error: BaseException) -> str:
+    message = getattr(error, "message", None) or str(error) or error.__class__.__name__
+    return re.sub(r"\s+", " ", message)[:2000]
+
+
+# --- arbor/echo: the offline provider (DESIGN.md, "Offline model") --------------------------------
+
+_TOOL_DIRECTIVE = re.compile(r"#tool\s+([A-Za-z0-9_\-]+)\s*")
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content or ""
+
+
+def echo_digest(messages: list[dict]) -> str:
+    """`role:<first 30 characters>` for every message; tool calls and results as DESIGN.md shows."""
+    parts: list[str] = []
+    for message in messages:
+        role = message.get("role", "")
+        text = _text_of(message.get("content"))
+        if role == "assistant" and message.get("tool_calls"):
+            if text:
+                parts.append(f"assistant:{text[:30]}")
+            parts.extend(f"assistant:[call {c['function']['name']}]" for c in message["tool_calls"])
+        else:
+            parts.append(f"{role}:{text[:30]}")
+    return " | ".join(parts)
+
+
+def _tool_directives(text: str) -> list[tuple[str, str]]:
+    decoder = json.JSONDecoder()
+    found: list[tuple[str, str]] = []
+    for match in _TOOL_DIRECTIVE.finditer(text):
+        try:
+            arguments, _ = decoder.raw_decode(text, match.end())
+        except json.JSONDecodeError:
+            arguments = {}
+        found.append((match.group(1), json.dumps(arguments, ensure_ascii=False)))
+    return found
+
+
+@dataclass
+class EchoPlan:
+    """What arbor/echo will do for one call; a pure function of the messages, so tests can rely on it."""
+
+    words: list[str]
+    tool_call: tuple[str, str] | None
+    slow: bool
+    prompt_tokens: int
+
+    @property
+    def completion_tokens(self) -> int:
+        return max(1, len("".join(self.words)) // 4)
+
+
+def echo_plan(messages: list[dict], *, tools_offered: bool) -> EchoPlan:
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    question = _text_of(messages[last_user].get("content")) if last_user >= 0 else ""
+    prompt_tokens = max(1, sum(len(json.dumps(m, ensure_ascii=False)) for m in messages) // 4)
+    if prompt_tokens > settings.ARBOR_ECHO_MAX_INPUT_TOKENS:
+        raise litellm.ContextWindowExceededError(
+            message=f"arbor/echo: {prompt_tokens} input tokens exceed the limit of "
+            f"{settings.ARBOR_ECHO_MAX_INPUT_TOKENS}",
+            model="echo",
+            llm_provider=ECHO_PROVIDER,
+        )
+    round_index = sum(1 for m in messages[last_user + 1 :] if m.get("role") == "tool")
+    directives = _tool_directives(question) if tools_offered else []
+    if round_index < len(directives):
+        return EchoPlan(words=[], tool_call=directives[round_index], slow=False, prompt_tokens=prompt_tokens)
+    if "#fail" in question:
+        raise litellm.InternalServerError(
+            message="arbor/echo: #fail asked for a provider error", model="echo", llm_provider=ECHO_PROVIDER
+        )
+    if "#overflow" in question:
+        raise litellm.ContextWindowExceededError(
+            message="arbor/echo: #overflow asked for a context-window error", model="echo",
+            llm_provider=ECHO_PROVIDER,
+        )
+    answer = f"echo: {question}\nseen: {echo_digest(messages)}"
+    words = re.findall(r"\S+\s*|\s+", answer)
+    return EchoPlan(words=words, tool_call=None, slow="#slow" in question, prompt_tokens=prompt_tokens)
+
+
+class EchoLLM(CustomLLM):
+    """A litellm custom provider that answers from what it received, with no network."""
+
+    def completion(self, model, messages, api_base, custom_prompt_dict, model_response, *args, **kwargs):
+        plan = echo_plan(messages, tools_offered=bool((kwargs.get("optional_params") or {}).get("tools")))
+        response = ModelResponse(model="arbor/echo")
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(plan.words) or None}
+        if plan.tool_call:
+            name, arguments = plan.tool_call
+            message["tool_calls"] = [
+                {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+            ]
+        response.choices[0].message = litellm.Message(**message)
+        response.choices[0].finish_reason = "tool_calls" if plan.tool_call else "stop"
+        response.usage = litellm.Usage(  # type: ignore[attr-defined]
+            prompt_tokens=plan.prompt_tokens,
+            completion_tokens=plan.completion_tokens,
+            total_tokens=plan.prompt_tokens + plan.completion_tokens,
+        )
+        return response
+
+    def streaming(self, model, messages, api_base, custom_prompt_dict, model_response, *args, **kwargs):
+        plan = echo_plan(messages, tools_offered=bool((kwargs.get("optional_params") or {}).get("tools")))
+        return _echo_chunks(plan)
+
+    async def acompletion(self, *args, **kwargs):
+        return self.completion(*args, **kwargs)
+
+    async def astreaming(self, *args, **kwargs):
+        for chunk in self.streaming(*args, **kwargs):
+            yield chunk
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:20]}"
+
+
+def _echo_chunks(plan: EchoPlan) -> Iterator[GenericStreamingChunk]:
+    usage = {
+        "prompt_tokens": plan.prompt_tokens,
+        "completion_tokens": plan.completion_tokens,
+        "total_tokens": plan.prompt_tokens + plan.completion_tokens,
+    }
+    if plan.tool_call:
+        name, arguments = plan.tool_call
+        yield GenericStreamingChunk(
+            text="",
+            tool_use={"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments},
+                      "index": 0},
+            is_finished=True,
+            finish_reason="tool_calls",
+            usage=usage,
+            index=0,
+        )
+        return
+    for position, word in enumerate(plan.words):
+        if plan.slow:
+            time.sleep(0.1)
+        last = position == len(plan.words) - 1
+        yield GenericStreamingChunk(
+            text=word,
+            tool_use=None,
+            is_finished=last,
+            finish_reason="stop" if last else "",
+            usage=usage if last else None,
+            index=0,
+        )
+
+
+_echo_handler: EchoLLM | None = None
+
+
+def _register_echo() -> None:
+    global _echo_handler
+    if _echo_handler is None:
+        _echo_handler = EchoLLM()
+        litellm.custom_provider_map = [
+            *[p for p in litellm.custom_provider_map if p.get("provider") != ECHO_PROVIDER],
+            {"provider": ECHO_PROVIDER, "custom_handler": _echo_handler},
+        ]
+        litellm.utils.custom_llm_setup()

@@ -1,0 +1,195 @@
+"""The conversation tree: nodes are model calls, a conversation is only a head pointer (T1, T2)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from tree_queries.fields import TreeNodeForeignKey
+from tree_queries.models import TreeNode
+
+
+class Conversation(models.Model):
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations")
+    title = models.CharField(max_length=200, blank=True)
+    model = models.CharField(max_length=200)
+    instructions = models.TextField(blank=True)
+    # T2: the only pointer into the tree; never a message list. PROTECT: a head is never deleted under us.
+    head = models.ForeignKey("Node", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    # R3: every head move bumps the version; a running turn holds the lock until it ends or expires.
+    version = models.PositiveBigIntegerField(default=0)
+    turn_token = models.UUIDField(null=True, blank=True)
+    turn_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at", "-id"]
+        indexes = [models.Index(fields=["owner", "-updated_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(turn_token__isnull=True) | Q(turn_expires_at__isnull=False),
+                name="conversation_turn_lock_has_expiry",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or f"Conversation {self.pk}"
+
+
+class Node(TreeNode):
+    """One model call (T1)."""
+
+    class Kind(models.TextChoices):
+        TURN = "turn"
+        PLAYBOOK = "playbook"
+        COMPACTION = "compaction"
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    class FailureReason(models.TextChoices):
+        CONTEXT_OVERFLOW = "context_overflow"
+        PROVIDER_ERROR = "provider_error"
+        TIMEOUT = "timeout"
+        RATE_LIMIT = "rate_limit"
+        CANCELLED = "cancelled"
+        INTERRUPTED = "interrupted"
+
+    # DO_NOTHING in Django, enforced by the database's own (deferred) foreign key: deleting a node
+    # that still has a child fails the transaction instead of cascading through someone's path.
+    parent = TreeNodeForeignKey(
+        "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="children"
+    )
+    # The conversation that created the node. Others may pass through it (P3), so it may outlive it.
+    conversation = models.ForeignKey(
+        Conversation, null=True, blank=True, on_delete=models.SET_NULL, related_name="created_nodes"
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.TURN)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    failure_reason = models.CharField(max_length=32, choices=FailureReason.choices, blank=True)
+    failure_message = models.TextField(blank=True)
+    # Provider-neutral items (see conversations.items): what this call added, and what it got back.
+    sent = models.JSONField(default=list)
+    received = models.JSONField(default=list)
+    provider = models.CharField(max_length=64, blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    usage = models.JSONField(default=dict, blank=True)
+    # C3: a compaction node points at the head it replaced; assembly never follows it by default.
+    compacted_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="compactions"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["conversation", "id"])]
+        constraints = [
+            models.CheckConstraint(condition=Q(kind__in=["turn", "playbook", "compaction"]), name="node_kind_known"),
+            models.CheckConstraint(
+                condition=Q(status__in=["pending", "succeeded", "failed"]), name="node_status_known"
+            ),
+            models.CheckConstraint(
+                condition=(Q(status="failed") & ~Q(failure_reason=""))
+                | (~Q(status="failed") & Q(failure_reason="")),
+                name="node_failure_reason_iff_failed",
+            ),
+            models.CheckConstraint(
+                condition=Q(failure_reason="")
+                | Q(
+                    failure_reason__in=[
+                        "context_overflow",
+                        "provider_error",
+                        "timeout",
+                        "rate_limit",
+                        "cancelled",
+                        "interrupted",
+                    ]
+                ),
+                name="node_failure_reason_known",
+            ),
+            # C2: a compaction node starts a new path.
+            models.CheckConstraint(
+                condition=~Q(kind="compaction") | Q(parent__isnull=True), name="node_compaction_has_no_parent"
+            ),
+            # C3: only compaction nodes point at an original.
+            models.CheckConstraint(
+                condition=Q(kind="compaction") | Q(compacted_from__isnull=True),
+                name="node_original_only_on_compaction",
+            ),
+            models.CheckConstraint(condition=~Q(parent=F("id")), name="node_not_own_parent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} node {self.pk} ({self.status})"
+
+
+class Bubble(models.Model):
+    """What a person sees: display-only, each pointing at the node it came from."""
+
+    class Role(models.TextChoices):
+        USER = "user"
+        ASSISTANT = "assistant"
+        TOOL = "tool"
+        ERROR = "error"
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="bubbles")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="bubbles")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["node", "id"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(role__in=["user", "assistant", "tool", "error"]), name="bubble_role_known"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.role} bubble {self.pk}"
+
+
+class ToolApproval(models.Model):
+    """A person's decision on one tool call that acts on the outside world (F3)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="approvals")
+    call_id = models.CharField(max_length=200)
+    approved = models.BooleanField()
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    decided_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "call_id"], name="one_decision_per_tool_call")]
+
+    def __str__(self) -> str:
+        return f"{'approved' if self.approved else 'refused'} {self.call_id}"
+
+
+class OutboxJob(models.Model):
+    """Work to do after a turn's commit (R4), written in the same transaction as the turn."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DONE = "done"
+        FAILED = "failed"
+
+    kind = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    run_after = models.DateTimeField(auto_now_add=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "run_after"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} job {self.pk} ({self.status})"

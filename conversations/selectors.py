@@ -1,0 +1,179 @@
+"""Reads and access checks. Nothing here writes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Q, QuerySet
+
+from conversations.context import PathNode
+from conversations.errors import CorruptTree, NotFound
+from conversations.items import question_of
+from conversations.models import Bubble, Conversation, Node
+
+_NODE = Node._meta.db_table
+_PATH_COLUMNS = "id, parent_id, kind, status, sent, received, provider, model"
+
+# One upward recursive query from the head: its cost follows the path's depth, never the table's
+# size (T5). The depth guard stops a corrupt loop instead of recursing for ever.
+_PATH_SQL = f"""
+WITH RECURSIVE path AS (
+    SELECT {_PATH_COLUMNS}, 0 AS depth FROM {_NODE} WHERE id = %s
+    UNION ALL
+    SELECT n.id, n.parent_id, n.kind, n.status, n.sent, n.received, n.provider, n.model, path.depth + 1
+    FROM {_NODE} n JOIN path ON n.id = path.parent_id
+    WHERE path.depth < %s
+)
+SELECT {_PATH_COLUMNS} FROM path ORDER BY depth DESC
+"""
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def node_path(head_id: int | None) -> list[PathNode]:
+    """Return the path from the root (or the compaction node) down to `head_id`, in one query."""
+    if head_id is None:
+        return []
+    limit = settings.ARBOR_PATH_DEPTH_LIMIT
+    with connection.cursor() as cursor:
+        cursor.execute(_PATH_SQL, [head_id, limit])
+        rows = cursor.fetchall()
+    if len(rows) > limit:
+        raise CorruptTree(f"the path from node {head_id} is deeper than {limit} nodes: the tree has a loop")
+    return [
+        PathNode(id=r[0], parent_id=r[1], kind=r[2], status=r[3], sent=_json(r[4]), received=_json(r[5]),
+                 provider=r[6], model=r[7])
+        for r in rows
+    ]
+
+
+def conversation_for_user(*, user, conversation_id: Any, for_update: bool = False) -> Conversation:
+    """Return the caller's conversation; anyone else's is a 404, like a missing one."""
+    try:
+        queryset = Conversation.objects.select_for_update() if for_update else Conversation.objects
+        return queryset.get(pk=int(conversation_id), owner_id=user.pk)
+    except (Conversation.DoesNotExist, TypeError, ValueError):
+        raise NotFound("No such conversation.") from None
+
+
+def conversation_list(*, user) -> QuerySet[Conversation]:
+    return Conversation.objects.filter(owner_id=user.pk).order_by("-updated_at", "-id")
+
+
+def node_for_user(*, user, node_id: Any) -> Node:
+    """Return a node that one of the caller's conversations created or passes through."""
+    try:
+        node = Node.objects.get(pk=int(node_id))
+    except (Node.DoesNotExist, TypeError, ValueError):
+        raise NotFound("No such node.") from None
+    if node.conversation_id and Conversation.objects.filter(pk=node.conversation_id, owner_id=user.pk).exists():
+        return node
+    for head_id in Conversation.objects.filter(owner_id=user.pk, head__isnull=False).values_list("head", flat=True):
+        if any(p.id == node.pk for p in node_path(head_id)):
+            return node
+    raise NotFound("No such node.")
+
+
+def conversation_nodes(*, conversation: Conversation) -> QuerySet[Node]:
+    """Every node of the conversation's tree, with tree fields (django-tree-queries, one small tree)."""
+    path_ids = [p.id for p in node_path(conversation.head_id)]
+    return (
+        Node.objects.with_tree_fields()
+        .tree_filter(Q(conversation=conversation) | Q(id__in=path_ids))
+        .filter(Q(conversation=conversation) | Q(id__in=path_ids))
+    )
+
+
+def turn_start(path: list[PathNode], index: int | None = None) -> int | None:
+    """Return the index in `path` of the node that opened the turn holding `path[index]` (default: the head)."""
+    position = len(path) - 1 if index is None else index
+    while position >= 0:
+        if question_of(path[position].sent) is not None:
+            return position
+        position -= 1
+    return None
+
+
+@dataclass(frozen=True)
+class BranchInfo:
+    index: int
+    count: int
+    siblings: list[int]
+
+
+def branch_infos(*, conversation: Conversation, path: list[PathNode]) -> dict[int, BranchInfo]:
+    """For every turn-opening node on the path, its place among the turns that share its parent (T8)."""
+    openers = [p for p in path if question_of(p.sent) is not None]
+    if not openers:
+        return {}
+    path_ids = {p.id for p in path}
+    parents = {p.parent_id for p in openers if p.parent_id is not None}
+    scope = Q(conversation=conversation) | Q(id__in=path_ids)
+    candidates = Node.objects.filter(scope, kind=Node.Kind.TURN).filter(
+        Q(parent_id__in=parents) | Q(parent__isnull=True, conversation=conversation)
+        if any(p.parent_id is None for p in openers) else Q(parent_id__in=parents)
+    ).values_list("id", "parent_id", "sent")
+    by_parent: dict[int | None, list[int]] = {}
+    for node_id, parent_id, sent in candidates.order_by("id"):
+        if question_of(_json(sent)) is not None:
+            by_parent.setdefault(parent_id, []).append(node_id)
+    infos = {}
+    for opener in openers:
+        siblings = by_parent.get(opener.parent_id) or [opener.id]
+        if opener.id not in siblings:
+            siblings = sorted([*siblings, opener.id])
+        infos[opener.id] = BranchInfo(index=siblings.index(opener.id) + 1, count=len(siblings), siblings=siblings)
+    return infos
+
+
+@dataclass(frozen=True)
+class BubbleView:
+    bubble: Bubble
+    branch: BranchInfo | None
+
+
+def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = None) -> list[BubbleView]:
+    """The bubbles of the nodes on the path, in path order, each with its turn's branch info (T8)."""
+    if path is None:
+        path = node_path(conversation.head_id)
+    if not path:
+        return []
+    order = {p.id: i for i, p in enumerate(path)}
+    infos = branch_infos(conversation=conversation, path=path)
+    opener_of: dict[int, int] = {}
+    current: int | None = None
+    for p in path:
+        if p.id in infos:
+            current = p.id
+        if current is not None:
+            opener_of[p.id] = current
+    bubbles = sorted(
+        Bubble.objects.filter(node_id__in=order.keys()),
+        key=lambda b: (order[b.node_id], b.id),
+    )
+    return [BubbleView(bubble=b, branch=infos.get(opener_of.get(b.node_id, -1))) for b in bubbles]
+
+
+def latest_tip(*, conversation: Conversation, node_id: int) -> int:
+    """Return the latest node a head can rest on in the branch below `node_id` (T8)."""
+    sql = f"""
+    WITH RECURSIVE below AS (
+        SELECT id FROM {_NODE} WHERE id = %s
+        UNION ALL
+        SELECT n.id FROM {_NODE} n JOIN below ON n.parent_id = below.id
+        WHERE n.conversation_id = %s
+    )
+    SELECT MAX(n.id) FROM {_NODE} n JOIN below ON n.id = below.id
+    WHERE n.kind = 'turn' AND n.status != 'pending'
+      AND NOT (n.status = 'failed' AND n.failure_reason = 'context_overflow')
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [node_id, conversation.pk])
+        (tip,) = cursor.fetchone()
+    return tip or node_id

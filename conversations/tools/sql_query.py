@@ -1,0 +1,136 @@
+"""The ``sql_query`` tool: one read-only SELECT against the bundled sample sales database."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from typing import Any
+
+from django.conf import settings
+
+from conversations.tools.errors import ToolError
+from conversations.tools.registry import Tool, register
+from conversations.tools.sales_db import DOMESTIC, FIRST_YEAR, LAST_YEAR, OVERSEAS, PRODUCTS, ensure_sales_db
+
+DEFAULT_ROW_CAP = 200
+DEFAULT_TIME_LIMIT_SECONDS = 2.0
+PROGRESS_EVERY = 1_000  # SQLite VM instructions between deadline checks
+
+# The authorizer is an allow-list: anything a plain SELECT does not need is denied at
+# prepare time. mode=ro and query_only already stop writes to the database, but not
+# ATTACH (which can read, or even create, other files), VACUUM INTO (which creates a
+# file before failing) or PRAGMA (which could switch query_only back off).
+_ALLOWED_ACTIONS = {
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    sqlite3.SQLITE_RECURSIVE,
+}
+_READ_ONLY_PRAGMAS = {"table_info", "table_xinfo", "index_list", "index_info", "foreign_key_list"}
+
+
+def describe_schema() -> str:
+    """The schema text shown to the model, so that it can write SQL without exploring."""
+    segments = sorted({row[-1] for row in DOMESTIC + OVERSEAS})
+    countries = sorted({row[1] for row in OVERSEAS})
+    categories = sorted({row[1] for row in PRODUCTS})
+    return (
+        "Tables:\n"
+        "- customers(id INTEGER PRIMARY KEY, name TEXT, country TEXT, region TEXT, is_overseas INTEGER, "
+        "segment TEXT)\n"
+        f"  country is an ISO code: 'KR' for domestic customers, overseas ones in {', '.join(countries)}; "
+        "is_overseas is 0 for domestic (KR) and 1 for overseas; "
+        f"segment is one of {', '.join(segments)}.\n"
+        "- products(id INTEGER PRIMARY KEY, name TEXT, category TEXT, unit_price REAL)"
+        f"\n  category is one of {', '.join(categories)}; unit_price is in KRW.\n"
+        "- orders(id INTEGER PRIMARY KEY, customer_id INTEGER REFERENCES customers(id), "
+        "product_id INTEGER REFERENCES products(id), order_date TEXT, month TEXT, quantity INTEGER, "
+        "amount REAL)\n"
+        "  order_date is 'YYYY-MM-DD', month is 'YYYY-MM'; amount is the sale in KRW after discounts.\n"
+        "View:\n"
+        "- monthly_sales(month TEXT, customer_id INTEGER, customer_name TEXT, is_overseas INTEGER, "
+        "total REAL)\n"
+        "  one row per customer per month with orders: total = SUM(orders.amount).\n"
+        f"Orders cover every month from {FIRST_YEAR}-01 to {LAST_YEAR}-12."
+    )
+
+
+def sql_query(sql: str) -> dict[str, Any]:
+    """Run one read-only statement and return its columns and (capped) rows."""
+    row_cap = int(getattr(settings, "ARBOR_SQL_ROW_CAP", DEFAULT_ROW_CAP))
+    time_limit = float(getattr(settings, "ARBOR_SQL_TIME_LIMIT_SECONDS", DEFAULT_TIME_LIMIT_SECONDS))
+    path = ensure_sales_db()
+
+    denied: list[int] = []  # authorizer refusals, to explain the error that follows
+
+    def authorize(action: int, arg1: str | None, arg2: str | None, *_: Any) -> int:
+        if action in _ALLOWED_ACTIONS or (
+            action == sqlite3.SQLITE_PRAGMA and arg1 in _READ_ONLY_PRAGMAS and arg2
+        ):
+            return sqlite3.SQLITE_OK
+        denied.append(action)
+        return sqlite3.SQLITE_DENY
+
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        conn.execute("PRAGMA query_only=ON")
+        conn.set_authorizer(authorize)
+        deadline = time.monotonic() + time_limit
+        # A non-zero return from the progress handler makes SQLite abort with "interrupted".
+        conn.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_EVERY)
+        try:
+            # The driver refuses a second statement at prepare time ("You can only execute
+            # one statement at a time"), before anything runs.
+            cursor = conn.execute(sql)
+            if cursor.description is None:
+                raise ToolError("the statement returned no rows: send a single SELECT query")
+            rows = cursor.fetchmany(row_cap + 1)
+        except (sqlite3.Error, sqlite3.Warning) as exc:
+            raise _tool_error(exc, denied, time_limit) from exc
+
+    columns = [column[0] for column in cursor.description]
+    return {
+        "columns": columns,
+        "rows": [list(row) for row in rows[:row_cap]],
+        "row_count": min(len(rows), row_cap),
+        "truncated": len(rows) > row_cap,
+    }
+
+
+def _tool_error(exc: Exception, denied: list[int], time_limit: float) -> ToolError:
+    message = str(exc)
+    name = getattr(exc, "sqlite_errorname", "")
+    if name == "SQLITE_INTERRUPT":
+        return ToolError(f"query took longer than {time_limit} s and was stopped")
+    if denied or name == "SQLITE_READONLY":
+        return ToolError("read-only database: writes are refused; only a single SELECT query may run")
+    if "one statement at a time" in message:
+        return ToolError("only a single SQL statement is allowed; remove everything after the first ';'")
+    if "syntax error" in message or message == "incomplete input":
+        return ToolError(f"syntax error: {message.removesuffix(': syntax error')}")
+    return ToolError(f"SQL error: {message}")
+
+
+TOOL = register(
+    Tool(
+        name="sql_query",
+        description=(
+            "Run one read-only SQL query (SQLite dialect) against the sample sales database and get back "
+            "{columns, rows, row_count, truncated}. Only a single SELECT (or WITH ... SELECT) statement is "
+            "allowed; writes, ATTACH and most PRAGMAs are refused. Results are capped (truncated=true means "
+            "more rows existed), so aggregate and use ORDER BY/LIMIT in SQL, and slow queries are stopped. "
+            "Dates are text; for last month use "
+            "month = strftime('%Y-%m', 'now', 'start of month', '-1 month').\n" + describe_schema()
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "sql": {"type": "string", "description": "A single SQLite SELECT statement."},
+            },
+            "required": ["sql"],
+            "additionalProperties": False,
+        },
+        function=sql_query,
+        needs_approval=False,
+    )
+)

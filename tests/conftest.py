@@ -1,0 +1,60 @@
+"""Shared fixtures: users, API clients, and the loopback OpenAI-compatible stub server."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from conversations import services
+from tests.support.openai_stub import OpenAIStub
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user(username="ada", password="pw-ada-12345")
+
+
+@pytest.fixture
+def other_user(django_user_model):
+    return django_user_model.objects.create_user(username="bob", password="pw-bob-12345")
+
+
+def _client_for(user) -> APIClient:
+    client = APIClient()
+    token, _ = Token.objects.get_or_create(user=user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def api(user) -> APIClient:
+    return _client_for(user)
+
+
+@pytest.fixture
+def other_api(other_user) -> APIClient:
+    return _client_for(other_user)
+
+
+@pytest.fixture
+def conversation(user):
+    return services.conversation_create(owner=user, title="t")
+
+
+@pytest.fixture(scope="session")
+def openai_stub():
+    stub = OpenAIStub().start()
+    yield stub
+    stub.stop()
+
+
+@pytest.fixture
+def stub(openai_stub, settings, monkeypatch):
+    """The stub, emptied, and a model list that admits it."""
+    openai_stub.reset()
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-loopback")
+    monkeypatch.setenv("HOSTED_VLLM_API_KEY", "sk-test-loopback")
+    settings.ARBOR_MODELS = [*settings.ARBOR_MODELS, "openai/stub-model", "hosted_vllm/stub-model"]
+    settings.ARBOR_API_BASE = openai_stub.base_url
+    return openai_stub

@@ -1,0 +1,20 @@
+"""Small helpers for tests: run a turn through the one runner and read the tree back."""
+
+from __future__ import annotations
+
+from conversations import turns
+from conversations.models import Conversation, Node
+
+
+def ask(conversation: Conversation, content: str):
+    """Ask a question through the one turn runner; return the list of events."""
+    return turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=content).run()
+
+
+def head(conversation: Conversation) -> Node | None:
+    conversation.refresh_from_db()
+    return conversation.head
+
+
+def answer(events) -> str:
+    return events[-1].data.get("answer", "")

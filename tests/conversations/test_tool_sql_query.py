@@ -1,0 +1,162 @@
+"""The sql_query tool and its bundled sample sales database."""
+
+import hashlib
+
+import pytest
+
+from conversations.tools.errors import ToolError
+from conversations.tools.registry import get_tool
+from conversations.tools.sales_db import ensure_sales_db
+from conversations.tools.sql_query import describe_schema, sql_query
+
+MONTH = "2025-06"
+TOP_10_SQL = """
+    SELECT customer_name, total FROM monthly_sales
+    WHERE month = '{month}' {extra}
+    ORDER BY total DESC LIMIT 10
+"""
+
+
+@pytest.fixture
+def sales_db(settings, tmp_path):
+    settings.ARBOR_SALES_DB_PATH = tmp_path / "sales.sqlite3"
+    return ensure_sales_db()
+
+
+def checksum(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def dump_everything():
+    return [
+        sql_query(f"SELECT * FROM {table} ORDER BY 1, 2, 3")["rows"]
+        for table in ("customers", "products", "orders", "monthly_sales")
+    ]
+
+
+def test_database_builds_deterministically(settings, tmp_path):
+    """Two independent builds of the sample database hold exactly the same data."""
+    settings.ARBOR_SQL_ROW_CAP = 100_000
+    settings.ARBOR_SALES_DB_PATH = tmp_path / "first.sqlite3"
+    first = dump_everything()
+    settings.ARBOR_SALES_DB_PATH = tmp_path / "second.sqlite3"
+    second = dump_everything()
+
+    assert first == second
+    customers, products, orders, _ = first
+    assert 50 <= len(customers) <= 70
+    assert sum(row[4] for row in customers) >= 15  # overseas customers
+    assert products
+    assert len(orders) > 2000
+    months = sql_query("SELECT MIN(month), MAX(month), COUNT(DISTINCT month) FROM orders")["rows"]
+    assert months == [["2024-01", "2027-12", 48]]
+
+
+def test_ensure_sales_db_uses_the_setting_and_leaves_no_temp_file(sales_db, tmp_path):
+    """The database is built at ARBOR_SALES_DB_PATH via a temp file that is renamed into place."""
+    assert sales_db == tmp_path / "sales.sqlite3"
+    assert [p.name for p in tmp_path.iterdir()] == ["sales.sqlite3"]
+    before = checksum(sales_db)
+    assert ensure_sales_db() == sales_db  # an existing, current file is reused as is
+    assert checksum(sales_db) == before
+
+
+def test_top_customers_including_overseas_differ_from_domestic_only(sales_db):
+    """The top 10 customers of a month, overseas included, differ from the domestic-only top 10."""
+    everyone = sql_query(TOP_10_SQL.format(month=MONTH, extra=""))
+    domestic = sql_query(TOP_10_SQL.format(month=MONTH, extra="AND is_overseas = 0"))
+
+    assert everyone["columns"] == ["customer_name", "total"]
+    assert everyone["row_count"] == domestic["row_count"] == 10
+    assert everyone["truncated"] is False
+    assert everyone["rows"] != domestic["rows"]
+    overseas = {row[0] for row in sql_query("SELECT name FROM customers WHERE is_overseas = 1")["rows"]}
+    assert overseas & {row[0] for row in everyone["rows"]}
+    assert not overseas & {row[0] for row in domestic["rows"]}
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO products (id, name, category, unit_price) VALUES (999, 'x', 'y', 1)",
+        "UPDATE orders SET amount = 0",
+        "DELETE FROM orders",
+        "DROP TABLE orders",
+        "CREATE TEMP TABLE scratch (x)",
+        "ATTACH DATABASE ':memory:' AS other",
+        "PRAGMA writable_schema = ON",
+        "PRAGMA query_only = OFF",
+        "VACUUM",
+    ],
+)
+def test_writes_are_refused_and_the_file_is_unchanged(sales_db, sql):
+    """Writing statements, ATTACH and state-changing PRAGMAs raise ToolError and leave the file as it was."""
+    before = checksum(sales_db)
+    with pytest.raises(ToolError, match="read-only database: writes are refused"):
+        sql_query(sql)
+    assert checksum(sales_db) == before
+
+
+def test_attach_cannot_create_or_read_other_files(sales_db, tmp_path):
+    """ATTACH of another file is refused before SQLite opens (or creates) that file."""
+    other = tmp_path / "other.sqlite3"
+    with pytest.raises(ToolError, match="writes are refused"):
+        sql_query(f"ATTACH DATABASE '{other}' AS other")
+    assert not other.exists()
+
+
+def test_multiple_statements_are_refused(sales_db):
+    """A string holding a second statement is refused and neither statement runs."""
+    before = checksum(sales_db)
+    with pytest.raises(ToolError, match="only a single SQL statement"):
+        sql_query("SELECT 1; DELETE FROM orders")
+    assert checksum(sales_db) == before
+
+
+def test_row_cap_truncates(sales_db, settings):
+    """At most ARBOR_SQL_ROW_CAP rows come back, and truncated says that more existed."""
+    settings.ARBOR_SQL_ROW_CAP = 5
+    capped = sql_query("SELECT id FROM orders ORDER BY id")
+    assert capped == {"columns": ["id"], "rows": [[1], [2], [3], [4], [5]], "row_count": 5, "truncated": True}
+
+    exact = sql_query("SELECT id FROM orders ORDER BY id LIMIT 5")
+    assert exact["row_count"] == 5
+    assert exact["truncated"] is False
+
+
+def test_slow_query_is_stopped_by_the_time_limit(sales_db, settings):
+    """A query running past ARBOR_SQL_TIME_LIMIT_SECONDS is aborted with a ToolError."""
+    settings.ARBOR_SQL_TIME_LIMIT_SECONDS = 0.2
+    slow = (
+        "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 1000000000) "
+        "SELECT COUNT(*) FROM n"
+    )
+    with pytest.raises(ToolError, match=r"query took longer than 0\.2 s"):
+        sql_query(slow)
+
+
+def test_syntax_error_gives_a_clear_message(sales_db):
+    """Malformed SQL raises a ToolError that says it is a syntax error and where."""
+    with pytest.raises(ToolError, match='syntax error: near "SELEC"'):
+        sql_query("SELEC * FROM orders")
+    with pytest.raises(ToolError, match="no such table: invoices"):
+        sql_query("SELECT * FROM invoices")
+
+
+def test_statement_without_result_set_is_refused(sales_db):
+    """An empty or comment-only statement is reported instead of returning an empty result."""
+    with pytest.raises(ToolError, match="single SELECT"):
+        sql_query("-- nothing here")
+
+
+def test_tool_is_registered_with_the_schema(sales_db):
+    """The registered tool needs no approval, requires a string "sql" and describes every table."""
+    tool = get_tool("sql_query")
+    assert tool is not None
+    assert tool.function is sql_query
+    assert tool.needs_approval is False
+    assert tool.parameters["required"] == ["sql"]
+    assert tool.parameters["properties"]["sql"]["type"] == "string"
+    assert describe_schema() in tool.description
+    for name in ("customers", "products", "orders", "monthly_sales", "is_overseas", "order_date", "amount"):
+        assert name in tool.description

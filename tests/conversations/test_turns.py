@@ -1,0 +1,272 @@
+"""The one turn runner against arbor/echo and the real database (R1, T1-T4, T7, T9, F1-F3, C4)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core import mail
+
+from conversations import services, turns
+from conversations.errors import ApprovalPending, BadInput, TurnInProgress
+from conversations.models import Bubble, Node, OutboxJob, ToolApproval
+from conversations.selectors import node_path, path_bubbles
+from tests.conversations.helpers import answer, ask, head
+
+pytestmark = pytest.mark.django_db
+
+
+def test_t1_t3_one_call_is_one_succeeded_node_and_the_head_moves_to_it(conversation):
+    """T1, T3: a turn of one round makes one node, succeeded, with sent and received items and usage."""
+    events = ask(conversation, "hello")
+    node = head(conversation)
+    assert node is not None and node.kind == "turn" and node.status == "succeeded"
+    assert node.sent == [{"type": "user", "text": "hello"}]
+    assert node.received == [{"type": "text", "text": "echo: hello\nseen: user:hello"}]
+    assert node.provider == "arbor" and node.model == "arbor/echo"
+    assert node.usage["prompt_tokens"] > 0 and node.usage["completion_tokens"] > 0
+    assert node.finished_at is not None and node.conversation_id == conversation.pk
+    assert answer(events) == "echo: hello\nseen: user:hello"
+    assert [e.type for e in events].count("token") > 1, "tokens stream in several steps"
+
+
+def test_t2_t5_the_next_call_sees_the_whole_path_and_nothing_else(conversation):
+    """T2, T5: the head is the only pointer; the second call receives the first question and answer."""
+    ask(conversation, "first")
+    events = ask(conversation, "second")
+    assert answer(events) == ("echo: second\nseen: user:first | assistant:echo: first\nseen: user:first | "
+                              "user:second")
+    assert [p.sent[0]["text"] for p in node_path(head(conversation).pk)] == ["first", "second"]
+
+
+def test_instructions_go_first_as_a_system_message(conversation):
+    services.conversation_update(conversation=conversation, instructions="Be brief.")
+    assert answer(ask(conversation, "hi")).endswith("seen: system:Be brief. | user:hi")
+
+
+def test_t3_t4_tool_rounds_form_one_chain_and_results_are_the_next_nodes_sent_items(conversation):
+    """T3, T4: the round that asked for the tool and the round that got its result are parent and child."""
+    events = ask(conversation, '#tool sql_query {"sql": "select count(*) as n from customers"}')
+    last = head(conversation)
+    first = last.parent
+    assert first.parent_id is None and first.status == "succeeded"
+    (call,) = first.received
+    assert call["type"] == "tool_call" and call["name"] == "sql_query"
+    (result,) = last.sent
+    assert result["type"] == "tool_result" and result["call_id"] == call["id"] and not result["is_error"]
+    assert json.loads(result["content"])["rows"] == [[60]]
+    assert "assistant:[call sql_query] | tool:" in answer(events)
+    assert [e.type for e in events if e.type in {"tool_call", "tool_result", "done"}] == [
+        "tool_call", "tool_result", "done"]
+    tool_bubble = Bubble.objects.get(role="tool")
+    assert tool_bubble.node_id == first.pk and tool_bubble.data["status"] == "done"
+
+
+def test_c4_a_missing_tool_or_bad_arguments_still_get_a_result(conversation):
+    """C4: a tool that does not exist, or gets arguments it refuses, still answers with an error result."""
+    ask(conversation, '#tool no_such_tool {"x": 1} #tool sql_query {"sql": 42}')
+    last = head(conversation)
+    (bad_args,) = last.sent
+    (missing,) = last.parent.sent
+    assert missing["is_error"] and "no tool named 'no_such_tool'" in missing["content"]
+    assert bad_args["is_error"] and "invalid arguments" in bad_args["content"]
+    assert last.status == "succeeded"
+
+
+def test_c4_a_raising_tool_becomes_an_error_result(conversation):
+    """C4: SQL the database refuses becomes an error result and the turn goes on."""
+    ask(conversation, '#tool sql_query {"sql": "delete from customers"}')
+    (result,) = head(conversation).sent
+    assert result["is_error"] and "read-only" in result["content"]
+
+
+def test_round_cap_ends_the_turn_with_an_answer(conversation, settings):
+    """A turn never loops for ever: the last allowed round offers no tools, so the model answers."""
+    settings.ARBOR_MAX_ROUNDS_PER_TURN = 2
+    directive = '#tool sql_query {"sql": "select 1"} '
+    events = ask(conversation, directive * 5)
+    assert events[-1].type == "done"
+    assert len(node_path(head(conversation).pk)) == 2
+
+
+def test_f1_a_failed_call_moves_the_head_to_the_failed_node_and_keeps_paid_tool_results(conversation):
+    """F1: the failed node is the head, its sent tool results stay on the path for the next turn."""
+    events = ask(conversation, '#tool sql_query {"sql": "select 1 as one"} #fail')
+    failed = head(conversation)
+    assert events[-1].type == "error" and events[-1].data["code"] == "provider_error"
+    assert failed.status == "failed" and failed.failure_reason == "provider_error"
+    assert failed.sent[0]["type"] == "tool_result"
+    follow_up = answer(ask(conversation, "again"))
+    assert "tool:" in follow_up, "the paid tool result is in the next turn's context"
+    assert "user:again" in follow_up
+
+
+def test_f2_context_overflow_leaves_the_head_where_it_was(conversation):
+    """F2: an overflowing call is recorded as a branch; the head stays at the last succeeded node."""
+    ask(conversation, "fine")
+    before = head(conversation)
+    events = ask(conversation, "#overflow")
+    assert events[-1].data["code"] == "context_overflow"
+    assert head(conversation) == before
+    failed = Node.objects.get(failure_reason="context_overflow")
+    assert failed.parent_id == before.pk and failed.sent == [{"type": "user", "text": "#overflow"}]
+    assert "#overflow" not in answer(ask(conversation, "next"))
+
+
+def test_f2_echo_limit_overflow_is_a_real_context_window_error(conversation, settings):
+    settings.ARBOR_ECHO_MAX_INPUT_TOKENS = 50
+    events = ask(conversation, "x" * 400)
+    assert events[-1].data["code"] == "context_overflow"
+    assert head(conversation) is None
+
+
+def test_r1_each_step_commits_node_head_bubbles_and_an_outbox_job(conversation):
+    """R1: at the end of a turn the node, the head move, the bubbles and a post-commit job exist together."""
+    ask(conversation, "hi")
+    node = head(conversation)
+    assert list(Bubble.objects.filter(node=node).values_list("role", flat=True)) == ["user", "assistant"]
+    job = OutboxJob.objects.get()
+    assert job.payload == {"conversation": conversation.pk, "head": node.pk}
+
+
+def test_t9_r3_a_second_turn_is_refused_while_one_runs(conversation):
+    """T9, R3: the database lock refuses a concurrent turn and any head move; it frees at the turn's end."""
+    running = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="one")
+    with pytest.raises(TurnInProgress):
+        turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="two")
+    with pytest.raises(TurnInProgress):
+        services.conversation_clear(conversation=conversation)
+    running.run()
+    assert answer(ask(conversation, "two")).startswith("echo: two")
+
+
+def test_r3_an_expired_lock_does_not_block_for_ever(conversation, settings):
+    """R3: a process killed mid-turn leaves a lock that expires."""
+    settings.ARBOR_TURN_LOCK_SECONDS = -1
+    turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="abandoned")
+    assert answer(ask(conversation, "later")).startswith("echo: later")
+
+
+def test_stopping_a_turn_records_it_as_cancelled_and_frees_the_conversation(conversation):
+    """Closing the event stream (stop) fails the node as cancelled, keeps its partial text, frees the lock."""
+    events = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="one two three").events()
+    tokens = [next(events), next(events)]
+    events.close()
+    node = head(conversation)
+    assert node.status == "failed" and node.failure_reason == "cancelled"
+    assert node.received == [{"type": "text", "text": "".join(t.data["text"] for t in tokens)}]
+    assert answer(ask(conversation, "after")).startswith("echo: after")
+
+
+def test_t7_edit_branches_from_the_turn_before_and_never_sees_the_old_answer(conversation):
+    """T7: the edited question's parent is the node before the original question; the old branch is kept."""
+    ask(conversation, "q1")
+    original = ask(conversation, "top 10 customers")
+    old_head = head(conversation)
+    edited = turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=old_head.pk,
+                             content="top 10 customers including overseas").run()
+    new_head = head(conversation)
+    assert new_head.parent_id == old_head.parent_id and new_head.pk != old_head.pk
+    assert "top 10 customers\n" not in answer(edited) and "user:top 10 customers | " not in answer(edited)
+    assert answer(edited).endswith("| user:top 10 customers including ove")
+    assert Node.objects.filter(pk=old_head.pk, received=old_head.received).exists()
+    assert answer(original) != answer(edited)
+
+
+def test_t7_regenerate_reruns_the_last_question_as_a_sibling(conversation):
+    ask(conversation, "q1")
+    first = head(conversation)
+    turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
+    second = head(conversation)
+    assert second.pk != first.pk and second.parent_id == first.parent_id and second.sent == first.sent
+
+
+def test_t7_edit_of_a_tool_turn_starts_before_its_first_round(conversation):
+    ask(conversation, "q1")
+    ask(conversation, '#tool sql_query {"sql": "select 1"}')
+    tool_turn_end = head(conversation)
+    opener = tool_turn_end.parent
+    with pytest.raises(BadInput, match="did not send a question"):
+        turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=tool_turn_end.pk,
+                        content="x")
+    assert head(conversation) == tool_turn_end, "a refused edit changes nothing"
+    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=opener.pk, content="q2").run()
+    assert head(conversation).parent_id == opener.parent_id
+
+
+def test_t8_switch_goes_to_the_latest_tip_and_bubbles_carry_branch_info(conversation):
+    """T8: k/n on the question's bubbles; switching back finds the old branch whole."""
+    ask(conversation, "q1")
+    ask(conversation, "q2")
+    old_tip = head(conversation)
+    q2 = old_tip
+    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=q2.pk, content="q2b").run()
+    ask(conversation, "q3 on the new branch")
+    views = path_bubbles(conversation=head_conversation(conversation))
+    q2b_view = [v for v in views if v.bubble.content == "q2b"][0]
+    assert (q2b_view.branch.index, q2b_view.branch.count) == (2, 2)
+    turns.head_switch(user=conversation.owner, conversation_id=conversation.pk, node_id=q2.pk)
+    assert head(conversation) == old_tip
+    views = path_bubbles(conversation=conversation)
+    assert [v.bubble.content for v in views if v.bubble.role == "user"] == ["q1", "q2"]
+    assert [v for v in views if v.bubble.content == "q2"][0].branch.index == 1
+    new_branch_first = Node.objects.get(sent=[{"type": "user", "text": "q2b"}])
+    turns.head_switch(user=conversation.owner, conversation_id=conversation.pk, node_id=new_branch_first.pk)
+    assert head(conversation).sent == [{"type": "user", "text": "q3 on the new branch"}]
+
+
+def head_conversation(conversation):
+    conversation.refresh_from_db()
+    return conversation
+
+
+def test_t9_edit_regenerate_and_switch_are_refused_while_a_turn_runs(conversation):
+    ask(conversation, "q1")
+    node = head(conversation)
+    running = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="q2")
+    with pytest.raises(TurnInProgress):
+        turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=node.pk, content="x")
+    with pytest.raises(TurnInProgress):
+        turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk)
+    with pytest.raises(TurnInProgress):
+        turns.head_switch(user=conversation.owner, conversation_id=conversation.pk, node_id=node.pk)
+    running.run()
+
+
+def test_f3_send_email_waits_for_approval_then_runs(conversation):
+    """F3: the turn pauses with the call pending; approving runs it through Django's mail backend."""
+    events = ask(conversation, '#tool send_email {"to": "cfo@example.com", "subject": "Q3", "body": "numbers"}')
+    assert events[-1].type == "approval_required"
+    paused = head(conversation)
+    (call,) = paused.received
+    assert mail.outbox == []
+    with pytest.raises(ApprovalPending):
+        ask(conversation, "something else")
+    resumed = turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                                approve=True).run()
+    assert len(mail.outbox) == 1 and mail.outbox[0].to == ["cfo@example.com"]
+    assert resumed[-1].type == "done"
+    final = head(conversation)
+    assert final.parent_id == paused.pk and not final.sent[0]["is_error"]
+    assert ToolApproval.objects.get().approved is True
+
+
+def test_f3_a_refused_call_gets_a_result_that_says_so(conversation):
+    ask(conversation, '#tool send_email {"to": "x@example.com", "subject": "s", "body": "b"}')
+    (call,) = head(conversation).received
+    turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                      approve=False).run()
+    (result,) = head(conversation).sent
+    assert result["is_error"] and result["content"].startswith("refused")
+    assert mail.outbox == []
+
+
+def test_f3_switching_away_does_not_undo_a_sent_email(conversation):
+    ask(conversation, "q1")
+    q1 = head(conversation)
+    ask(conversation, '#tool send_email {"to": "x@example.com", "subject": "s", "body": "b"}')
+    (call,) = head(conversation).received
+    turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                      approve=True).run()
+    turns.head_switch(user=conversation.owner, conversation_id=conversation.pk, node_id=q1.pk)
+    assert len(mail.outbox) == 1
