@@ -1,4 +1,4 @@
-"""ASGI entry point: HTTP through Django, WebSockets through Channels."""
+"""ASGI entry point: HTTP through Django (static files included), WebSockets through Channels."""
 
 import os
 
@@ -8,5 +8,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+# Every middleware in settings is async-capable: one sync-only middleware would put every request,
+# a running turn included, back on the one shared thread.
+application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app)})

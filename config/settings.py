@@ -34,7 +34,6 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -76,7 +75,8 @@ else:
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
     )
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "var" / "test-arbor.sqlite3")}
+    # A file, not memory: turn threads must see the test data. One per process: runs may overlap.
+    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "var" / f"test-arbor-{os.getpid()}.sqlite3")}
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:

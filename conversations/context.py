@@ -70,7 +70,10 @@ def _assistant_message(items: list[Item], provider: str | None) -> dict[str, Any
             for c in calls
         ]
     if reasoning:
-        blocks = [r["data"] for r in reasoning if r.get("data")]
+        blocks: list[Any] = []
+        for r in reasoning:
+            data = r.get("data")
+            blocks.extend(data if isinstance(data, list) else [data] if data else [])
         if blocks:
             message["thinking_blocks"] = blocks
         text = "".join(r.get("text", "") for r in reasoning)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -164,10 +165,8 @@ def _absorb(state: _StreamState, chunk: Any) -> str:
 def _close(stream: Any) -> None:
     close = getattr(getattr(stream, "completion_stream", None), "close", None)
     if callable(close):
-        try:
+        with contextlib.suppress(Exception):  # closing a dead stream is best effort
             close()
-        except Exception:  # closing a dead stream is best effort
-            pass
 
 
 def _message(error: BaseException) -> str:

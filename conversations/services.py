@@ -87,29 +87,33 @@ def conversation_clear(*, conversation: Conversation) -> None:
 def _nodes_others_need(conversation: Conversation) -> set[int]:
     """Nodes of this conversation that another conversation's tree still passes through (T11, P3).
 
-    Walk up from every place another conversation touches this one (its head, or a parent of a node
-    it created), following parents and compaction originals (C3), so no other path loses a node.
+    Start where another conversation touches this one's nodes (its head on one, a node of its own hung
+    below one, a compaction of its own made from one), then walk up parents and compaction originals
+    (C3). Every step is an indexed look-up: the cost follows this conversation, not the table.
     """
     sql = f"""
-    WITH RECURSIVE needed(id) AS (
-        SELECT c.head_id FROM {Conversation._meta.db_table} c
-        WHERE c.head_id IS NOT NULL AND c.id != %s
+    WITH RECURSIVE seeds(id) AS (
+        SELECT c.head_id FROM {Conversation._meta.db_table} c JOIN {_NODE} h ON h.id = c.head_id
+        WHERE h.conversation_id = %s AND c.id != %s
         UNION
-        SELECT n.parent_id FROM {_NODE} n
-        WHERE n.parent_id IS NOT NULL AND (n.conversation_id IS NULL OR n.conversation_id != %s)
+        SELECT n.parent_id FROM {_NODE} n JOIN {_NODE} p ON p.id = n.parent_id
+        WHERE p.conversation_id = %s AND (n.conversation_id IS NULL OR n.conversation_id != %s)
         UNION
-        SELECT n.compacted_from_id FROM {_NODE} n
-        WHERE n.compacted_from_id IS NOT NULL AND (n.conversation_id IS NULL OR n.conversation_id != %s)
+        SELECT n.compacted_from_id FROM {_NODE} n JOIN {_NODE} o ON o.id = n.compacted_from_id
+        WHERE o.conversation_id = %s AND (n.conversation_id IS NULL OR n.conversation_id != %s)
+    ),
+    edge(which) AS (SELECT 0 UNION ALL SELECT 1),
+    needed(id) AS (
+        SELECT id FROM seeds
         UNION
-        SELECT x.parent_id FROM {_NODE} x JOIN needed ON x.id = needed.id WHERE x.parent_id IS NOT NULL
-        UNION
-        SELECT x.compacted_from_id FROM {_NODE} x JOIN needed ON x.id = needed.id
-        WHERE x.compacted_from_id IS NOT NULL
+        SELECT CASE edge.which WHEN 0 THEN x.parent_id ELSE x.compacted_from_id END
+        FROM needed JOIN {_NODE} x ON x.id = needed.id CROSS JOIN edge
+        WHERE CASE edge.which WHEN 0 THEN x.parent_id ELSE x.compacted_from_id END IS NOT NULL
     )
     SELECT n.id FROM {_NODE} n JOIN needed ON n.id = needed.id WHERE n.conversation_id = %s
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [conversation.pk] * 4)
+        cursor.execute(sql, [conversation.pk] * 7)
         return {row[0] for row in cursor.fetchall()}
 
 

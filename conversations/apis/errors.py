@@ -16,7 +16,11 @@ def error_body(code: str, message: str, **extra) -> dict:
 
 def _flatten(detail, prefix: str = "") -> list[str]:
     if isinstance(detail, dict):
-        return [m for key, value in detail.items() for m in _flatten(value, f"{prefix}{key}: " if key != "non_field_errors" else prefix)]
+        return [
+            message
+            for key, value in detail.items()
+            for message in _flatten(value, prefix if key == "non_field_errors" else f"{prefix}{key}: ")
+        ]
     if isinstance(detail, list):
         return [m for value in detail for m in _flatten(value, prefix)]
     return [f"{prefix}{detail}"]

@@ -27,7 +27,8 @@ class StrictIntegerField(serializers.IntegerField):
 
 def validate_model_name(value: str) -> str:
     if value not in settings.ARBOR_MODELS:
-        raise serializers.ValidationError(f"Unknown model {value!r}; choose one of: {', '.join(settings.ARBOR_MODELS)}.")
+        choices = ", ".join(settings.ARBOR_MODELS)
+        raise serializers.ValidationError(f"Unknown model {value!r}; choose one of: {choices}.")
     return value
 
 

@@ -11,6 +11,7 @@ from django.db import connections
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -151,6 +152,24 @@ def _turn_response(request: Request, turn: turns.Turn | None) -> Response | Stre
                     status=status.HTTP_201_CREATED)
 
 
+class EventStreamRenderer(BaseRenderer):
+    """Lets clients ask for `text/event-stream`; a refusal before the stream starts is one `error` event."""
+
+    media_type = "text/event-stream"
+    format = "sse"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        if data is None:
+            return b""
+        kind = "error" if isinstance(data, dict) and "error" in data else "message"
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+class TurnView(APIView):
+    renderer_classes = [JSONRenderer, EventStreamRenderer]
+
+
 _TURN_RESPONSES = {
     201: s.TurnOut,
     202: OpenApiResponse(s.TurnOut, description="paused: a tool call waits for approval (F3)"),
@@ -163,7 +182,7 @@ _TURN_RESPONSES = {
 }
 
 
-class TurnCreate(APIView):
+class TurnCreate(TurnView):
     @extend_schema(request=s.TurnIn, responses=_TURN_RESPONSES,
                    description="Run a turn from the head. `Accept: text/event-stream` streams SSE events "
                                "`token`, `tool_call`, `tool_result`, `approval_required`, `done`, `error`.")
@@ -173,7 +192,7 @@ class TurnCreate(APIView):
         return _turn_response(request, turn)
 
 
-class TurnEdit(APIView):
+class TurnEdit(TurnView):
     @extend_schema(request=s.EditIn, responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
         data = _valid(s.EditIn, request)
@@ -182,7 +201,7 @@ class TurnEdit(APIView):
         return _turn_response(request, turn)
 
 
-class TurnRegenerate(APIView):
+class TurnRegenerate(TurnView):
     @extend_schema(request=s.RegenerateIn, responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
         data = _valid(s.RegenerateIn, request)
@@ -190,7 +209,7 @@ class TurnRegenerate(APIView):
         return _turn_response(request, turn)
 
 
-class ToolApprovalCreate(APIView):
+class ToolApprovalCreate(TurnView):
     @extend_schema(request=s.ApprovalIn, responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
         data = _valid(s.ApprovalIn, request)

@@ -1,0 +1,215 @@
+"""The REST API of ../shared/API.md: shapes, errors, ownership, and that refused requests change nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conversations.models import Bubble, Conversation, Node
+
+pytestmark = pytest.mark.django_db
+
+
+def _create(api, **body):
+    response = api.post("/api/conversations/", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def _turn(api, conversation_id, content, **extra):
+    return api.post(f"/api/conversations/{conversation_id}/turns/", {"content": content, **extra}, format="json")
+
+
+def _state(conversation_id):
+    conversation = Conversation.objects.get(pk=conversation_id)
+    return conversation.head_id, conversation.version, Node.objects.count(), Bubble.objects.count()
+
+
+def test_create_list_read_update_delete(api):
+    created = _create(api, title="Sales", instructions="Answer in Korean.")
+    assert created["model"] == "arbor/echo" and created["head"] is None
+    assert {"id", "title", "model", "instructions", "head"} <= created.keys()
+    second = _create(api)
+    listed = api.get("/api/conversations/").json()
+    assert [c["id"] for c in listed["results"]] == [second["id"], created["id"]], "newest first"
+    patched = api.patch(f"/api/conversations/{created['id']}/", {"title": "Sales 2"}, format="json").json()
+    assert patched["title"] == "Sales 2"
+    assert api.delete(f"/api/conversations/{created['id']}/").status_code == 204
+    assert api.get(f"/api/conversations/{created['id']}/").status_code == 404
+
+
+def test_turn_returns_answer_head_and_nodes(api):
+    conversation = _create(api)
+    response = _turn(api, conversation["id"], "hello")
+    assert response.status_code == 201
+    body = response.json()
+    assert body["answer"] == "echo: hello\nseen: user:hello"
+    (node,) = body["nodes"]
+    assert body["head"] == node["id"]
+    assert {"id", "parent", "kind", "status", "failure_reason", "sent", "received", "provider", "model",
+            "usage"} <= node.keys()
+    node_detail = api.get(f"/api/nodes/{node['id']}/").json()
+    assert node_detail["sent"] == [{"type": "user", "text": "hello"}]
+
+
+def test_bubbles_context_and_nodes_endpoints(api):
+    conversation = _create(api, instructions="Be brief.")
+    cid = conversation["id"]
+    _turn(api, cid, "q1")
+    head = _turn(api, cid, "q2").json()["head"]
+    api.post(f"/api/conversations/{cid}/edit/", {"node": head, "content": "q2 edited"}, format="json")
+    bubbles = api.get(f"/api/conversations/{cid}/bubbles/").json()
+    assert [(b["role"], b["content"][:9]) for b in bubbles] == [
+        ("user", "q1"), ("assistant", "echo: q1\n"), ("user", "q2 edited"), ("assistant", "echo: q2 ")]
+    assert bubbles[2]["branch"] == {"index": 2, "count": 2, "siblings": [head, bubbles[2]["node"]]}
+    assert bubbles[0]["branch"]["count"] == 1
+    context = api.get(f"/api/conversations/{cid}/context/").json()["messages"]
+    assert [m["role"] for m in context] == ["system", "user", "assistant", "user", "assistant"]
+    assert context[3]["content"] == "q2 edited"
+    nodes = api.get(f"/api/conversations/{cid}/nodes/").json()
+    assert len(nodes) == 3 and {n["kind"] for n in nodes} == {"turn"}
+
+
+def test_switch_and_regenerate_over_http(api):
+    cid = _create(api)["id"]
+    first = _turn(api, cid, "q1").json()["head"]
+    regenerated = api.post(f"/api/conversations/{cid}/regenerate/", {}, format="json")
+    assert regenerated.status_code == 201
+    assert regenerated.json()["head"] != first
+    switched = api.post(f"/api/conversations/{cid}/switch/", {"node": first}, format="json")
+    assert switched.status_code == 200 and switched.json()["head"] == first
+
+
+def test_clear_empties_head_and_bubbles_t11(api):
+    """T11: after clear nothing is shown and nothing is remembered."""
+    cid = _create(api)["id"]
+    _turn(api, cid, "secret")
+    cleared = api.post(f"/api/conversations/{cid}/clear/").json()
+    assert cleared["head"] is None
+    assert api.get(f"/api/conversations/{cid}/bubbles/").json() == []
+    assert api.get(f"/api/conversations/{cid}/context/").json() == {"messages": []}
+    assert "secret" not in _turn(api, cid, "what did I say?").json()["answer"]
+
+
+def test_failed_turn_answers_with_the_error_and_keeps_the_node_f1(api):
+    cid = _create(api)["id"]
+    response = _turn(api, cid, "#fail")
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["code"] == "provider_error" and error["message"]
+    assert Node.objects.get(pk=error["node"]).status == "failed"
+    assert Conversation.objects.get(pk=cid).head_id == error["node"]
+
+
+def test_overflow_answers_with_context_overflow_and_keeps_the_head_f2(api):
+    cid = _create(api)["id"]
+    head = _turn(api, cid, "q1").json()["head"]
+    response = _turn(api, cid, "#overflow")
+    assert response.status_code == 502 and response.json()["error"]["code"] == "context_overflow"
+    assert Conversation.objects.get(pk=cid).head_id == head
+
+
+def test_approval_flow_over_http_f3(api):
+    cid = _create(api)["id"]
+    paused = _turn(api, cid, '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"}')
+    assert paused.status_code == 202
+    (call,) = paused.json()["approval_required"]
+    busy = _turn(api, cid, "next")
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "approval_pending"
+    unknown = api.post(f"/api/conversations/{cid}/approvals/", {"tool_call_id": "nope", "approve": True},
+                       format="json")
+    assert unknown.status_code == 404
+    done = api.post(f"/api/conversations/{cid}/approvals/", {"tool_call_id": call["call_id"], "approve": True},
+                    format="json")
+    assert done.status_code == 201 and done.json()["answer"].startswith("echo:")
+
+
+def test_another_users_conversation_is_a_404_everywhere(api, other_api):
+    cid = _create(api)["id"]
+    node = _turn(api, cid, "mine").json()["head"]
+    before = _state(cid)
+    for method, url, body in [
+        ("get", f"/api/conversations/{cid}/", None),
+        ("patch", f"/api/conversations/{cid}/", {"title": "x"}),
+        ("delete", f"/api/conversations/{cid}/", None),
+        ("post", f"/api/conversations/{cid}/turns/", {"content": "x"}),
+        ("post", f"/api/conversations/{cid}/edit/", {"node": node, "content": "x"}),
+        ("post", f"/api/conversations/{cid}/regenerate/", {}),
+        ("post", f"/api/conversations/{cid}/switch/", {"node": node}),
+        ("post", f"/api/conversations/{cid}/clear/", None),
+        ("get", f"/api/conversations/{cid}/context/", None),
+        ("get", f"/api/conversations/{cid}/bubbles/", None),
+        ("get", f"/api/conversations/{cid}/nodes/", None),
+        ("get", f"/api/nodes/{node}/", None),
+    ]:
+        response = getattr(other_api, method)(url, body, format="json")
+        assert response.status_code == 404, (method, url, response.content)
+        assert response.json()["error"]["code"] == "not_found"
+    assert other_api.get("/api/conversations/").json()["results"] == []
+    assert _state(cid) == before
+
+
+def test_unauthenticated_requests_are_refused(client):
+    response = client.get("/api/conversations/")
+    assert response.status_code in (401, 403)
+    assert "error" in response.json()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code"),
+    [
+        ("turns", b"{not json", 400, "malformed_json"),
+        ("turns", {}, 400, "bad_input"),
+        ("turns", {"content": 5}, 400, "bad_input"),
+        ("turns", {"content": ""}, 400, "bad_input"),
+        ("turns", {"content": "   "}, 400, "bad_input"),
+        ("turns", ["content"], 400, "bad_input"),
+        ("turns", {"content": "x" * 2001}, 413, "too_large"),
+        ("edit", {"content": "x"}, 400, "bad_input"),
+        ("edit", {"node": "abc", "content": "x"}, 400, "bad_input"),
+        ("edit", {"node": 999999, "content": "x"}, 404, "not_found"),
+        ("edit", {"node": "ANSWER", "content": "x"}, 400, "bad_input"),
+        ("switch", {"node": 999999}, 404, "not_found"),
+        ("switch", {"node": True}, 400, "bad_input"),
+        ("approvals", {"tool_call_id": "x", "approve": "yes"}, 400, "bad_input"),
+        ("approvals", {"tool_call_id": "x", "approve": True}, 404, "not_found"),
+        ("regenerate", {"node": "OTHER"}, 400, "bad_input"),
+    ],
+)
+def test_bad_input_gets_a_clear_error_and_changes_nothing(api, other_api, settings, path, body, status, code):
+    settings.ARBOR_MAX_CONTENT_CHARS = 2000
+    cid = _create(api)["id"]
+    ask_response = _turn(api, cid, '#tool sql_query {"sql": "select 1"}').json()
+    answer_node = ask_response["head"]
+    other_cid = _create(other_api)["id"]
+    other_node = _turn(other_api, other_cid, "theirs").json()["head"]
+    if isinstance(body, dict) and body.get("node") == "ANSWER":
+        body = {**body, "node": answer_node}
+    if isinstance(body, dict) and body.get("node") == "OTHER":
+        body = {**body, "node": other_node}
+    before = _state(cid)
+    url = f"/api/conversations/{cid}/{path}/"
+    if isinstance(body, bytes):
+        response = api.post(url, body, content_type="application/json")
+    else:
+        response = api.post(url, json.dumps(body), content_type="application/json")
+    assert response.status_code == status, response.content
+    error = response.json()["error"]
+    assert error["code"] == code and error["message"]
+    assert _state(cid) == before
+
+
+def test_unknown_model_is_refused(api):
+    response = api.post("/api/conversations/", {"model": "nope/none"}, format="json")
+    assert response.status_code == 400 and "Unknown model" in response.json()["error"]["message"]
+    assert Conversation.objects.count() == 0
+
+
+def test_openapi_schema_and_docs_are_served(api):
+    schema = api.get("/api/schema/?format=json")
+    assert schema.status_code == 200
+    paths = json.loads(schema.content)["paths"]
+    assert "/api/conversations/{conversation_id}/turns/" in paths
+    assert "/api/conversations/{conversation_id}/approvals/" in paths
+    assert api.get("/api/docs/").status_code == 200

@@ -1,0 +1,170 @@
+"""The tree itself: the path query, the database's own guarantees, compaction boundaries, deletion (T1, T2,
+T5, T10, T11, C2, C3)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from conversations import items as it
+from conversations import services, turns
+from conversations.errors import BadInput, BeforeCompaction, CorruptTree, TurnInProgress
+from conversations.models import Bubble, Conversation, Node
+from conversations.selectors import node_path
+from tests.conversations.helpers import answer, ask, head
+
+pytestmark = pytest.mark.django_db
+
+
+def chain(conversation, length, parent=None):
+    nodes = []
+    for i in range(length):
+        parent = Node.objects.create(parent=parent, conversation=conversation, status="succeeded",
+                                     sent=[it.user(f"q{i}")], received=[it.text(f"a{i}")])
+        nodes.append(parent)
+    return nodes
+
+
+def test_t5_the_path_is_one_query_whatever_its_depth(conversation):
+    deep = chain(conversation, 300)
+    for depth in (1, 300):
+        with CaptureQueriesContext(connection) as queries:
+            path = node_path(deep[depth - 1].pk)
+        assert len(queries) == 1
+        assert [p.id for p in path] == [n.pk for n in deep[:depth]]
+
+
+def test_t5_nodes_off_the_path_never_appear(conversation):
+    trunk = chain(conversation, 3)
+    chain(conversation, 5, parent=trunk[0])  # a side branch
+    assert [p.id for p in node_path(trunk[-1].pk)] == [n.pk for n in trunk]
+
+
+def test_the_depth_guard_stops_a_corrupt_loop(conversation, settings):
+    a, b = chain(conversation, 2)
+    with transaction.atomic():
+        Node.objects.filter(pk=a.pk).update(parent=b)  # a loop no service can make
+        settings.ARBOR_PATH_DEPTH_LIMIT = 50
+        with pytest.raises(CorruptTree):
+            node_path(b.pk)
+        transaction.set_rollback(True)
+
+
+@pytest.mark.parametrize(
+    ("fields", "constraint"),
+    [
+        ({"kind": "banana"}, "node_kind_known"),
+        ({"status": "done"}, "node_status_known"),
+        ({"status": "failed"}, "node_failure_reason_iff_failed"),
+        ({"status": "succeeded", "failure_reason": "timeout"}, "node_failure_reason_iff_failed"),
+        ({"status": "failed", "failure_reason": "gremlins"}, "node_failure_reason_known"),
+        ({"kind": "compaction", "parent": "PARENT"}, "node_compaction_has_no_parent"),
+        ({"kind": "turn", "compacted_from": "PARENT"}, "node_original_only_on_compaction"),
+    ],
+)
+def test_t1_c2_c3_the_database_refuses_what_must_never_happen(conversation, fields, constraint):
+    (parent,) = chain(conversation, 1)
+    fields = {k: parent if v == "PARENT" else v for k, v in fields.items()}
+    with pytest.raises(IntegrityError, match=constraint), transaction.atomic():
+        Node.objects.create(conversation=conversation, **fields)
+
+
+def test_t1_a_node_cannot_be_its_own_parent(conversation):
+    (node,) = chain(conversation, 1)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Node.objects.filter(pk=node.pk).update(parent=node.pk)
+
+
+def compact(conversation):
+    """A compaction node as C2/C3 lay it out (the compaction issue builds the summarising call)."""
+    original = conversation.head_id
+    summary = Node.objects.create(kind="compaction", status="succeeded", conversation=conversation,
+                                  compacted_from_id=original, sent=[it.system("summary of the conversation so far")])
+    services.head_move(conversation=conversation, to=summary.pk)
+    return summary
+
+
+def test_c2_assembly_stops_at_the_compaction_node(conversation):
+    ask(conversation, "before compaction")
+    summary = compact(conversation)
+    seen = answer(ask(conversation, "after"))
+    assert "before compaction" not in seen
+    assert seen.endswith("seen: system:summary of the conversation so | user:after")
+    path = node_path(head(conversation).pk)
+    assert path[0].id == summary.pk and len(path) == 2
+
+
+def test_t10_a_question_before_the_compaction_node_cannot_be_edited(conversation):
+    ask(conversation, "old question")
+    old = head(conversation)
+    compact(conversation)
+    ask(conversation, "new question")
+    after = head(conversation)
+    count = Node.objects.count()
+    with pytest.raises(BeforeCompaction):
+        turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=old.pk, content="x")
+    assert head(conversation) == after and Node.objects.count() == count
+    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=after.pk,
+                    content="edited after compaction").run()
+    assert head(conversation).parent_id == after.parent_id
+
+
+def test_t11_clear_drops_bubbles_and_head_but_keeps_nodes(conversation):
+    ask(conversation, "remember 42")
+    nodes = Node.objects.count()
+    services.conversation_clear(conversation=conversation)
+    assert head(conversation) is None and not Bubble.objects.filter(conversation=conversation).exists()
+    assert Node.objects.count() == nodes, "nothing is ever lost"
+    assert "42" not in answer(ask(conversation, "what number?"))
+
+
+def test_t11_delete_removes_its_nodes_but_keeps_those_another_path_passes_through(user):
+    """T11, P3: deleting a conversation keeps exactly the nodes another conversation's tree still needs."""
+    source = services.conversation_create(owner=user)
+    ask(source, "shared 1")
+    ask(source, "shared 2")
+    shared_head = head(source)
+    turns.turn_regenerate(user=user, conversation_id=source.pk).run()  # a branch only `source` has
+    ask(source, "source only")
+    other = services.conversation_create(owner=user)
+    services.head_move(conversation=other, to=shared_head.pk)  # P3's edit conversation, nothing copied
+    ask(other, "other's own question")
+    ask(other, "and again")
+    other_path = node_path(head(other).pk)
+    services.conversation_delete(conversation=source)
+    assert not Conversation.objects.filter(pk=source.pk).exists()
+    kept = Node.objects.filter(conversation__isnull=True)
+    assert sorted(s[0]["text"] for s in kept.values_list("sent", flat=True)) == ["shared 1", "shared 2"]
+    assert not Node.objects.filter(sent=[it.user("source only")]).exists()
+    assert Node.objects.filter(conversation=other).count() == 2
+    assert node_path(head(other).pk) == other_path, "the other conversation's context is untouched"
+    assert "user:shared 1 | " in answer(ask(other, "still there?"))
+
+
+def test_t11_delete_keeps_the_original_behind_a_shared_compaction_node(user):
+    """C3: another path through a compaction node still needs its original, so that survives too."""
+    source = services.conversation_create(owner=user)
+    ask(source, "long ago")
+    original = head(source)
+    summary = compact(source)
+    other = services.conversation_create(owner=user)
+    services.head_move(conversation=other, to=summary.pk)
+    services.conversation_delete(conversation=source)
+    assert Node.objects.filter(pk__in=[original.pk, summary.pk]).count() == 2
+
+
+def test_t11_delete_is_refused_while_a_turn_runs(conversation):
+    running = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="busy")
+    with pytest.raises(TurnInProgress):
+        services.conversation_delete(conversation=conversation)
+    running.run()
+    services.conversation_delete(conversation=conversation)
+    assert Node.objects.count() == 0
+
+
+def test_switch_refuses_a_node_of_another_conversation(user, conversation):
+    other = services.conversation_create(owner=user)
+    ask(other, "elsewhere")
+    with pytest.raises(BadInput):
+        turns.head_switch(user=user, conversation_id=conversation.pk, node_id=head(other).pk)
