@@ -18,6 +18,7 @@ from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price list at run time
 
+import httpx  # noqa: E402
 import litellm  # noqa: E402
 from django.conf import settings  # noqa: E402
 from litellm import CustomLLM  # noqa: E402
@@ -81,13 +82,28 @@ def provider_of(model: str) -> str:
         return model.split("/", 1)[0] if "/" in model else ""
 
 
+def _causes(error: BaseException) -> list[BaseException]:
+    """The error and what it wraps: litellm's `original_exception`, else `__cause__` / `__context__`."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and not any(current is seen for seen in chain):
+        chain.append(current)
+        current = getattr(current, "original_exception", None) or current.__cause__ or current.__context__
+    return chain
+
+
 def classify(error: BaseException) -> str:
-    """Map a provider exception to a failure reason. Order matters: overflow is also a BadRequestError."""
-    if isinstance(error, litellm.ContextWindowExceededError):
+    """Map a provider exception to a failure reason. Order matters: overflow is also a BadRequestError.
+
+    litellm wraps failures that happen mid-stream (MidStreamFallbackError, a 503) around the real
+    error, so every check looks through the whole chain.
+    """
+    chain = _causes(error)
+    if any(isinstance(e, litellm.ContextWindowExceededError) for e in chain):
         return "context_overflow"
-    if isinstance(error, litellm.Timeout):
+    if any(isinstance(e, litellm.Timeout | httpx.TimeoutException | TimeoutError) for e in chain):
         return "timeout"
-    if isinstance(error, litellm.RateLimitError):
+    if any(isinstance(e, litellm.RateLimitError) for e in chain):
         return "rate_limit"
     return "provider_error"
 
