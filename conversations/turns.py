@@ -25,7 +25,7 @@ from django.utils import timezone
 from conversations import items as it
 from conversations import llm, services
 from conversations.context import PathNode, assemble
-from conversations.errors import ApprovalPending, BadInput, BeforeCompaction, NotFound, TooLarge
+from conversations.errors import ApprovalPending, BadInput, BeforeCompaction, NotFound, TooLarge, TurnInProgress
 from conversations.models import Bubble, Conversation, Node, ToolApproval
 from conversations.selectors import conversation_for_user, node_path, turn_start
 from conversations.tools import all_tools, get_tool
@@ -234,7 +234,9 @@ class Turn:
             calls = it.tool_calls(result.received)
             final = not calls
             waiting = [c for c in calls if (t := get_tool(c["name"])) and t.needs_approval]
-            self._succeed(node, result, head_moves=final or bool(waiting), waiting=bool(waiting))
+            if not self._succeed(node, result, head_moves=final or bool(waiting), waiting=bool(waiting)):
+                yield self._superseded(node)
+                return
             for c in calls:
                 yield TurnEvent("tool_call", {**_tool_bubble_data(c), "node": node.pk})
             if final:
@@ -281,8 +283,12 @@ class Turn:
                 yield TurnEvent("tool_result", {"call_id": item["call_id"], "name": item["name"],
                                                 "content": item["content"], "is_error": item["is_error"]})
 
-    def _succeed(self, node: Node, result: llm.CallResult, *, head_moves: bool, waiting: bool) -> None:
-        """One transaction: the answered node, its bubbles, the head move at the turn's end, the jobs."""
+    def _succeed(self, node: Node, result: llm.CallResult, *, head_moves: bool, waiting: bool) -> bool:
+        """One transaction: the answered node, its bubbles, the head move at the turn's end, the jobs.
+
+        Return False if this turn lost its lock (it outlived its expiry and another turn took over):
+        its node is kept all the same, but it may not move the head (R3).
+        """
         with transaction.atomic():
             node.status = Node.Status.SUCCEEDED
             node.received = result.received
@@ -299,12 +305,27 @@ class Turn:
                 status = "awaiting_approval" if tool and tool.needs_approval else "running"
                 Bubble.objects.create(conversation=self.conversation, node=node, role=Bubble.Role.TOOL,
                                       content=call["name"], data={**_tool_bubble_data(call), "status": status})
+            moved = True
             if head_moves:
-                services.head_move(conversation=self.conversation, to=node.pk, turn_token=self.token)
-                if not waiting:
+                moved = self._move_head(node.pk)
+                if moved and not waiting:
                     services.outbox_add(kind="turn_committed",
                                         payload={"conversation": self.conversation.pk, "head": node.pk})
         self._pending = None
+        return moved
+
+    def _move_head(self, node_id: int) -> bool:
+        try:
+            with transaction.atomic():  # a savepoint: a refused move must not undo the node
+                services.head_move(conversation=self.conversation, to=node_id, turn_token=self.token)
+        except TurnInProgress:
+            return False
+        return True
+
+    def _superseded(self, node: Node) -> TurnEvent:
+        return TurnEvent("error", {"code": "turn_superseded", "node": node.pk, "head": None,
+                                   "message": "This turn ran past its lock and another took over; its answer "
+                                              "is kept as a branch.", "nodes": list(self.nodes)})
 
     def _fail_pending(self, error: llm.LLMError) -> TurnEvent:
         """F1/F2: record the failure; the head moves to the failed node unless the context overflowed."""
@@ -322,7 +343,7 @@ class Turn:
             Bubble.objects.create(conversation=self.conversation, node=node, role=Bubble.Role.ERROR,
                                   content=error.message, data={"reason": error.reason, "partial": partial})
             if error.reason != Node.FailureReason.CONTEXT_OVERFLOW:
-                services.head_move(conversation=self.conversation, to=node.pk, turn_token=self.token)
+                self._move_head(node.pk)
         self._pending = None
         return TurnEvent("error", {"code": error.reason, "message": error.message, "node": node.pk,
                                    "head": self.conversation.head_id, "nodes": list(self.nodes)})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -42,6 +43,9 @@ _CODES = {
 def exception_handler(exc, context):
     if isinstance(exc, ArborError):
         return Response(error_body(exc.code, exc.message, **exc.extra), status=exc.status)
+    if isinstance(exc, RequestDataTooBig):
+        return Response(error_body("too_large", "The request body is too large."),
+                        status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, Http404):
         return Response(error_body("not_found", "Not found."), status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, exceptions.ValidationError):

@@ -213,3 +213,20 @@ def test_openapi_schema_and_docs_are_served(api):
     assert "/api/conversations/{conversation_id}/turns/" in paths
     assert "/api/conversations/{conversation_id}/approvals/" in paths
     assert api.get("/api/docs/").status_code == 200
+
+
+def test_an_oversized_body_is_refused_with_413(api, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    cid = _create(api)["id"]
+    before = _state(cid)
+    response = _turn(api, cid, "x" * 20_000)
+    assert response.status_code == 413 and response.json()["error"]["code"] == "too_large"
+    assert _state(cid) == before
+
+
+def test_a_non_json_body_is_refused(api):
+    cid = _create(api)["id"]
+    before = _state(cid)
+    response = api.post(f"/api/conversations/{cid}/turns/", "content=hi", content_type="text/plain")
+    assert response.status_code == 415 and response.json()["error"]["code"] == "unsupported_media_type"
+    assert _state(cid) == before

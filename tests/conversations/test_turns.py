@@ -270,3 +270,37 @@ def test_f3_switching_away_does_not_undo_a_sent_email(conversation):
                       approve=True).run()
     turns.head_switch(user=conversation.owner, conversation_id=conversation.pk, node_id=q1.pk)
     assert len(mail.outbox) == 1
+
+
+def test_r3_a_turn_that_outlived_its_lock_keeps_its_node_but_cannot_move_the_head(conversation, settings):
+    """R3: a stale run (its lock expired and another turn took it) never moves the head; nothing is lost."""
+    settings.ARBOR_TURN_LOCK_SECONDS = -1  # every lock is born expired
+    stale = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="stale").events()
+    next(stale)  # its node is pending, its call under way
+    settings.ARBOR_TURN_LOCK_SECONDS = 300
+    ask(conversation, "fresh")
+    fresh_head = head(conversation)
+    events = list(stale)
+    assert events[-1].type == "error" and events[-1].data["code"] == "turn_superseded"
+    assert head(conversation) == fresh_head
+    kept = Node.objects.get(sent=[{"type": "user", "text": "stale"}])
+    assert kept.status == "succeeded" and kept.received[0]["text"].startswith("echo: stale")
+
+
+def test_r1_a_turn_that_dies_mid_way_loses_nothing_already_answered(conversation, settings):
+    """R1: each round commits on its own: if the process dies after round one, round one is in the tree."""
+    settings.ARBOR_TURN_LOCK_SECONDS = -1  # the dead process's lock must not block the next turn
+    events = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk,
+                            content='#tool sql_query {"sql": "select 1"}').events()
+    assert next(e for e in events if e.type == "tool_call")
+    # The process "dies" here: the generator is never resumed nor closed.
+    try:
+        first = Node.objects.get(parent__isnull=True)
+        assert first.status == "succeeded" and first.received[0]["type"] == "tool_call"
+        assert Bubble.objects.filter(node=first, role="user").exists()
+        assert head(conversation) is None, "the head moves only at the end of a turn (T3)"
+        settings.ARBOR_TURN_LOCK_SECONDS = 300
+        assert answer(ask(conversation, "next")).startswith("echo: next")
+        assert Node.objects.filter(pk=first.pk, status="succeeded").exists()
+    finally:
+        events.close()

@@ -1,0 +1,38 @@
+"""Make the first user (and their API token) for the quick start, and the sample sales database."""
+
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from rest_framework.authtoken.models import Token
+
+from conversations.tools.sales_db import ensure_sales_db
+
+
+class Command(BaseCommand):
+    help = "Create the first user (a superuser) if there is none, and say how to log in."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--username", default="arbor")
+
+    def handle(self, *args, username: str, **options):
+        ensure_sales_db()
+        users = get_user_model()
+        password_file = settings.BASE_DIR / "var" / "first-user-password.txt"
+        if not users.objects.filter(username=username).exists():
+            password = secrets.token_urlsafe(12)
+            users.objects.create_superuser(username=username, email="", password=password)
+            password_file.write_text(password + "\n")
+            password_file.chmod(0o600)
+        user = users.objects.get(username=username)
+        token, _ = Token.objects.get_or_create(user=user)
+        password = password_file.read_text().strip() if password_file.exists() else "(set by you earlier)"
+        self.stdout.write(
+            f"Log in at /admin/ as {username!r} with password {password!r} (kept in {password_file}).\n"
+            f"API token: {token.key}  e.g. curl -H 'Authorization: Token {token.key}' "
+            "http://127.0.0.1:8000/api/conversations/\n"
+            f"Model: {settings.ARBOR_MODEL}"
+        )

@@ -1,0 +1,15 @@
+# Sourced by scripts/start and scripts/test: make .venv from the hashed lock, once per lock change.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.requirements.sha256
+want=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements.txt
+  echo "$want" > "$stamp"
+fi
+export PATH="$PWD/.venv/bin:$PATH"
+mkdir -p var
