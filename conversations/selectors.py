@@ -67,15 +67,26 @@ def conversation_list(*, user) -> QuerySet[Conversation]:
 
 
 def node_for_user(*, user, node_id: Any) -> Node:
-    """Return a node that one of the caller's conversations created or passes through."""
+    """Return a node that one of the caller's conversations created or passes through (P3)."""
     try:
-        node = Node.objects.get(pk=int(node_id))
+        node = Node.objects.select_related("conversation").get(pk=int(node_id))
     except (Node.DoesNotExist, TypeError, ValueError):
         raise NotFound("No such node.") from None
-    if node.conversation_id and Conversation.objects.filter(pk=node.conversation_id, owner_id=user.pk).exists():
+    if node.conversation is not None and node.conversation.owner_id == user.pk:
         return node
-    for head_id in Conversation.objects.filter(owner_id=user.pk, head__isnull=False).values_list("head", flat=True):
-        if any(p.id == node.pk for p in node_path(head_id)):
+    # Shared history (its creator is gone or is not the caller's): is it on one of the caller's paths?
+    sql = f"""
+    WITH RECURSIVE below(id) AS (
+        SELECT id FROM {_NODE} WHERE id = %s
+        UNION ALL
+        SELECT n.id FROM {_NODE} n JOIN below ON n.parent_id = below.id
+    )
+    SELECT 1 FROM {Conversation._meta.db_table} c JOIN below ON c.head_id = below.id
+    WHERE c.owner_id = %s LIMIT 1
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [node.pk, user.pk])
+        if cursor.fetchone():
             return node
     raise NotFound("No such node.")
 

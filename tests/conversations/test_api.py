@@ -230,3 +230,16 @@ def test_a_non_json_body_is_refused(api):
     response = api.post(f"/api/conversations/{cid}/turns/", "content=hi", content_type="text/plain")
     assert response.status_code == 415 and response.json()["error"]["code"] == "unsupported_media_type"
     assert _state(cid) == before
+
+
+def test_shared_history_nodes_stay_readable_by_the_conversation_that_passes_through_them(api, other_api, user):
+    """T11, P3: after the source is deleted, a kept node is still the caller's through its other path."""
+    from conversations import services
+
+    source = _create(api)["id"]
+    shared = _turn(api, source, "shared").json()["head"]
+    other = services.conversation_create(owner=user)
+    services.head_move(conversation=other, to=shared)
+    assert api.delete(f"/api/conversations/{source}/").status_code == 204
+    assert api.get(f"/api/nodes/{shared}/").status_code == 200
+    assert other_api.get(f"/api/nodes/{shared}/").status_code == 404
