@@ -13,7 +13,7 @@ def _env_bool(name: str, default: bool) -> bool:
 
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "arbor-insecure-development-key-change-me")
-DEBUG = _env_bool("DJANGO_DEBUG", True)
+DEBUG = _env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h]
 
 INSTALLED_APPS = [
@@ -102,6 +102,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGIN_URL = "/admin/login/"
 
 EMAIL_BACKEND = os.environ.get("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_TIMEOUT = 15  # a hung mail server must not hold a tool thread for ever
 DEFAULT_FROM_EMAIL = os.environ.get("DJANGO_DEFAULT_FROM_EMAIL", "arbor@localhost")
 
 REST_FRAMEWORK = {

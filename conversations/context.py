@@ -1,7 +1,7 @@
 """Context assembly: the one place that turns a path into the messages a model receives (T5, T6, C4).
 
-Pure functions: no database, no settings, no litellm. The turn runner, the context endpoint, the
-admin and "what the model saw" all call `assemble`.
+Pure functions: no database, no settings, no litellm. The turn runner and the context endpoint call
+`assemble`; every later view of "what the model saw" must call it too, never rebuild it.
 """
 
 from __future__ import annotations
@@ -30,14 +30,20 @@ class PathNode:
     model: str = ""
 
 
-def path_items(path: Sequence[PathNode]) -> list[Item]:
-    """Concatenate root-first each node's sent items, and received items where the call succeeded (T5)."""
+def path_items(path: Sequence[PathNode], *, keep_ephemeral: bool = False) -> list[Item]:
+    """Concatenate root-first each node's sent items, and received items where the call succeeded (T5).
+
+    Items marked ephemeral (R2: retrieval results) were for the call that sent them; later calls
+    drop them unless the conversation's policy keeps them.
+    """
     items: list[Item] = []
     for node in path:
         items.extend(node.sent)
         if node.status == "succeeded":
             items.extend(node.received)
-    return items
+    if keep_ephemeral:
+        return items
+    return [item for item in items if not item.get("ephemeral")]
 
 
 def drop_orphan_tool_items(items: list[Item]) -> list[Item]:
@@ -123,9 +129,10 @@ def assemble(
     *,
     instructions: str = "",
     provider: str | None = None,
+    keep_ephemeral: bool = False,
 ) -> list[dict[str, Any]]:
-    """Return the message list for a call whose parent is the last node of `path` (T5, T6, C4)."""
-    items = path_items(path)
+    """Return the message list for a call whose parent is the last node of `path` (T5, T6, C4, R2)."""
+    items = path_items(path, keep_ephemeral=keep_ephemeral)
     items.extend(new_items)
     items = drop_orphan_tool_items(items)
     messages = to_messages(items, provider=provider)

@@ -136,7 +136,11 @@ class Bubble(models.Model):
         TOOL = "tool"
         ERROR = "error"
 
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="bubbles")
+    # SET_NULL: a bubble of a node that another conversation's path still passes through (P3) stays
+    # on that conversation's screen after its own conversation is cleared or deleted (T11).
+    conversation = models.ForeignKey(
+        Conversation, null=True, blank=True, on_delete=models.SET_NULL, related_name="bubbles"
+    )
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="bubbles")
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True)
@@ -162,6 +166,8 @@ class ToolApproval(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="approvals")
     call_id = models.CharField(max_length=200)
     approved = models.BooleanField()
+    # The tool's result, written the moment it ran: an approved action never runs twice.
+    result = models.JSONField(null=True, blank=True)
     decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
     decided_at = models.DateTimeField(auto_now_add=True)
 

@@ -53,11 +53,10 @@ def node_path(head_id: int | None) -> list[PathNode]:
     ]
 
 
-def conversation_for_user(*, user, conversation_id: Any, for_update: bool = False) -> Conversation:
+def conversation_for_user(*, user, conversation_id: Any) -> Conversation:
     """Return the caller's conversation; anyone else's is a 404, like a missing one."""
     try:
-        queryset = Conversation.objects.select_for_update() if for_update else Conversation.objects
-        return queryset.get(pk=int(conversation_id), owner_id=user.pk)
+        return Conversation.objects.get(pk=int(conversation_id), owner_id=user.pk)
     except (Conversation.DoesNotExist, TypeError, ValueError):
         raise NotFound("No such conversation.") from None
 
@@ -131,6 +130,9 @@ def branch_infos(*, conversation: Conversation, path: list[PathNode]) -> dict[in
         if any(p.parent_id is None for p in openers) else Q(parent_id__in=parents)
     ).values_list("id", "parent_id", "sent")
     by_parent: dict[int | None, list[int]] = {}
+    candidates = candidates.exclude(status=Node.Status.PENDING).exclude(
+        status=Node.Status.FAILED, failure_reason=Node.FailureReason.CONTEXT_OVERFLOW
+    )
     for node_id, parent_id, sent in candidates.order_by("id"):
         if question_of(_json(sent)) is not None:
             by_parent.setdefault(parent_id, []).append(node_id)
@@ -171,8 +173,11 @@ def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = No
     return [BubbleView(bubble=b, branch=infos.get(opener_of.get(b.node_id, -1))) for b in bubbles]
 
 
-def latest_tip(*, conversation: Conversation, node_id: int) -> int:
-    """Return the latest node a head can rest on in the branch below `node_id` (T8)."""
+def latest_tip(*, conversation: Conversation, node_id: int) -> int | None:
+    """Return the latest node a head can rest on in the branch from `node_id` down, if there is one (T8).
+
+    Pending nodes (a call under way or a crashed one) and context overflows (F2) are never heads.
+    """
     sql = f"""
     WITH RECURSIVE below AS (
         SELECT id FROM {_NODE} WHERE id = %s
@@ -187,4 +192,4 @@ def latest_tip(*, conversation: Conversation, node_id: int) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, [node_id, conversation.pk])
         (tip,) = cursor.fetchone()
-    return tip or node_id
+    return tip

@@ -11,8 +11,9 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from conversations.errors import BadInput, TurnInProgress
+from conversations.errors import BadInput, NotFound, TurnInProgress
 from conversations.models import Bubble, Conversation, Node, OutboxJob, ToolApproval
+from conversations.selectors import latest_tip, node_path
 
 _NODE = Node._meta.db_table
 
@@ -25,16 +26,37 @@ def head_move(*, conversation: Conversation, to: int | None, turn_token: uuid.UU
     """Move the head (T2, T9, R3): refused while another turn holds the conversation.
 
     The check and the move are one UPDATE, so a stale or concurrent caller cannot slip in between.
+    A move without a token also clears an expired lock, so the turn that let it expire can no longer
+    move the head when it finally ends.
     """
-    guard = Q(turn_token=turn_token) if turn_token else _lock_is_free()
-    moved = (
-        Conversation.objects.filter(guard, pk=conversation.pk)
-        .update(head_id=to, version=F("version") + 1, updated_at=timezone.now())
-    )
-    if not moved:
+    changes = {"head_id": to, "version": F("version") + 1, "updated_at": timezone.now()}
+    if turn_token:
+        guard = Q(turn_token=turn_token)
+    else:
+        guard = _lock_is_free()
+        changes.update(turn_token=None, turn_expires_at=None)
+    if not Conversation.objects.filter(guard, pk=conversation.pk).update(**changes):
         raise TurnInProgress()
     conversation.head_id = to
     conversation.version += 1
+
+
+def head_switch(*, conversation: Conversation, node_id: Any) -> None:
+    """T8: move the head to the latest tip of the branch that holds `node_id`."""
+    try:
+        node_id = int(node_id)
+    except (TypeError, ValueError):
+        raise BadInput("`node` must be a node id.") from None
+    in_tree = Node.objects.filter(pk=node_id, conversation=conversation).exists() or any(
+        p.id == node_id for p in node_path(conversation.head_id)
+    )
+    if not in_tree:
+        raise NotFound(f"No node {node_id} in this conversation.")
+    tip = latest_tip(conversation=conversation, node_id=node_id)
+    if tip is None:
+        raise BadInput(f"The branch of node {node_id} has no answer to switch to.")
+    with transaction.atomic():
+        head_move(conversation=conversation, to=tip)
 
 
 def turn_lock_acquire(*, conversation: Conversation) -> uuid.UUID:
@@ -79,9 +101,21 @@ def conversation_update(*, conversation: Conversation, **fields: Any) -> Convers
 
 @transaction.atomic
 def conversation_clear(*, conversation: Conversation) -> None:
-    """T11: the head and the bubbles go together, so nothing 'deleted' is still remembered."""
+    """T11: the head and the bubbles go, and no branch leads back: nothing 'deleted' is still remembered.
+
+    The nodes are kept (nothing once written is lost) but detached from the conversation, so branch
+    arrows and switch can no longer reach them.
+    """
     head_move(conversation=conversation, to=None)
-    Bubble.objects.filter(conversation=conversation).delete()
+    keep = _nodes_others_need(conversation)
+    _release_bubbles(conversation, keep)
+    Node.objects.filter(conversation=conversation).update(conversation=None)
+
+
+def _release_bubbles(conversation: Conversation, keep: set[int]) -> None:
+    """Delete the conversation's bubbles, except those of nodes another conversation still shows (P3)."""
+    Bubble.objects.filter(conversation=conversation).exclude(node_id__in=keep).delete()
+    Bubble.objects.filter(conversation=conversation, node_id__in=keep).update(conversation=None)
 
 
 def _nodes_others_need(conversation: Conversation) -> set[int]:
@@ -125,13 +159,18 @@ def conversation_delete(*, conversation: Conversation) -> None:
         raise TurnInProgress()
     keep = _nodes_others_need(conversation)
     doomed = list(Node.objects.filter(conversation=conversation).exclude(id__in=keep).values_list("id", flat=True))
-    conversation.delete()  # bubbles cascade; kept nodes lose their creator (SET_NULL)
+    _release_bubbles(conversation, keep)
+    conversation.delete()  # kept nodes lose their creator (SET_NULL)
     # The database's deferred foreign keys check at commit that no surviving node lost its parent.
     Node.objects.filter(id__in=doomed).delete()
 
 
-def approval_record(*, node: Node, call_id: str, approved: bool, user) -> ToolApproval:
-    return ToolApproval.objects.create(node=node, call_id=call_id, approved=approved, decided_by=user)
+def approval_record(*, node_id: int, call_id: str, approved: bool, user) -> ToolApproval:
+    return ToolApproval.objects.create(node_id=node_id, call_id=call_id, approved=approved, decided_by=user)
+
+
+def approval_store_result(*, node_id: int, call_id: str, result: dict) -> None:
+    ToolApproval.objects.filter(node_id=node_id, call_id=call_id).update(result=result)
 
 
 def outbox_add(*, kind: str, payload: dict[str, Any]) -> OutboxJob:

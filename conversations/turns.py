@@ -1,25 +1,26 @@
 """The one turn runner (R1).
 
-Every way of asking the model something (a new question, an edit, a regenerate, a resumed turn after
+Every way of asking the model something (a new question, an edit, a regenerate, a turn resumed after
 an approval) first decides *where the new node's parent is*, then hands over to `Turn.events`, which
 runs the rounds:
 
-    check ownership -> load state -> (compact if needed) -> gather instructions -> assemble ->
-    call the model, streaming -> keep what came back -> commit node, head, bubbles and jobs at once.
+    check ownership -> load state -> gather instructions -> assemble -> call the model, streaming ->
+    keep what came back -> commit node, head, bubbles and jobs in one transaction.
 
-`Turn.events` is a generator of `TurnEvent`s. Closing it (stop, or a client that went away) ends the
-turn as `failed/cancelled`; a node once written is never lost.
+(Compaction, C1/C2, will run between "load state" and "assemble".) `Turn.events` is a generator of
+`TurnEvent`s; closing it (stop, or a client that went away) ends the turn as failed/cancelled.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from conversations import items as it
@@ -49,34 +50,58 @@ def _check_content(content: Any) -> str:
     return content
 
 
-def _pending_approvals(conversation: Conversation, head: PathNode | None) -> list[it.Item]:
-    """Tool calls on the head that wait for a person's decision (F3)."""
-    if head is None or head.status != Node.Status.SUCCEEDED:
+def _open_calls(tip: PathNode | None) -> list[it.Item]:
+    """Tool calls on the path's last node that have no result yet: their results must go out first."""
+    if tip is None or tip.status != Node.Status.SUCCEEDED:
         return []
-    calls = [c for c in it.tool_calls(head.received) if (tool := get_tool(c["name"])) and tool.needs_approval]
-    return calls
+    return it.tool_calls(tip.received)
 
 
-def _lock(conversation: Conversation) -> uuid.UUID:
-    return services.turn_lock_acquire(conversation=conversation)
+def _needs_approval(call: it.Item) -> bool:
+    tool = get_tool(call["name"])
+    return bool(tool and tool.needs_approval)
+
+
+def _undecided(tip: PathNode | None) -> list[it.Item]:
+    """The open calls that wait for a person's decision (F3)."""
+    calls = [c for c in _open_calls(tip) if _needs_approval(c)]
+    if not calls:
+        return []
+    decided = set(ToolApproval.objects.filter(node_id=tip.id).values_list("call_id", flat=True))
+    return [c for c in calls if c["id"] not in decided]
+
+
+def _begin(*, user, conversation: Conversation, token: uuid.UUID, new_items: list[it.Item]) -> Turn:
+    path = node_path(conversation.head_id)
+    tip = path[-1] if path else None
+    if _undecided(tip):
+        raise ApprovalPending("A tool call is waiting for approval: approve or refuse it first.")
+    return Turn(conversation=conversation, user=user, token=token, new_items=new_items,
+                open_calls_node=tip if _open_calls(tip) else None)
+
+
+def _locked(function):
+    """Take the turn lock, run `function(conversation, token)`; give the lock back if it refuses."""
+
+    def run(*, user, conversation_id: Any, **kwargs) -> Turn | None:
+        conversation = conversation_for_user(user=user, conversation_id=conversation_id)
+        token = services.turn_lock_acquire(conversation=conversation)
+        try:
+            return function(user=user, conversation=conversation, token=token, **kwargs)
+        except BaseException:
+            services.turn_lock_release(conversation=conversation, token=token)
+            raise
+
+    return run
 
 
 def turn_ask(*, user, conversation_id: Any, content: Any) -> Turn:
     """A new question from the head."""
     content = _check_content(content)
-    conversation = conversation_for_user(user=user, conversation_id=conversation_id)
-    token = _lock(conversation)
-    try:
-        path = node_path(conversation.head_id)
-        if _pending_approvals(conversation, path[-1] if path else None):
-            raise ApprovalPending("A tool call is waiting for approval: approve or refuse it first.")
-    except Exception:
-        services.turn_lock_release(conversation=conversation, token=token)
-        raise
-    return Turn(conversation=conversation, user=user, token=token, first_items=[it.user(content)])
+    return _locked(_begin)(user=user, conversation_id=conversation_id, new_items=[it.user(content)])
 
 
-def _question_node(conversation: Conversation, path: list[PathNode], node_id: Any) -> int:
+def _question_index(conversation: Conversation, path: list[PathNode], node_id: Any) -> int:
     """Return the index on the path of the node that sent the question `node_id` (T7, T10)."""
     try:
         node_id = int(node_id)
@@ -89,9 +114,9 @@ def _question_node(conversation: Conversation, path: list[PathNode], node_id: An
             return index
     if path and path[0].kind == Node.Kind.COMPACTION and _before_compaction(path[0].id, node_id):
         raise BeforeCompaction(f"Node {node_id} lies before the compaction node {path[0].id}; it cannot be edited.")
-    if not Node.objects.filter(pk=node_id).exists():
-        raise NotFound("No such node.")
-    raise BadInput(f"Node {node_id} is not on this conversation's current path.")
+    if Node.objects.filter(pk=node_id, conversation=conversation).exists():
+        raise BadInput(f"Node {node_id} is not on this conversation's current path; switch to its branch first.")
+    raise NotFound(f"No node {node_id} in this conversation.")
 
 
 def _before_compaction(compaction_id: int, node_id: int) -> bool:
@@ -99,74 +124,86 @@ def _before_compaction(compaction_id: int, node_id: int) -> bool:
     return any(p.id == node_id for p in node_path(original))
 
 
-def _reposition(*, user, conversation_id: Any, node_id: Any, content: str | None) -> Turn:
+def _reposition(*, user, conversation: Conversation, token: uuid.UUID, node_id: Any, content: str | None) -> Turn:
     """T7: move the head to the end of the turn before the question, then run a normal turn."""
-    conversation = conversation_for_user(user=user, conversation_id=conversation_id)
-    token = _lock(conversation)
-    try:
-        path = node_path(conversation.head_id)
-        if node_id is None:
-            index = turn_start(path)
-            if index is None:
-                raise BadInput("There is no question to regenerate yet.")
-        else:
-            index = _question_node(conversation, path, node_id)
-        question = content if content is not None else it.question_of(path[index].sent)
-        with transaction.atomic():
-            services.head_move(conversation=conversation, to=path[index].parent_id, turn_token=token)
-    except Exception:
-        services.turn_lock_release(conversation=conversation, token=token)
-        raise
-    return Turn(conversation=conversation, user=user, token=token, first_items=[it.user(question)])
+    path = node_path(conversation.head_id)
+    if node_id is None:
+        index = turn_start(path)
+        if index is None:
+            raise BadInput("There is no question to regenerate yet.")
+    else:
+        index = _question_index(conversation, path, node_id)
+    question = content if content is not None else it.question_of(path[index].sent)
+    with transaction.atomic():
+        services.head_move(conversation=conversation, to=path[index].parent_id, turn_token=token)
+    return _begin(user=user, conversation=conversation, token=token, new_items=[it.user(question)])
 
 
 def turn_edit(*, user, conversation_id: Any, node_id: Any, content: Any) -> Turn:
-    return _reposition(user=user, conversation_id=conversation_id, node_id=node_id, content=_check_content(content))
+    content = _check_content(content)
+    return _locked(_reposition)(user=user, conversation_id=conversation_id, node_id=node_id, content=content)
 
 
 def turn_regenerate(*, user, conversation_id: Any, node_id: Any = None) -> Turn:
-    return _reposition(user=user, conversation_id=conversation_id, node_id=node_id, content=None)
+    return _locked(_reposition)(user=user, conversation_id=conversation_id, node_id=node_id, content=None)
+
+
+def _decide(*, user, conversation: Conversation, token: uuid.UUID, call_id: str, approve: bool) -> Turn | None:
+    path = node_path(conversation.head_id)
+    tip = path[-1] if path else None
+    call = next((c for c in _open_calls(tip) if c["id"] == call_id and _needs_approval(c)), None)
+    if call is None:
+        raise NotFound(f"No tool call {call_id!r} is waiting for approval.")
+    earlier = ToolApproval.objects.filter(node_id=tip.id, call_id=call_id).values_list("approved", flat=True).first()
+    if earlier is not None and earlier != approve:
+        raise BadInput(f"Tool call {call_id!r} was already {'approved' if earlier else 'refused'}.")
+    if earlier is None:
+        with transaction.atomic():
+            services.approval_record(node_id=tip.id, call_id=call_id, approved=approve, user=user)
+            Bubble.objects.filter(node_id=tip.id, role=Bubble.Role.TOOL, data__call_id=call_id).update(
+                data={**_tool_bubble_data(call), "status": "approved" if approve else "refused"}
+            )
+    if _undecided(tip):
+        services.turn_lock_release(conversation=conversation, token=token)
+        return None
+    return Turn(conversation=conversation, user=user, token=token, new_items=[], open_calls_node=tip)
 
 
 def turn_decide(*, user, conversation_id: Any, call_id: Any, approve: Any) -> Turn | None:
-    """Record a person's decision on a pending tool call (F3); once all are decided, the turn goes on."""
+    """Record a person's decision on a pending tool call (F3); once all are decided, the turn goes on.
+
+    Deciding the same way twice resumes again (a client that lost the answer can retry); the action
+    itself never runs twice, because its result is stored with the decision.
+    """
     if not isinstance(call_id, str) or not call_id:
         raise BadInput("`tool_call_id` must be a string.")
     if not isinstance(approve, bool):
         raise BadInput("`approve` must be true or false.")
-    conversation = conversation_for_user(user=user, conversation_id=conversation_id)
-    token = _lock(conversation)
-    try:
-        path = node_path(conversation.head_id)
-        waiting = _pending_approvals(conversation, path[-1] if path else None)
-        if call_id not in {c["id"] for c in waiting}:
-            raise NotFound(f"No tool call {call_id!r} is waiting for approval.")
-        head = path[-1]
-        decided = dict(ToolApproval.objects.filter(node_id=head.id).values_list("call_id", "approved"))
-        if call_id in decided:
-            raise BadInput(f"Tool call {call_id!r} was already {'approved' if decided[call_id] else 'refused'}.")
-        with transaction.atomic():
-            services.approval_record(node=Node(pk=head.id), call_id=call_id, approved=approve, user=user)
-            Bubble.objects.filter(node_id=head.id, role=Bubble.Role.TOOL, data__call_id=call_id).update(
-                data={**_tool_bubble_data(_call(head, call_id)), "status": "approved" if approve else "refused"}
-            )
-        decided[call_id] = approve
-        if any(c["id"] not in decided for c in waiting):
-            services.turn_lock_release(conversation=conversation, token=token)
-            return None
-    except Exception:
-        services.turn_lock_release(conversation=conversation, token=token)
-        raise
-    results = [run_tool_call(c, approved=decided.get(c["id"])) for c in it.tool_calls(head.received)]
-    return Turn(conversation=conversation, user=user, token=token, first_items=results)
-
-
-def _call(node: PathNode, call_id: str) -> it.Item:
-    return next(c for c in it.tool_calls(node.received) if c["id"] == call_id)
+    return _locked(_decide)(user=user, conversation_id=conversation_id, call_id=call_id, approve=approve)
 
 
 def _tool_bubble_data(call: it.Item) -> dict[str, Any]:
     return {"call_id": call["id"], "name": call["name"], "arguments": call["arguments"]}
+
+
+def _resolve_calls(node: PathNode, *, run: bool) -> list[it.Item]:
+    """Results for `node`'s open calls (C4: every call gets one). Without `run`, nothing new executes."""
+    decisions = {a.call_id: a for a in ToolApproval.objects.filter(node_id=node.id)}
+    results = []
+    for call in _open_calls(node):
+        decision = decisions.get(call["id"])
+        if decision is not None and decision.result:
+            results.append(decision.result)
+        elif not run:
+            results.append(it.tool_result(call["id"], call["name"], "cancelled: the turn stopped before this "
+                                          "tool ran", is_error=True))
+        elif decision is not None:
+            result = run_tool_call(call, approved=decision.approved)
+            services.approval_store_result(node_id=node.id, call_id=call["id"], result=result)
+            results.append(result)
+        else:
+            results.append(run_tool_call(call))
+    return results
 
 
 # --- the rounds ---------------------------------------------------------------------------------------
@@ -175,22 +212,29 @@ def _tool_bubble_data(call: it.Item) -> dict[str, Any]:
 class Turn:
     """A turn whose lock is held and whose starting point is decided. Run it with `events()`, once."""
 
-    def __init__(self, *, conversation: Conversation, user, token: uuid.UUID, first_items: list[it.Item]):
+    def __init__(self, *, conversation: Conversation, user, token: uuid.UUID, new_items: list[it.Item],
+                 open_calls_node: PathNode | None = None):
         self.conversation = conversation
         self.user = user
         self.token = token
-        self.first_items = first_items
+        self.new_items = new_items
         self.nodes: list[int] = []
-        self._pending: Node | None = None
+        self.model = conversation.model or settings.ARBOR_MODEL
+        self.provider = llm.provider_of(self.model)
+        self._open: PathNode | None = open_calls_node  # a node whose calls still need their results
+        self._pending: Node | None = None  # the node whose call is under way
+        self._started = False
+        self._renewed_at = time.monotonic()
 
     def events(self) -> Iterator[TurnEvent]:
+        self._started = True
         try:
             yield from self._rounds()
         except GeneratorExit:
-            self._fail_pending(llm.LLMError("cancelled", "stopped by the user"))
+            self._fail(llm.LLMError("cancelled", "stopped by the user"))
             raise
         except BaseException as error:
-            self._fail_pending(llm.LLMError("interrupted", f"the turn stopped: {error!r}"))
+            self._fail(llm.LLMError("interrupted", f"the turn stopped: {error!r}"))
             raise
         finally:
             services.turn_lock_release(conversation=self.conversation, token=self.token)
@@ -199,21 +243,28 @@ class Turn:
         """Run to the end without streaming (the plain JSON API, tests)."""
         return list(self.events())
 
+    def abandon(self) -> None:
+        """Give the lock back if the turn was never started (its client left before the stream began)."""
+        if not self._started:
+            self._started = True
+            services.turn_lock_release(conversation=self.conversation, token=self.token)
+
     def _rounds(self) -> Iterator[TurnEvent]:
         conversation = self.conversation
-        model = conversation.model or settings.ARBOR_MODEL
-        provider = llm.provider_of(model)
-        parent_id = conversation.head_id
-        sent = self.first_items
         max_rounds = max(1, settings.ARBOR_MAX_ROUNDS_PER_TURN)
         for round_number in range(1, max_rounds + 1):
+            parent = self._open
+            sent = [*(_resolve_calls(parent, run=True) if parent else []), *self.new_items]
+            self.new_items = []
+            parent_id = parent.id if parent else conversation.head_id
             path = node_path(parent_id)  # one query (T5); nothing off the path can reach the model
-            messages = assemble(path, sent, instructions=conversation.instructions, provider=provider)
+            messages = assemble(path, sent, instructions=conversation.instructions, provider=self.provider)
             # The last round offers no tools, so a turn always ends with an answer.
             tools = [t.spec() for t in all_tools()] if round_number < max_rounds else None
-            node = self._start_node(parent_id=parent_id, sent=sent, provider=provider, model=model)
+            node = self._start_node(parent_id=parent_id, sent=sent)
             yield from self._announce_results(sent)
-            call = llm.stream_call(model=model, messages=messages, tools=tools)
+            self._release_connection()  # no database connection is held while the model thinks
+            call = llm.stream_call(model=self.model, messages=messages, tools=tools)
             try:
                 while True:
                     try:
@@ -221,41 +272,42 @@ class Turn:
                     except StopIteration as stop:
                         result: llm.CallResult = stop.value
                         break
+                    self._renew_lock_if_due()
                     yield TurnEvent("token", {"text": token, "node": node.pk})
             except GeneratorExit:
                 try:
                     call.close()
                 except llm.LLMError as error:
-                    self._fail_pending(error)
+                    self._fail(error)
                 raise
             except llm.LLMError as error:
-                yield self._fail_pending(error)
+                yield self._fail(error)
                 return
             calls = it.tool_calls(result.received)
-            final = not calls
-            waiting = [c for c in calls if (t := get_tool(c["name"])) and t.needs_approval]
-            if not self._succeed(node, result, head_moves=final or bool(waiting), waiting=bool(waiting)):
+            waiting = [c for c in calls if _needs_approval(c)]
+            if not self._succeed(node, result, head_moves=not calls or bool(waiting), waiting=bool(waiting)):
                 yield self._superseded(node)
                 return
+            if calls and not waiting:
+                self._open = _path_node(node)  # from here, a stop gives these calls 'cancelled' results
             for c in calls:
                 yield TurnEvent("tool_call", {**_tool_bubble_data(c), "node": node.pk})
-            if final:
+            if not calls:
                 yield TurnEvent("done", {"answer": it.answer_text(result.received), "head": node.pk,
                                          "nodes": list(self.nodes)})
                 return
             if waiting:
-                yield TurnEvent("approval_required", {"node": node.pk, "calls": [_tool_bubble_data(c)
-                                                                                  for c in waiting]})
+                yield TurnEvent("approval_required", {"node": node.pk,
+                                                      "calls": [_tool_bubble_data(c) for c in waiting]})
                 return
-            sent = [run_tool_call(c) for c in calls]  # C4: every call gets a result
-            parent_id = node.pk
+            self._renew_lock_if_due(force=True)
 
-    def _start_node(self, *, parent_id: int | None, sent: list[it.Item], provider: str, model: str) -> Node:
+    def _start_node(self, *, parent_id: int | None, sent: list[it.Item]) -> Node:
         """T3: the node exists, pending, before its call; the question's bubble commits with it."""
         with transaction.atomic():
             node = Node.objects.create(
                 parent_id=parent_id, conversation=self.conversation, kind=Node.Kind.TURN,
-                status=Node.Status.PENDING, sent=sent, provider=provider, model=model,
+                status=Node.Status.PENDING, sent=sent, provider=self.provider, model=self.model,
             )
             question = it.question_of(sent)
             if question is not None:
@@ -265,7 +317,9 @@ class Turn:
             if results and parent_id:
                 self._attach_results(parent_id, results)
             services.turn_lock_renew(conversation=self.conversation, token=self.token)
+        self._renewed_at = time.monotonic()
         self._pending = node
+        self._open = None
         self.nodes.append(node.pk)
         return node
 
@@ -282,6 +336,18 @@ class Turn:
             if item.get("type") == "tool_result":
                 yield TurnEvent("tool_result", {"call_id": item["call_id"], "name": item["name"],
                                                 "content": item["content"], "is_error": item["is_error"]})
+
+    def _renew_lock_if_due(self, *, force: bool = False) -> None:
+        """Keep the lock alive through long streams and tool runs (T9): renew at a third of its life."""
+        if force or time.monotonic() - self._renewed_at > settings.ARBOR_TURN_LOCK_SECONDS / 3:
+            services.turn_lock_renew(conversation=self.conversation, token=self.token)
+            self._renewed_at = time.monotonic()
+            self._release_connection()
+
+    @staticmethod
+    def _release_connection() -> None:
+        if not connection.in_atomic_block:
+            connection.close()  # back to the pool; the next query checks one out again
 
     def _succeed(self, node: Node, result: llm.CallResult, *, head_moves: bool, waiting: bool) -> bool:
         """One transaction: the answered node, its bubbles, the head move at the turn's end, the jobs.
@@ -301,8 +367,7 @@ class Turn:
                 Bubble.objects.create(conversation=self.conversation, node=node, role=Bubble.Role.ASSISTANT,
                                       content=answer)
             for call in it.tool_calls(result.received):
-                tool = get_tool(call["name"])
-                status = "awaiting_approval" if tool and tool.needs_approval else "running"
+                status = "awaiting_approval" if _needs_approval(call) else "running"
                 Bubble.objects.create(conversation=self.conversation, node=node, role=Bubble.Role.TOOL,
                                       content=call["name"], data={**_tool_bubble_data(call), "status": status})
             moved = True
@@ -327,8 +392,14 @@ class Turn:
                                    "message": "This turn ran past its lock and another took over; its answer "
                                               "is kept as a branch.", "nodes": list(self.nodes)})
 
-    def _fail_pending(self, error: llm.LLMError) -> TurnEvent:
-        """F1/F2: record the failure; the head moves to the failed node unless the context overflowed."""
+    def _fail(self, error: llm.LLMError) -> TurnEvent:
+        """F1/F2: record the failure; the head moves to the failed node unless the context overflowed.
+
+        Stopped between rounds, the open calls get 'cancelled' results in a failed node of their own,
+        so the question and the calls stay on the path (C4, F1).
+        """
+        if self._pending is None and self._open is not None:
+            self._start_node(parent_id=self._open.id, sent=_resolve_calls(self._open, run=False))
         node = self._pending
         if node is None:
             return TurnEvent("error", {"code": error.reason, "message": error.message})
@@ -339,9 +410,9 @@ class Turn:
             node.received = error.partial
             node.finished_at = timezone.now()
             node.save(update_fields=["status", "failure_reason", "failure_message", "received", "finished_at"])
-            partial = it.answer_text(error.partial)
             Bubble.objects.create(conversation=self.conversation, node=node, role=Bubble.Role.ERROR,
-                                  content=error.message, data={"reason": error.reason, "partial": partial})
+                                  content=error.message,
+                                  data={"reason": error.reason, "partial": it.answer_text(error.partial)})
             if error.reason != Node.FailureReason.CONTEXT_OVERFLOW:
                 self._move_head(node.pk)
         self._pending = None
@@ -349,21 +420,6 @@ class Turn:
                                    "head": self.conversation.head_id, "nodes": list(self.nodes)})
 
 
-def head_switch(*, user, conversation_id: Any, node_id: Any) -> Conversation:
-    """T8: move the head to the latest tip of the branch that holds `node_id`."""
-    from conversations.selectors import latest_tip
-
-    conversation = conversation_for_user(user=user, conversation_id=conversation_id)
-    try:
-        node_id = int(node_id)
-    except (TypeError, ValueError):
-        raise BadInput("`node` must be a node id.") from None
-    path_ids = {p.id for p in node_path(conversation.head_id)}
-    node = Node.objects.filter(pk=node_id).values_list("conversation_id", flat=True)
-    if not node.exists():
-        raise NotFound("No such node.")
-    if node.first() != conversation.pk and node_id not in path_ids:
-        raise BadInput(f"Node {node_id} is not in this conversation's tree.")
-    with transaction.atomic():
-        services.head_move(conversation=conversation, to=latest_tip(conversation=conversation, node_id=node_id))
-    return conversation
+def _path_node(node: Node) -> PathNode:
+    return PathNode(id=node.pk, parent_id=node.parent_id, kind=node.kind, status=node.status, sent=node.sent,
+                    received=node.received, provider=node.provider, model=node.model)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from conversations.errors import ArborError
+
+logger = logging.getLogger("arbor.api")
 
 
 def error_body(code: str, message: str, **extra) -> dict:
@@ -58,4 +63,11 @@ def exception_handler(exc, context):
     if response is not None and isinstance(exc, exceptions.APIException):
         code = _CODES.get(type(exc), exc.default_code)
         response.data = error_body(code, " ".join(_flatten(exc.detail)))
-    return response
+        return response
+    if isinstance(exc, DatabaseError):
+        logger.exception("database error answering an API request")
+        return Response(error_body("unavailable", "The database is busy or unavailable; nothing was changed. "
+                                   "Try again."), status=status.HTTP_503_SERVICE_UNAVAILABLE)
+    logger.exception("unexpected error answering an API request")
+    return Response(error_body("server_error", "Something went wrong on the server."),
+                    status=status.HTTP_500_INTERNAL_SERVER_ERROR)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 
 from asgiref.sync import sync_to_async
@@ -31,6 +32,8 @@ from conversations.selectors import (
     path_bubbles,
 )
 from conversations.streaming import events_in_thread
+
+logger = logging.getLogger("arbor.api")
 
 _FAILURE_STATUS = {"rate_limit": 503, "timeout": 503, "context_overflow": 502, "provider_error": 502}
 
@@ -124,20 +127,36 @@ def _sse(event) -> bytes:
     return f"event: {event.type}\ndata: {json.dumps(event.data, ensure_ascii=False)}\n\n".encode()
 
 
+class TurnStream(StreamingHttpResponse):
+    """A turn as server-sent events. A turn whose client left before the stream began gives its lock back."""
+
+    def __init__(self, turn: turns.Turn):
+        super().__init__(self._events(turn), content_type="text/event-stream")
+        self["Cache-Control"] = "no-cache"
+        self["X-Accel-Buffering"] = "no"
+        self.turn = turn
+
+    @staticmethod
+    async def _events(turn: turns.Turn):
+        try:
+            async for event in events_in_thread(turn.events):
+                yield _sse(event)
+        except Exception as error:  # the stream has begun: the status is sent, so say it as an event
+            logger.exception("turn stream failed")
+            yield _sse(turns.TurnEvent("error", {"code": "server_error", "message": str(error) or repr(error)}))
+
+    def close(self):
+        self.turn.abandon()
+        super().close()
+
+
 def _turn_response(request: Request, turn: turns.Turn | None) -> Response | StreamingHttpResponse:
     """Run the turn and answer: SSE when asked for, else one JSON body when the turn has ended."""
     if turn is None:  # an approval recorded, others still waiting
         return Response({"answer": None, "head": None, "nodes": [], "approval_required": []},
                         status=status.HTTP_202_ACCEPTED)
     if _wants_stream(request):
-        async def stream():
-            async for event in events_in_thread(turn.events):
-                yield _sse(event)
-
-        response = StreamingHttpResponse(stream(), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
-        return response
+        return TurnStream(turn)
     events = turn.run()
     last = events[-1]
     nodes = s.NodeOut(Node.objects.filter(pk__in=turn.nodes).order_by("id"), many=True).data
@@ -225,7 +244,8 @@ class HeadSwitch(APIView):
     @extend_schema(request=s.SwitchIn, responses=s.ConversationOut)
     def post(self, request: Request, conversation_id: int) -> Response:
         data = _valid(s.SwitchIn, request)
-        conversation = turns.head_switch(user=request.user, conversation_id=conversation_id, node_id=data["node"])
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        services.head_switch(conversation=conversation, node_id=data["node"])
         return Response(s.ConversationOut(conversation).data)
 
 

@@ -15,7 +15,9 @@ from conversations.tools.registry import get_tool, result_text
 
 logger = logging.getLogger("arbor.tools")
 
-_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="arbor-tool")
+# A tool that times out keeps its thread until it returns; enough threads that a few hung ones do not
+# stall every other turn.
+_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="arbor-tool")
 
 
 def run_tool_call(call: it.Item, *, approved: bool | None = None) -> it.Item:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.core.signals import request_finished
+from django.db import close_old_connections
 
 from conversations.models import Bubble, Conversation, Node
 
@@ -174,7 +176,8 @@ def test_unauthenticated_requests_are_refused(client):
         ("switch", {"node": True}, 400, "bad_input"),
         ("approvals", {"tool_call_id": "x", "approve": "yes"}, 400, "bad_input"),
         ("approvals", {"tool_call_id": "x", "approve": True}, 404, "not_found"),
-        ("regenerate", {"node": "OTHER"}, 400, "bad_input"),
+        ("regenerate", {"node": "OTHER"}, 404, "not_found"),
+        ("switch", {"node": "OTHER"}, 404, "not_found"),
     ],
 )
 def test_bad_input_gets_a_clear_error_and_changes_nothing(api, other_api, settings, path, body, status, code):
@@ -243,3 +246,32 @@ def test_shared_history_nodes_stay_readable_by_the_conversation_that_passes_thro
     assert api.delete(f"/api/conversations/{source}/").status_code == 204
     assert api.get(f"/api/nodes/{shared}/").status_code == 200
     assert other_api.get(f"/api/nodes/{shared}/").status_code == 404
+
+
+def test_a_stream_whose_client_leaves_before_it_starts_gives_the_lock_back(api):
+    """T9/R3: a stream that never began must not keep the conversation locked until the lock expires."""
+    cid = _create(api)["id"]
+    response = api.post(f"/api/conversations/{cid}/turns/", {"content": "hi"}, format="json",
+                        HTTP_ACCEPT="text/event-stream")
+    assert response.status_code == 200 and response["Content-Type"] == "text/event-stream"
+    # What the server does when the client is gone; the test keeps its transaction's connection open.
+    request_finished.disconnect(close_old_connections)
+    try:
+        response.close()
+    finally:
+        request_finished.connect(close_old_connections)
+    assert _turn(api, cid, "again").status_code == 201
+
+
+def test_an_unexpected_error_is_answered_in_the_error_format(api, monkeypatch):
+    from conversations.apis import views
+
+    def broken(**kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(views, "path_bubbles", broken)
+    api.raise_request_exception = False
+    cid = _create(api)["id"]
+    response = api.get(f"/api/conversations/{cid}/bubbles/")
+    assert response.status_code == 500
+    assert response.json() == {"error": {"code": "server_error", "message": "Something went wrong on the server."}}

@@ -89,3 +89,14 @@ def test_assembly_is_prefix_stable(instructions):
     path.append(node(2, [it.user("q2")], [it.text("a2")], parent=1))
     second = assemble(path, [it.user("q3")], instructions=instructions)
     assert second[: len(first)] == first
+
+
+def test_r2_ephemeral_items_are_read_once_and_dropped_later_unless_the_policy_keeps_them():
+    retrieved = {**it.system("from another conversation: revenue was 42"), "ephemeral": True}
+    new_call = assemble([], [retrieved, it.user("q1")])
+    assert new_call[0]["content"].endswith("42"), "the call that retrieved it reads it"
+    path = [node(1, [retrieved, it.user("q1")], [it.text("a1")])]
+    later = assemble(path, [it.user("q2")])
+    assert "42" not in str(later)
+    kept = assemble(path, [it.user("q2")], keep_ephemeral=True)
+    assert kept[0]["content"].endswith("42")

@@ -9,9 +9,9 @@ from django.test.utils import CaptureQueriesContext
 
 from conversations import items as it
 from conversations import services, turns
-from conversations.errors import BadInput, BeforeCompaction, CorruptTree, TurnInProgress
+from conversations.errors import BeforeCompaction, CorruptTree, NotFound, TurnInProgress
 from conversations.models import Bubble, Conversation, Node
-from conversations.selectors import node_path
+from conversations.selectors import node_path, path_bubbles
 from tests.conversations.helpers import answer, ask, head
 
 pytestmark = pytest.mark.django_db
@@ -163,8 +163,40 @@ def test_t11_delete_is_refused_while_a_turn_runs(conversation):
     assert Node.objects.count() == 0
 
 
-def test_switch_refuses_a_node_of_another_conversation(user, conversation):
+def test_t8_switch_refuses_a_node_of_another_conversation(user, conversation):
     other = services.conversation_create(owner=user)
     ask(other, "elsewhere")
-    with pytest.raises(BadInput):
-        turns.head_switch(user=user, conversation_id=conversation.pk, node_id=head(other).pk)
+    with pytest.raises(NotFound):
+        services.head_switch(conversation=conversation, node_id=head(other).pk)
+
+
+def test_t11_after_clear_no_branch_leads_back_to_the_cleared_history(conversation):
+    """T11: the cleared turns are not a sibling branch of the next question, and switch cannot reach them."""
+    ask(conversation, "secret 42")
+    cleared = head(conversation)
+    services.conversation_clear(conversation=conversation)
+    ask(conversation, "fresh start")
+    (question, _) = path_bubbles(conversation=head_conversation(conversation))
+    assert (question.branch.index, question.branch.count) == (1, 1)
+    with pytest.raises(NotFound):
+        services.head_switch(conversation=conversation, node_id=cleared.pk)
+    assert Node.objects.filter(pk=cleared.pk).exists(), "kept, only detached"
+
+
+def test_t11_p3_clearing_or_deleting_the_source_keeps_the_shared_bubbles_of_the_other_conversation(user):
+    source = services.conversation_create(owner=user)
+    ask(source, "shared question")
+    other = services.conversation_create(owner=user)
+    services.head_move(conversation=other, to=head(source).pk)
+    ask(other, "own question")
+    shown = [v.bubble.content for v in path_bubbles(conversation=head_conversation(other))]
+    services.conversation_clear(conversation=source)
+    assert [v.bubble.content for v in path_bubbles(conversation=head_conversation(other))] == shown
+    services.conversation_delete(conversation=source)
+    assert [v.bubble.content for v in path_bubbles(conversation=head_conversation(other))] == shown
+    assert shown[0] == "shared question"
+
+
+def head_conversation(conversation):
+    conversation.refresh_from_db()
+    return conversation

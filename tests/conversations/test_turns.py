@@ -205,13 +205,13 @@ def test_t8_switch_goes_to_the_latest_tip_and_bubbles_carry_branch_info(conversa
     views = path_bubbles(conversation=head_conversation(conversation))
     q2b_view = [v for v in views if v.bubble.content == "q2b"][0]
     assert (q2b_view.branch.index, q2b_view.branch.count) == (2, 2)
-    turns.head_switch(user=conversation.owner, conversation_id=conversation.pk, node_id=q2.pk)
+    services.head_switch(conversation=conversation, node_id=q2.pk)
     assert head(conversation) == old_tip
     views = path_bubbles(conversation=conversation)
     assert [v.bubble.content for v in views if v.bubble.role == "user"] == ["q1", "q2"]
     assert [v for v in views if v.bubble.content == "q2"][0].branch.index == 1
     new_branch_first = Node.objects.get(sent=[{"type": "user", "text": "q2b"}])
-    turns.head_switch(user=conversation.owner, conversation_id=conversation.pk, node_id=new_branch_first.pk)
+    services.head_switch(conversation=conversation, node_id=new_branch_first.pk)
     assert head(conversation).sent == [{"type": "user", "text": "q3 on the new branch"}]
 
 
@@ -229,7 +229,7 @@ def test_t9_edit_regenerate_and_switch_are_refused_while_a_turn_runs(conversatio
     with pytest.raises(TurnInProgress):
         turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk)
     with pytest.raises(TurnInProgress):
-        turns.head_switch(user=conversation.owner, conversation_id=conversation.pk, node_id=node.pk)
+        services.head_switch(conversation=conversation, node_id=node.pk)
     running.run()
 
 
@@ -261,15 +261,21 @@ def test_f3_a_refused_call_gets_a_result_that_says_so(conversation):
     assert mail.outbox == []
 
 
-def test_f3_switching_away_does_not_undo_a_sent_email(conversation):
+def test_f3_switching_branches_neither_undoes_nor_repeats_a_sent_email(conversation):
+    """F3: effects happened once; switching away and back, and asking on, never re-runs the tool."""
     ask(conversation, "q1")
     q1 = head(conversation)
     ask(conversation, '#tool send_email {"to": "x@example.com", "subject": "s", "body": "b"}')
     (call,) = head(conversation).received
     turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
                       approve=True).run()
-    turns.head_switch(user=conversation.owner, conversation_id=conversation.pk, node_id=q1.pk)
-    assert len(mail.outbox) == 1
+    email_branch = head(conversation)
+    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=email_branch.parent_id,
+                    content="no email this time").run()
+    services.head_switch(conversation=conversation, node_id=email_branch.pk)
+    assert head(conversation) == email_branch
+    assert 'tool:{"sent": true' in answer(ask(conversation, "and now?"))
+    assert len(mail.outbox) == 1 and q1.pk in [p.id for p in node_path(head(conversation).pk)]
 
 
 def test_r3_a_turn_that_outlived_its_lock_keeps_its_node_but_cannot_move_the_head(conversation, settings):
@@ -304,3 +310,81 @@ def test_r1_a_turn_that_dies_mid_way_loses_nothing_already_answered(conversation
         assert Node.objects.filter(pk=first.pk, status="succeeded").exists()
     finally:
         events.close()
+
+
+def test_t9_the_lock_is_renewed_while_a_long_answer_streams(conversation, settings):
+    """T9, R3: a turn that outlives the lock's lifetime keeps it by renewing; a switch meanwhile is refused."""
+    import time
+
+    ask(conversation, "q1")
+    q1 = head(conversation)
+    settings.ARBOR_TURN_LOCK_SECONDS = 1
+    events = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk,
+                            content="#slow " + " ".join(f"w{i}" for i in range(25))).events()
+    started = time.monotonic()
+    for _ in events:
+        if time.monotonic() - started > 1.6:
+            break
+    with pytest.raises(TurnInProgress):
+        services.head_switch(conversation=conversation, node_id=q1.pk)
+    rest = list(events)
+    assert rest[-1].type == "done" and head(conversation).pk == rest[-1].data["head"]
+
+
+def test_f3_f2_an_approved_call_whose_next_round_overflows_does_not_lock_the_conversation(conversation):
+    """F3 with F2: the email is sent once; the head stays at the approval; the next question carries the
+    stored result instead of sending the email again."""
+    ask(conversation, '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"} #overflow')
+    paused = head(conversation)
+    (call,) = paused.received
+    events = turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                               approve=True).run()
+    assert events[-1].data["code"] == "context_overflow"
+    assert head(conversation) == paused and len(mail.outbox) == 1
+    follow = ask(conversation, "did it go out?")
+    assert follow[-1].type == "done" and len(mail.outbox) == 1
+    (result, question) = head(conversation).sent
+    assert result["call_id"] == call["id"] and '"sent": true' in result["content"]
+    assert question == {"type": "user", "text": "did it go out?"}
+
+
+def test_f3_deciding_again_the_same_way_resumes_without_running_the_tool_twice(conversation):
+    ask(conversation, '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"}')
+    (call,) = head(conversation).received
+    turn = turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                             approve=True)
+    turn.abandon()  # the client left before the turn ran
+    again = turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                              approve=True).run()
+    assert again[-1].type == "done" and len(mail.outbox) == 1
+    with pytest.raises(Exception, match="No tool call"):
+        turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                          approve=False)
+
+
+def test_c4_f1_stopping_between_rounds_gives_the_open_calls_cancelled_results(conversation):
+    """C4, F1: stop after a round that asked for tools: the calls get 'cancelled' results in a failed node
+    that becomes the head, so the question stays on the path."""
+    events = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk,
+                            content='#tool sql_query {"sql": "select 1"}').events()
+    next(e for e in events if e.type == "tool_call")
+    events.close()
+    stopped = head(conversation)
+    assert stopped.status == "failed" and stopped.failure_reason == "cancelled"
+    (result,) = stopped.sent
+    assert result["is_error"] and result["content"].startswith("cancelled")
+    assert [v.bubble.content for v in path_bubbles(conversation=conversation) if v.bubble.role == "user"] == [
+        '#tool sql_query {"sql": "select 1"}']
+    assert answer(ask(conversation, "next")).startswith("echo: next")
+
+
+def test_t8_f2_overflowed_attempts_are_not_branches_to_switch_to(conversation):
+    ask(conversation, "q1")
+    ask(conversation, "#overflow")
+    ask(conversation, "q2")
+    views = path_bubbles(conversation=head_conversation(conversation))
+    q2 = [v for v in views if v.bubble.content == "q2"][0]
+    assert (q2.branch.index, q2.branch.count) == (1, 1)
+    overflowed = Node.objects.get(failure_reason="context_overflow")
+    with pytest.raises(BadInput, match="no answer to switch to"):
+        services.head_switch(conversation=conversation, node_id=overflowed.pk)
