@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP through Django (static files included), WebSockets through Channels."""
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -13,3 +14,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 # Every middleware in settings is async-capable: one sync-only middleware would put every request,
 # a running turn included, back on the one shared thread.
 application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app)})
+
+# Everything loaded so far (Django, litellm, pydantic: ~400k objects) lives as long as the process; keep it
+# out of the garbage collector's full passes, which otherwise pause a request for ~170 ms.
+gc.freeze()

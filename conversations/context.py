@@ -8,24 +8,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from conversations.items import ASSISTANT_TYPES, Item
 
 logger = logging.getLogger("arbor.context")
 
 
-@dataclass(frozen=True, slots=True)
-class PathNode:
-    """The columns of a node that assembly needs, read by the one path query."""
+class PathNode(NamedTuple):
+    """The columns of a node that assembly needs, read by the one path query.
+
+    A NamedTuple: the path query builds thousands of these positionally on the hot path.
+    """
 
     id: int
     parent_id: int | None
     kind: str
     status: str
-    sent: list[Item] = field(default_factory=list)
-    received: list[Item] = field(default_factory=list)
+    sent: list[Item]
+    received: list[Item]
     provider: str = ""
     model: str = ""
 
@@ -65,28 +66,29 @@ def drop_orphan_tool_items(items: list[Item]) -> list[Item]:
 
 
 def _assistant_message(items: list[Item], provider: str | None) -> dict[str, Any]:
-    texts = [item["text"] for item in items if item["type"] == "text"]
-    calls = [item for item in items if item["type"] == "tool_call"]
-    # C4: reasoning blocks are opaque to every provider but the one that made them.
-    reasoning = [item for item in items if item["type"] == "reasoning" and item.get("provider") == provider]
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
-    if calls:
-        message["tool_calls"] = [
-            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-            for c in calls
-        ]
-    if reasoning:
-        blocks: list[Any] = []
-        for r in reasoning:
-            data = r.get("data")
+    """One assistant message from one run of assistant items, in a single pass (this is the hot loop)."""
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    thoughts: list[str] = []
+    blocks: list[Any] = []
+    for item in items:
+        kind = item["type"]
+        if kind == "text":
+            texts.append(item["text"])
+        elif kind == "tool_call":
+            calls.append({"id": item["id"], "type": "function",
+                          "function": {"name": item["name"], "arguments": item["arguments"]}})
+        elif item.get("provider") == provider:  # C4: reasoning is opaque to every other provider
+            thoughts.append(item.get("text") or "")
+            data = item.get("data")
             blocks.extend(data if isinstance(data, list) else [data] if data else [])
-        if blocks:
-            message["thinking_blocks"] = blocks
-        text = "".join(r.get("text", "") for r in reasoning)
-        if text:
-            message["reasoning_content"] = text
-    if message["content"] is None and not calls:
-        message["content"] = ""
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = calls
+    if blocks:
+        message["thinking_blocks"] = blocks
+    if any(thoughts):
+        message["reasoning_content"] = "".join(thoughts)
     return message
 
 

@@ -16,6 +16,7 @@ import itertools
 import json
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -25,13 +26,15 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.core.management.color import no_style
 from django.db import OperationalError, connection, transaction
+from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
 
 from conversations import items as it
-from conversations.context import assemble
+from conversations.context import PathNode, assemble
 from conversations.models import Bubble, Conversation, Node, ToolApproval
 from conversations.selectors import node_path
+from conversations.services import head_move
 from conversations.turns import turn_ask
 
 PREFIX = "arbor-bench:"
@@ -174,7 +177,8 @@ def drop_dataset() -> None:
     """Delete every bench conversation with its nodes and bubbles (raw DELETE: the ORM collector is slow)."""
     conversations = Conversation.objects.filter(title__startswith=PREFIX)
     with transaction.atomic():
-        conversations.update(head=None)
+        for conversation in conversations:
+            head_move(conversation=conversation, to=None)
         Bubble.objects.filter(conversation__in=conversations).delete()
         ToolApproval.objects.filter(node__conversation__in=conversations).delete()
         with connection.cursor() as cursor:
@@ -208,7 +212,7 @@ def set_heads(trees: list[tuple[TreeSpec, int]]) -> None:
     for spec, conversation_id in trees:
         nodes = Node.objects.filter(conversation_id=conversation_id).order_by("id").values_list("id", flat=True)
         head = nodes[(spec.depth - 1) * (1 + spec.side)]
-        Conversation.objects.filter(pk=conversation_id).update(head_id=head)
+        head_move(conversation=Conversation.objects.get(pk=conversation_id), to=head)
 
 
 def dataset_present(specs: list[TreeSpec], total: int) -> bool:
@@ -237,10 +241,13 @@ class Tree:
         return self.conversation.head_id
 
 
+def assemble_only(path: list[PathNode]) -> list[dict]:
+    return assemble(path, [it.user("One more question?")], instructions=INSTRUCTIONS, provider=PROVIDER)
+
+
 def arbor_assembly(head_id: int) -> list[dict]:
     """What the turn runner does before a call: the path in one query, then the pure assembly."""
-    path = node_path(head_id)
-    return assemble(path, [it.user("One more question?")], instructions=INSTRUCTIONS, provider=PROVIDER)
+    return assemble_only(node_path(head_id))
 
 
 def floor_sql(count: int) -> str:
@@ -262,13 +269,24 @@ def raw_floor(ids: list[int]) -> list[tuple]:
     return [(r[0], r[1], r[2], r[3], _decoded(r[4]), _decoded(r[5]), r[6], r[7]) for r in rows]
 
 
+def arbor_and_floor(tree: Tree) -> dict[str, Callable[[], object]]:
+    """The functions timed side by side on one tree (the path and its ids are read beforehand)."""
+    path = node_path(tree.head_id)
+    ids = [p.id for p in path]
+    return {
+        "assembly": lambda: arbor_assembly(tree.head_id),
+        "node_path": lambda: node_path(tree.head_id),
+        "assemble": lambda: assemble_only(path),
+        "floor": lambda: raw_floor(ids),
+    }
+
+
 def tree_queries_path(head: Node, conversation_id: int) -> list[Node]:
     # tree_filter must come first: ancestors() reloads the head with tree fields through this queryset.
     return list(Node.objects.tree_filter(conversation_id=conversation_id).ancestors(head, include_self=True))
 
 
-def timings(fn: Callable[[], object], repeat: int, *, warmup: int = WARMUP, budget_s: float | None = None
-            ) -> list[float]:
+def timings(fn: Callable[[], object], repeat: int, *, warmup: int, budget_s: float) -> list[float]:
     """Milliseconds per call after `warmup` calls; stops early once `budget_s` is spent."""
     for _ in range(warmup):
         fn()
@@ -278,8 +296,22 @@ def timings(fn: Callable[[], object], repeat: int, *, warmup: int = WARMUP, budg
         begin = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - begin) * 1000)
-        if budget_s is not None and time.perf_counter() - started > budget_s:
+        if time.perf_counter() - started > budget_s:
             break
+    return samples
+
+
+def interleaved_timings(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
+    """Milliseconds per call, the functions taking turns run by run, so drift hits all of them alike."""
+    for _ in range(WARMUP):
+        for fn in fns.values():
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            begin = time.perf_counter()
+            fn()
+            samples[name].append((time.perf_counter() - begin) * 1000)
     return samples
 
 
@@ -289,24 +321,23 @@ def p95(samples: list[float]) -> float:
 
 
 @contextmanager
-def time_cap(seconds: int):
-    """Cancel a statement that runs longer than `seconds` (raises OperationalError)."""
-    if connection.vendor == "postgresql":
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [f"{seconds}s"])
-            yield
-        return
+def time_cap(seconds: float):
+    """Cancel whatever statement is running once `seconds` have passed (it raises OperationalError).
+
+    Cancelling an idle connection does nothing, so a timer that fires just after the work ended is harmless.
+    """
     connection.ensure_connection()
-    deadline = time.monotonic() + seconds
-    connection.connection.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    raw = connection.connection
+    timer = threading.Timer(seconds, raw.cancel_safe if connection.vendor == "postgresql" else raw.interrupt)
+    timer.start()
     try:
         yield
     finally:
-        connection.connection.set_progress_handler(None, 0)
+        timer.cancel()
 
 
 def unfiltered_ancestors_ms(head: Node) -> float | None:
-    """One run of ancestors() without tree_filter: the CTE walks the whole table. None if over the cap."""
+    """One run of ancestors() without tree_filter (two whole-table CTEs). None if over the cap in all."""
     begin = time.perf_counter()
     try:
         with time_cap(UNFILTERED_CAP_S):
@@ -316,15 +347,22 @@ def unfiltered_ancestors_ms(head: Node) -> float | None:
     return (time.perf_counter() - begin) * 1000
 
 
-def turn_queries(tree: Tree) -> list[str]:
-    """The SQL of one whole arbor/echo turn from the tree's head; the head is put back afterwards."""
+def turn_queries(tree: Tree) -> tuple[int, float]:
+    """The SQL queries and seconds of one whole arbor/echo turn from the tree's head; the head is put back.
+
+    echo's answer lists every message it got, so its stream grows with the path; the lock renewals during
+    a stream are time-based, so the lock's life is raised here to count what depends on the depth alone.
+    """
     conversation = tree.conversation
-    with override_settings(ARBOR_ECHO_MAX_INPUT_TOKENS=10**12), CaptureQueriesContext(connection) as captured:
+    limits = override_settings(ARBOR_ECHO_MAX_INPUT_TOKENS=10**12, ARBOR_TURN_LOCK_SECONDS=24 * 3600)
+    began = time.perf_counter()
+    with limits, CaptureQueriesContext(connection) as captured:
         events = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="One more question?").run()
-    Conversation.objects.filter(pk=conversation.pk).update(head_id=tree.head_id)
+    elapsed = time.perf_counter() - began
+    head_move(conversation=conversation, to=tree.head_id)
     if events[-1].type != "done":
         raise CommandError(f"the bench turn on {conversation.title} ended with {events[-1]}")
-    return [q["sql"] for q in captured.captured_queries]
+    return len(captured.captured_queries), elapsed
 
 
 # --- the command ----------------------------------------------------------------------------------------
@@ -349,9 +387,9 @@ class Command(BaseCommand):
         trees = self.load_trees(specs)
         with override_settings(DEBUG=False):  # no query log in the timed code, as in production
             self.report_timings(trees, depths, options["repeat"])
-        counts = {d: len(turn_queries(trees[(d, False)])) for d in (depths[0], depths[-1])}
-        self.report_queries(counts)
-        self.report_targets(depths, counts)
+        turns = {d: turn_queries(trees[(d, False)]) for d in (depths[0], depths[-1])}
+        self.report_queries(turns)
+        self.report_targets(depths, {d: count for d, (count, _) in turns.items()})
 
     def parse_depths(self, value: str) -> tuple[int, ...]:
         try:
@@ -368,7 +406,8 @@ class Command(BaseCommand):
                                "(e.g. postgres://postgres@127.0.0.1:5432/arbor_bench), or pass --allow-sqlite.")
         if connection.vendor not in {"postgresql", "sqlite"}:
             raise CommandError(f"bench_assembly supports PostgreSQL (and SQLite), not {connection.vendor}.")
-        if Node._meta.db_table not in connection.introspection.table_names():
+        executor = MigrationExecutor(connection)
+        if executor.migration_plan(executor.loader.graph.leaf_nodes()):
             raise CommandError("the database is not migrated: run `python manage.py migrate` first.")
 
     def prepare(self, specs: list[TreeSpec], total: int, keep: bool) -> None:
@@ -393,21 +432,21 @@ class Command(BaseCommand):
         return trees
 
     def report_timings(self, trees: dict[tuple[int, bool], Tree], depths: tuple[int, ...], repeat: int) -> None:
-        self.stdout.write(f"times in ms, median / p95 of up to {repeat} runs after {WARMUP} warm-up runs, DEBUG off")
-        self.section("Arbor full assembly: node_path(head) -> assemble(path, [user item], instructions=...)")
-        for tree in trees.values():
-            self.figure("assembly", tree, timings(lambda t=tree: arbor_assembly(t.head_id), repeat))
-        self.section("  of which node_path(head) alone (one recursive CTE, rows -> PathNode)")
-        for tree in trees.values():
-            self.figure("node_path", tree, timings(lambda t=tree: node_path(t.head_id), repeat))
-        self.section("  of which assemble(...) alone, on a path read beforehand (pure Python)")
-        for tree in trees.values():
-            path = node_path(tree.head_id)
-            self.figure("assemble", tree, timings(
-                lambda p=path: assemble(p, [it.user("One more question?")], instructions=INSTRUCTIONS,
-                                        provider=PROVIDER), repeat))
+        self.stdout.write(f"times in ms, median / p95 of {repeat} runs after {WARMUP} warm-up runs, DEBUG off; "
+                          "the four figures of a tree are timed in turn, run by run")
+        samples = {key: interleaved_timings(arbor_and_floor(tree), repeat) for key, tree in trees.items()}
+        for name, title in (
+            ("assembly", "Arbor full assembly: node_path(head) -> assemble(path, [user item], instructions=...)"),
+            ("node_path", "  of which node_path(head) alone (one recursive CTE, rows -> PathNode)"),
+            ("assemble", "  of which assemble(...) alone, on a path read beforehand (pure Python)"),
+            ("floor", f"Raw-SQL floor: SELECT {PATH_COLUMNS} ... WHERE id = ANY(%s), ids known beforehand, same "
+                      "Django cursor, fetchall + json.loads of sent/received (Django's psycopg 3 backend returns "
+                      "jsonb as text); no ordering, no PathNode, no assemble"),
+        ):
+            self.section(title)
+            for key, tree in trees.items():
+                self.figure(name, tree, samples[key][name])
         self.report_bushier_ratios(depths)
-        self.report_floor(trees, repeat)
         self.report_tree_queries(trees, depths, repeat)
 
     def report_bushier_ratios(self, depths: tuple[int, ...]) -> None:
@@ -415,14 +454,6 @@ class Command(BaseCommand):
         for depth in depths:
             ratio = self.figures[("assembly", depth, True)] / self.figures[("assembly", depth, False)]
             self.stdout.write(f"path {depth:>5}  ratio {ratio:.2f}x")
-
-    def report_floor(self, trees: dict[tuple[int, bool], Tree], repeat: int) -> None:
-        self.section(f"Raw-SQL floor: SELECT {PATH_COLUMNS} ... WHERE id = ANY(%s), ids known beforehand, "
-                     "same Django cursor, fetchall + json.loads of sent/received (Django's psycopg 3 backend "
-                     "returns jsonb as text); no ordering, no PathNode, no assemble")
-        for tree in trees.values():
-            ids = [p.id for p in node_path(tree.head_id)]
-            self.figure("floor", tree, timings(lambda i=ids: raw_floor(i), repeat))
 
     def report_tree_queries(self, trees: dict[tuple[int, bool], Tree], depths: tuple[int, ...], repeat: int) -> None:
         self.section("django-tree-queries: Node.objects.tree_filter(conversation_id=...).ancestors(head, "
@@ -437,10 +468,11 @@ class Command(BaseCommand):
         shown = "skipped (over the cap)" if elapsed is None else f"{elapsed:.1f} ms, one run"
         self.stdout.write(f"without tree_filter, path {depths[0]} (whole table, cap {UNFILTERED_CAP_S} s): {shown}")
 
-    def report_queries(self, counts: dict[int, int]) -> None:
-        self.section("SQL queries per whole arbor/echo turn (turn_ask(...).run(), CaptureQueriesContext)")
-        for depth, count in counts.items():
-            self.stdout.write(f"path {depth:>5}  queries per turn {count}")
+    def report_queries(self, turns: dict[int, tuple[int, float]]) -> None:
+        self.section("SQL queries per whole arbor/echo turn (turn_ask(...).run(), CaptureQueriesContext; "
+                     "echo input limit and turn-lock life raised for the count)")
+        for depth, (count, seconds) in turns.items():
+            self.stdout.write(f"path {depth:>5}  queries per turn {count}   (the turn took {seconds:.1f} s)")
 
     def report_targets(self, depths: tuple[int, ...], counts: dict[int, int]) -> None:
         middle, deep = depths[1], depths[2]
