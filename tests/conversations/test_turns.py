@@ -388,3 +388,29 @@ def test_t8_f2_overflowed_attempts_are_not_branches_to_switch_to(conversation):
     overflowed = Node.objects.get(failure_reason="context_overflow")
     with pytest.raises(BadInput, match="no answer to switch to"):
         services.head_switch(conversation=conversation, node_id=overflowed.pk)
+
+
+def test_c4_a_tool_that_times_out_still_gets_a_result(conversation, settings, monkeypatch):
+    import time
+
+    from conversations.tools import registry
+
+    slow = registry.Tool(name="slow_tool", description="sleeps", function=lambda: time.sleep(2),
+                         parameters={"type": "object", "properties": {}})
+    monkeypatch.setitem(registry._TOOLS, "slow_tool", slow)
+    settings.ARBOR_TOOL_TIMEOUT_SECONDS = 0.2
+    events = ask(conversation, "#tool slow_tool {}")
+    (result,) = head(conversation).sent
+    assert result["is_error"] and "did not finish within 0.2 s" in result["content"]
+    assert events[-1].type == "done"
+
+
+def test_t6_a_healthy_tool_turn_never_drops_anything(conversation, caplog):
+    """T6: through real rounds (tool calls, results, follow-up questions) the orphan drop never fires."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="arbor.context"):
+        ask(conversation, '#tool sql_query {"sql": "select 1"} #tool sql_query {"sql": "select 2"}')
+        ask(conversation, "and then?")
+        turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
+    assert [r for r in caplog.records if r.name == "arbor.context"] == []

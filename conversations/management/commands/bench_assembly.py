@@ -12,6 +12,7 @@ Everything the command writes belongs to conversations titled `arbor-bench:...` 
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import math
@@ -385,6 +386,7 @@ class Command(BaseCommand):
         specs = dataset_specs(depths, options["nodes"])
         self.prepare(specs, options["nodes"], options["keep"])
         trees = self.load_trees(specs)
+        gc.freeze()  # as config/asgi.py does after start-up: no full-collection pauses over long-lived objects
         with override_settings(DEBUG=False):  # no query log in the timed code, as in production
             self.report_timings(trees, depths, options["repeat"])
         turns = {d: turn_queries(trees[(d, False)]) for d in (depths[0], depths[-1])}
