@@ -13,6 +13,7 @@ runs the rounds:
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -224,10 +225,17 @@ class Turn:
         self._open: PathNode | None = open_calls_node  # a node whose calls still need their results
         self._pending: Node | None = None  # the node whose call is under way
         self._started = False
+        self._start_lock = threading.Lock()  # `events` (a worker thread) and `abandon` may race
         self._renewed_at = time.monotonic()
 
+    def _claim(self) -> bool:
+        with self._start_lock:
+            claimed, self._started = not self._started, True
+        return claimed
+
     def events(self) -> Iterator[TurnEvent]:
-        self._started = True
+        if not self._claim():
+            return  # abandoned before it began: the lock is already given back
         try:
             yield from self._rounds()
         except GeneratorExit:
@@ -245,8 +253,7 @@ class Turn:
 
     def abandon(self) -> None:
         """Give the lock back if the turn was never started (its client left before the stream began)."""
-        if not self._started:
-            self._started = True
+        if self._claim():
             services.turn_lock_release(conversation=self.conversation, token=self.token)
 
     def _rounds(self) -> Iterator[TurnEvent]:
