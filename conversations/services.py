@@ -154,15 +154,12 @@ def _nodes_others_need(conversation: Conversation) -> set[int]:
 @transaction.atomic
 def conversation_delete(*, conversation: Conversation) -> None:
     """T11: delete the conversation, its bubbles and its nodes, except nodes another path needs."""
-    locked = Conversation.objects.select_for_update().filter(_lock_is_free(), pk=conversation.pk)
-    if not locked.exists():
-        raise TurnInProgress()
     keep = _nodes_others_need(conversation)
-    doomed = list(Node.objects.filter(conversation=conversation).exclude(id__in=keep).values_list("id", flat=True))
+    head_move(conversation=conversation, to=None)  # refused while a turn runs; frees the head's node
     _release_bubbles(conversation, keep)
-    conversation.delete()  # kept nodes lose their creator (SET_NULL)
     # The database's deferred foreign keys check at commit that no surviving node lost its parent.
-    Node.objects.filter(id__in=doomed).delete()
+    Node.objects.filter(conversation=conversation).exclude(id__in=keep).delete()
+    conversation.delete()  # the kept nodes lose their creator (SET_NULL)
 
 
 def approval_record(*, node_id: int, call_id: str, approved: bool, user) -> ToolApproval:
