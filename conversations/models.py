@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
+from django.utils import timezone
 from tree_queries.fields import TreeNodeForeignKey
 from tree_queries.models import TreeNode
 
@@ -36,6 +37,10 @@ class Conversation(models.Model):
     def __str__(self) -> str:
         return self.title or f"Conversation {self.pk}"
 
+    @property
+    def turn_running(self) -> bool:
+        return bool(self.turn_token and self.turn_expires_at and self.turn_expires_at > timezone.now())
+
 
 class Node(TreeNode):
     """One model call (T1)."""
@@ -57,6 +62,7 @@ class Node(TreeNode):
         RATE_LIMIT = "rate_limit"
         CANCELLED = "cancelled"
         INTERRUPTED = "interrupted"
+        ROUND_LIMIT = "round_limit"
 
     # DO_NOTHING in Django, enforced by the database's own (deferred) foreign key: deleting a node
     # that still has a child fails the transaction instead of cascading through someone's path.
@@ -107,6 +113,7 @@ class Node(TreeNode):
                         "rate_limit",
                         "cancelled",
                         "interrupted",
+                        "round_limit",
                     ]
                 ),
                 name="node_failure_reason_known",

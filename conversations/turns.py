@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,13 +72,12 @@ def _undecided(tip: PathNode | None) -> list[it.Item]:
     return [c for c in calls if c["id"] not in decided]
 
 
-def _begin(*, user, conversation: Conversation, token: uuid.UUID, new_items: list[it.Item]) -> Turn:
-    path = node_path(conversation.head_id)
-    tip = path[-1] if path else None
-    if _undecided(tip):
+def _begin(*, user, conversation: Conversation, token: uuid.UUID, path: list[PathNode],
+           new_items: list[it.Item]) -> Turn:
+    """Start a turn whose first node hangs below the last node of `path` (the head, or where T7 puts it)."""
+    if _undecided(path[-1] if path else None):
         raise ApprovalPending("A tool call is waiting for approval: approve or refuse it first.")
-    return Turn(conversation=conversation, user=user, token=token, new_items=new_items,
-                open_calls_node=tip if _open_calls(tip) else None)
+    return Turn(conversation=conversation, user=user, token=token, path=path, new_items=new_items)
 
 
 def _locked(function):
@@ -88,6 +87,8 @@ def _locked(function):
         conversation = conversation_for_user(user=user, conversation_id=conversation_id)
         token = services.turn_lock_acquire(conversation=conversation)
         try:
+            # Read the state again under the lock: a turn that ended in between may have moved the head.
+            conversation.refresh_from_db(fields=["head", "version", "model", "instructions"])
             return function(user=user, conversation=conversation, token=token, **kwargs)
         except BaseException:
             services.turn_lock_release(conversation=conversation, token=token)
@@ -99,7 +100,12 @@ def _locked(function):
 def turn_ask(*, user, conversation_id: Any, content: Any) -> Turn:
     """A new question from the head."""
     content = _check_content(content)
-    return _locked(_begin)(user=user, conversation_id=conversation_id, new_items=[it.user(content)])
+    return _locked(_ask)(user=user, conversation_id=conversation_id, content=content)
+
+
+def _ask(*, user, conversation: Conversation, token: uuid.UUID, content: str) -> Turn:
+    path = node_path(conversation.head_id)
+    return _begin(user=user, conversation=conversation, token=token, path=path, new_items=[it.user(content)])
 
 
 def _question_index(conversation: Conversation, path: list[PathNode], node_id: Any) -> int:
@@ -126,7 +132,10 @@ def _before_compaction(compaction_id: int, node_id: int) -> bool:
 
 
 def _reposition(*, user, conversation: Conversation, token: uuid.UUID, node_id: Any, content: str | None) -> Turn:
-    """T7: move the head to the end of the turn before the question, then run a normal turn."""
+    """T7: a normal turn whose parent is the end of the turn before the question.
+
+    The head itself moves when that turn ends, like any turn's: a turn that never runs moves nothing.
+    """
     path = node_path(conversation.head_id)
     if node_id is None:
         index = turn_start(path)
@@ -135,9 +144,8 @@ def _reposition(*, user, conversation: Conversation, token: uuid.UUID, node_id: 
     else:
         index = _question_index(conversation, path, node_id)
     question = content if content is not None else it.question_of(path[index].sent)
-    with transaction.atomic():
-        services.head_move(conversation=conversation, to=path[index].parent_id, turn_token=token)
-    return _begin(user=user, conversation=conversation, token=token, new_items=[it.user(question)])
+    return _begin(user=user, conversation=conversation, token=token, path=path[:index],
+                  new_items=[it.user(question)])
 
 
 def turn_edit(*, user, conversation_id: Any, node_id: Any, content: Any) -> Turn:
@@ -167,7 +175,7 @@ def _decide(*, user, conversation: Conversation, token: uuid.UUID, call_id: str,
     if _undecided(tip):
         services.turn_lock_release(conversation=conversation, token=token)
         return None
-    return Turn(conversation=conversation, user=user, token=token, new_items=[], open_calls_node=tip)
+    return Turn(conversation=conversation, user=user, token=token, path=path, new_items=[])
 
 
 def turn_decide(*, user, conversation_id: Any, call_id: Any, approve: Any) -> Turn | None:
@@ -187,17 +195,19 @@ def _tool_bubble_data(call: it.Item) -> dict[str, Any]:
     return {"call_id": call["id"], "name": call["name"], "arguments": call["arguments"]}
 
 
-def _resolve_calls(node: PathNode, *, run: bool) -> list[it.Item]:
-    """Results for `node`'s open calls (C4: every call gets one). Without `run`, nothing new executes."""
-    decisions = {a.call_id: a for a in ToolApproval.objects.filter(node_id=node.id)}
+def _resolve_calls(node: PathNode, *, run: bool, note: str = "") -> list[it.Item]:
+    """Results for `node`'s open calls (C4: every call gets one). Without `run`, nothing new executes:
+    a call with no stored result gets an error result that says `note`."""
+    calls = _open_calls(node)
+    decisions = ({a.call_id: a for a in ToolApproval.objects.filter(node_id=node.id)}
+                 if any(_needs_approval(c) for c in calls) else {})
     results = []
-    for call in _open_calls(node):
+    for call in calls:
         decision = decisions.get(call["id"])
         if decision is not None and decision.result:
             results.append(decision.result)
         elif not run:
-            results.append(it.tool_result(call["id"], call["name"], "cancelled: the turn stopped before this "
-                                          "tool ran", is_error=True))
+            results.append(it.tool_result(call["id"], call["name"], note, is_error=True))
         elif decision is not None:
             result = run_tool_call(call, approved=decision.approved)
             services.approval_store_result(node_id=node.id, call_id=call["id"], result=result)
@@ -207,14 +217,23 @@ def _resolve_calls(node: PathNode, *, run: bool) -> list[it.Item]:
     return results
 
 
+def next_context(conversation: Conversation) -> list[dict[str, Any]]:
+    """What the next call from the head would send: the path, then results for calls still open."""
+    path = node_path(conversation.head_id)
+    tip = path[-1] if path else None
+    waiting = _resolve_calls(tip, run=False, note="pending: waiting for a person's decision") if tip else []
+    return assemble(path, waiting, instructions=conversation.instructions,
+                    provider=llm.provider_of(conversation.model or settings.ARBOR_MODEL))
+
+
 # --- the rounds ---------------------------------------------------------------------------------------
 
 
 class Turn:
     """A turn whose lock is held and whose starting point is decided. Run it with `events()`, once."""
 
-    def __init__(self, *, conversation: Conversation, user, token: uuid.UUID, new_items: list[it.Item],
-                 open_calls_node: PathNode | None = None):
+    def __init__(self, *, conversation: Conversation, user, token: uuid.UUID, path: list[PathNode],
+                 new_items: list[it.Item]):
         self.conversation = conversation
         self.user = user
         self.token = token
@@ -222,7 +241,9 @@ class Turn:
         self.nodes: list[int] = []
         self.model = conversation.model or settings.ARBOR_MODEL
         self.provider = llm.provider_of(self.model)
-        self._open: PathNode | None = open_calls_node  # a node whose calls still need their results
+        self._path = path  # up to the first node's parent; each round's node is appended
+        tip = path[-1] if path else None
+        self._open: PathNode | None = tip if _open_calls(tip) else None  # calls still needing results
         self._pending: Node | None = None  # the node whose call is under way
         self._started = False
         self._start_lock = threading.Lock()  # `events` (a worker thread) and `abandon` may race
@@ -259,44 +280,28 @@ class Turn:
     def _rounds(self) -> Iterator[TurnEvent]:
         conversation = self.conversation
         max_rounds = max(1, settings.ARBOR_MAX_ROUNDS_PER_TURN)
+        path = self._path  # read once, when the turn began (T5): later rounds append their own node
         for round_number in range(1, max_rounds + 1):
-            parent = self._open
-            sent = [*(_resolve_calls(parent, run=True) if parent else []), *self.new_items]
+            parent = path[-1] if path else None
+            sent = [*(_resolve_calls(self._open, run=True) if self._open else []), *self.new_items]
             self.new_items = []
-            parent_id = parent.id if parent else conversation.head_id
-            path = node_path(parent_id)  # one query (T5); nothing off the path can reach the model
             messages = assemble(path, sent, instructions=conversation.instructions, provider=self.provider)
-            # The last round offers no tools, so a turn always ends with an answer.
-            tools = [t.spec() for t in all_tools()] if round_number < max_rounds else None
-            node = self._start_node(parent_id=parent_id, sent=sent)
+            # The last round offers no tools, so a turn ends with an answer.
+            last_round = round_number == max_rounds
+            tools = None if last_round else [t.spec() for t in all_tools()]
+            node = self._start_node(parent_id=parent.id if parent else None, sent=sent)
             yield from self._announce_results(sent)
-            self._release_connection()  # no database connection is held while the model thinks
-            call = llm.stream_call(model=self.model, messages=messages, tools=tools)
-            try:
-                while True:
-                    try:
-                        token = next(call)
-                    except StopIteration as stop:
-                        result: llm.CallResult = stop.value
-                        break
-                    self._renew_lock_if_due()
-                    yield TurnEvent("token", {"text": token, "node": node.pk})
-            except GeneratorExit:
-                try:
-                    call.close()
-                except llm.LLMError as error:
-                    self._fail(error)
-                raise
-            except llm.LLMError as error:
-                yield self._fail(error)
+            result = yield from self._call_model(node, messages, tools)
+            if result is None:
                 return
             calls = it.tool_calls(result.received)
-            waiting = [c for c in calls if _needs_approval(c)]
+            waiting = [c for c in calls if _needs_approval(c)] if not last_round else []
             if not self._succeed(node, result, head_moves=not calls or bool(waiting), waiting=bool(waiting)):
                 yield self._superseded(node)
                 return
             if calls and not waiting:
-                self._open = _path_node(node)  # from here, a stop gives these calls 'cancelled' results
+                self._open = _path_node(node)  # from here, a stop gives these calls 'not run' results
+                path = [*path, self._open]
             for c in calls:
                 yield TurnEvent("tool_call", {**_tool_bubble_data(c), "node": node.pk})
             if not calls:
@@ -307,7 +312,33 @@ class Turn:
                 yield TurnEvent("approval_required", {"node": node.pk,
                                                       "calls": [_tool_bubble_data(c) for c in waiting]})
                 return
-            self._renew_lock_if_due(force=True)
+            if last_round:  # the model asked for tools although none were offered
+                yield self._fail(llm.LLMError("round_limit", f"the model still asked for tools after {max_rounds} "
+                                              "rounds; those calls were not run"))
+                return
+
+    def _call_model(self, node: Node, messages: list[dict], tools: list[dict] | None
+                    ) -> Generator[TurnEvent, None, llm.CallResult | None]:
+        """Stream one call as token events; return its result, or None once its failure is recorded."""
+        self._release_connection()  # no database connection is held while the model thinks
+        call = llm.stream_call(model=self.model, messages=messages, tools=tools)
+        try:
+            while True:
+                try:
+                    token = next(call)
+                except StopIteration as stop:
+                    return stop.value
+                self._renew_lock_if_due()
+                yield TurnEvent("token", {"text": token, "node": node.pk})
+        except GeneratorExit:
+            try:
+                call.close()
+            except llm.LLMError as error:
+                self._fail(error)
+            raise
+        except llm.LLMError as error:
+            yield self._fail(error)
+            return None
 
     def _start_node(self, *, parent_id: int | None, sent: list[it.Item]) -> Node:
         """T3: the node exists, pending, before its call; the question's bubble commits with it."""
@@ -402,11 +433,12 @@ class Turn:
     def _fail(self, error: llm.LLMError) -> TurnEvent:
         """F1/F2: record the failure; the head moves to the failed node unless the context overflowed.
 
-        Stopped between rounds, the open calls get 'cancelled' results in a failed node of their own,
+        Stopped between rounds, the open calls get 'not run' results in a failed node of their own,
         so the question and the calls stay on the path (C4, F1).
         """
         if self._pending is None and self._open is not None:
-            self._start_node(parent_id=self._open.id, sent=_resolve_calls(self._open, run=False))
+            note = f"not run: {error.message}"
+            self._start_node(parent_id=self._open.id, sent=_resolve_calls(self._open, run=False, note=note))
         node = self._pending
         if node is None:
             return TurnEvent("error", {"code": error.reason, "message": error.message})

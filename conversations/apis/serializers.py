@@ -39,18 +39,12 @@ class ConversationIn(serializers.Serializer):
 
 
 class ConversationOut(serializers.ModelSerializer):
-    turn_running = serializers.SerializerMethodField()
+    turn_running = serializers.BooleanField(read_only=True)
 
     class Meta:
         model = Conversation
         fields = ["id", "title", "model", "instructions", "head", "version", "turn_running", "created_at",
                   "updated_at"]
-
-    def get_turn_running(self, conversation: Conversation) -> bool:
-        from django.utils import timezone
-
-        return bool(conversation.turn_token and conversation.turn_expires_at
-                    and conversation.turn_expires_at > timezone.now())
 
 
 class NodeOut(serializers.ModelSerializer):

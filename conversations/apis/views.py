@@ -20,15 +20,12 @@ from rest_framework.views import APIView
 from conversations import services, turns
 from conversations.apis import serializers as s
 from conversations.apis.errors import error_body
-from conversations.context import assemble
-from conversations.llm import provider_of
 from conversations.models import Node
 from conversations.selectors import (
     conversation_for_user,
     conversation_list,
     conversation_nodes,
     node_for_user,
-    node_path,
     path_bubbles,
 )
 from conversations.streaming import events_in_thread
@@ -261,9 +258,7 @@ class ContextDetail(APIView):
     @extend_schema(responses=s.ContextOut)
     def get(self, request: Request, conversation_id: int) -> Response:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-        messages = assemble(node_path(conversation.head_id), instructions=conversation.instructions,
-                            provider=provider_of(conversation.model))
-        return Response({"messages": messages})
+        return Response({"messages": turns.next_context(conversation)})
 
 
 class BubbleList(APIView):

@@ -275,3 +275,16 @@ def test_an_unexpected_error_is_answered_in_the_error_format(api, monkeypatch):
     response = api.get(f"/api/conversations/{cid}/bubbles/")
     assert response.status_code == 500
     assert response.json() == {"error": {"code": "server_error", "message": "Something went wrong on the server."}}
+
+
+def test_context_while_an_approval_waits_shows_the_pending_call_without_dropping_it(api, caplog):
+    """T6: a call waiting for approval is a healthy state: the context shows it with a pending result."""
+    import logging
+
+    cid = _create(api)["id"]
+    _turn(api, cid, '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"}')
+    with caplog.at_level(logging.WARNING, logger="arbor.context"):
+        messages = api.get(f"/api/conversations/{cid}/context/").json()["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert messages[2]["content"].startswith("pending")
+    assert not [r for r in caplog.records if r.name == "arbor.context"]

@@ -240,3 +240,28 @@ def test_c4_a_reasoning_block_is_stored_and_sent_back_to_the_same_provider(stub_
     assistant = stub.requests[1]["messages"][1]
     assert assistant["content"] == "sixty"
     assert assistant["reasoning_content"] == "count them"
+
+
+@pytest.mark.django_db
+def test_c4_f1_a_model_that_asks_for_tools_past_the_round_limit_ends_the_turn_cleanly(stub, user, settings):
+    """C4, F1: calls returned although no tools were offered are never run; they get 'not run' results in a
+    failed node (reason round_limit) that becomes the head, so the next turn's context is whole."""
+    from conversations import services
+    from conversations.models import Node
+    from conversations.selectors import node_path
+    from tests.conversations.helpers import ask, head
+    from tests.support.openai_stub import Reply
+
+    settings.ARBOR_MAX_ROUNDS_PER_TURN = 1
+    conversation = services.conversation_create(owner=user, model="openai/stub-model")
+    stub.script(Reply.tool_calls([("call_x", "sql_query", '{"sql": "select 1"}')]), Reply.text("fine"))
+    events = ask(conversation, "q")
+    assert events[-1].type == "error" and events[-1].data["code"] == "round_limit"
+    failed = head(conversation)
+    assert failed.status == "failed" and failed.failure_reason == Node.FailureReason.ROUND_LIMIT
+    (result,) = failed.sent
+    assert result["call_id"] == "call_x" and result["is_error"] and result["content"].startswith("not run")
+    assert "tools" not in stub.requests[0]
+    assert ask(conversation, "next")[-1].type == "done"
+    assert [m["role"] for m in stub.requests[1]["messages"]] == ["user", "assistant", "tool", "user"]
+    assert len(node_path(head(conversation).pk)) == 3

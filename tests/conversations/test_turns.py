@@ -362,8 +362,8 @@ def test_f3_deciding_again_the_same_way_resumes_without_running_the_tool_twice(c
                           approve=False)
 
 
-def test_c4_f1_stopping_between_rounds_gives_the_open_calls_cancelled_results(conversation):
-    """C4, F1: stop after a round that asked for tools: the calls get 'cancelled' results in a failed node
+def test_c4_f1_stopping_between_rounds_gives_the_open_calls_not_run_results(conversation):
+    """C4, F1: stop after a round that asked for tools: the calls get 'not run' results in a failed node
     that becomes the head, so the question stays on the path."""
     events = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk,
                             content='#tool sql_query {"sql": "select 1"}').events()
@@ -372,7 +372,7 @@ def test_c4_f1_stopping_between_rounds_gives_the_open_calls_cancelled_results(co
     stopped = head(conversation)
     assert stopped.status == "failed" and stopped.failure_reason == "cancelled"
     (result,) = stopped.sent
-    assert result["is_error"] and result["content"].startswith("cancelled")
+    assert result["is_error"] and result["content"] == "not run: stopped by the user"
     assert [v.bubble.content for v in path_bubbles(conversation=conversation) if v.bubble.role == "user"] == [
         '#tool sql_query {"sql": "select 1"}']
     assert answer(ask(conversation, "next")).startswith("echo: next")
@@ -414,3 +414,39 @@ def test_t6_a_healthy_tool_turn_never_drops_anything(conversation, caplog):
         ask(conversation, "and then?")
         turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
     assert [r for r in caplog.records if r.name == "arbor.context"] == []
+
+
+def test_r3_a_turn_reads_the_head_again_under_the_lock(conversation, monkeypatch):
+    """R3: a turn that finishes between another request's read and its lock cannot be overwritten."""
+    ask(conversation, "q1")
+    load = turns.conversation_for_user
+
+    def load_then_let_another_turn_finish(**kwargs):
+        stale = load(**kwargs)
+        monkeypatch.setattr(turns, "conversation_for_user", load)
+        ask(conversation, "finished in between")
+        return stale
+
+    monkeypatch.setattr(turns, "conversation_for_user", load_then_let_another_turn_finish)
+    ask(conversation, "q3")
+    texts = [p.sent[0]["text"] for p in node_path(head(conversation).pk)]
+    assert texts == ["q1", "finished in between", "q3"]
+
+
+def test_t7_an_edit_that_never_runs_moves_nothing(conversation):
+    """T7: edit and regenerate only choose the parent; the head moves when their turn ends."""
+    ask(conversation, "q1")
+    ask(conversation, "q2")
+    before = head(conversation)
+    turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).abandon()
+    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=before.pk,
+                    content="x").abandon()
+    assert head(conversation) == before
+
+
+def test_t7_f2_an_edit_that_overflows_leaves_the_head_on_the_old_branch(conversation):
+    ask(conversation, "q1")
+    before = head(conversation)
+    events = turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=before.pk,
+                             content="#overflow").run()
+    assert events[-1].data["code"] == "context_overflow" and head(conversation) == before
