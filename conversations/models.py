@@ -8,6 +8,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from tree_queries.fields import TreeNodeForeignKey
 from tree_queries.models import TreeNode
+from tree_queries.query import TreeQuerySet
 
 
 class Conversation(models.Model):
@@ -40,6 +41,14 @@ class Conversation(models.Model):
     @property
     def turn_running(self) -> bool:
         return bool(self.turn_token and self.turn_expires_at and self.turn_expires_at > timezone.now())
+
+
+class NodeQuerySet(TreeQuerySet):
+    def can_be_head(self) -> NodeQuerySet:
+        """Turn nodes a head may rest on: never a call under way (or crashed), never an overflow (F2)."""
+        return self.filter(kind=Node.Kind.TURN).exclude(status=Node.Status.PENDING).exclude(
+            status=Node.Status.FAILED, failure_reason=Node.FailureReason.CONTEXT_OVERFLOW
+        )
 
 
 class Node(TreeNode):
@@ -89,6 +98,8 @@ class Node(TreeNode):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = NodeQuerySet.as_manager()
 
     class Meta:
         ordering = ["id"]

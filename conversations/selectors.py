@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Max, Q, QuerySet
+from django.db.models.expressions import RawSQL
 
 from conversations.context import PathNode
 from conversations.errors import CorruptTree, NotFound
@@ -86,13 +88,18 @@ def node_for_user(*, user, node_id: Any) -> Node:
     raise NotFound("No such node.")
 
 
+def tree_scope(conversation: Conversation, path_ids: Iterable[int]) -> Q:
+    """The nodes of a conversation's tree: those it created, and shared ones on its path (P3)."""
+    return Q(conversation=conversation) | Q(id__in=list(path_ids))
+
+
 def conversation_nodes(*, conversation: Conversation) -> QuerySet[Node]:
     """Every node of the conversation's tree: the ones it created and any shared ones on its path.
 
     A plain indexed query: tree fields (django-tree-queries) cost seconds on a 2,000-deep conversation.
     """
     path_ids = [p.id for p in node_path(conversation.head_id)]
-    return Node.objects.filter(Q(conversation=conversation) | Q(id__in=path_ids)).order_by("id")
+    return Node.objects.filter(tree_scope(conversation, path_ids)).order_by("id")
 
 
 def turn_start(path: list[PathNode], index: int | None = None) -> int | None:
@@ -119,15 +126,11 @@ def branch_infos(*, conversation: Conversation, path: list[PathNode]) -> dict[in
         return {}
     path_ids = {p.id for p in path}
     parents = {p.parent_id for p in openers if p.parent_id is not None}
-    scope = Q(conversation=conversation) | Q(id__in=path_ids)
-    candidates = Node.objects.filter(scope, kind=Node.Kind.TURN).filter(
+    candidates = Node.objects.can_be_head().filter(tree_scope(conversation, path_ids)).filter(
         Q(parent_id__in=parents) | Q(parent__isnull=True, conversation=conversation)
         if any(p.parent_id is None for p in openers) else Q(parent_id__in=parents)
     ).values_list("id", "parent_id", "sent")
     by_parent: dict[int | None, list[int]] = {}
-    candidates = candidates.exclude(status=Node.Status.PENDING).exclude(
-        status=Node.Status.FAILED, failure_reason=Node.FailureReason.CONTEXT_OVERFLOW
-    )
     for node_id, parent_id, sent in candidates.order_by("id"):
         if question_of(_json(sent)) is not None:
             by_parent.setdefault(parent_id, []).append(node_id)
@@ -169,22 +172,13 @@ def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = No
 
 
 def latest_tip(*, conversation: Conversation, node_id: int) -> int | None:
-    """Return the latest node a head can rest on in the branch from `node_id` down, if there is one (T8).
-
-    Pending nodes (a call under way or a crashed one) and context overflows (F2) are never heads.
-    """
-    sql = f"""
-    WITH RECURSIVE below AS (
-        SELECT id FROM {_NODE} WHERE id = %s
-        UNION ALL
-        SELECT n.id FROM {_NODE} n JOIN below ON n.parent_id = below.id
-        WHERE n.conversation_id = %s
+    """Return the latest node a head can rest on in the branch from `node_id` down, if there is one (T8)."""
+    below = RawSQL(
+        f"""WITH RECURSIVE below AS (
+            SELECT id FROM {_NODE} WHERE id = %s
+            UNION ALL
+            SELECT n.id FROM {_NODE} n JOIN below ON n.parent_id = below.id WHERE n.conversation_id = %s
+        ) SELECT id FROM below""",
+        [node_id, conversation.pk],
     )
-    SELECT MAX(n.id) FROM {_NODE} n JOIN below ON n.id = below.id
-    WHERE n.kind = 'turn' AND n.status != 'pending'
-      AND NOT (n.status = 'failed' AND n.failure_reason = 'context_overflow')
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [node_id, conversation.pk])
-        (tip,) = cursor.fetchone()
-    return tip
+    return Node.objects.can_be_head().filter(id__in=below).aggregate(tip=Max("id"))["tip"]

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from conversations.errors import BadInput, NotFound, TurnInProgress
 from conversations.models import Bubble, Conversation, Node, OutboxJob, ToolApproval
-from conversations.selectors import latest_tip, node_path
+from conversations.selectors import latest_tip, node_path, tree_scope
 
 _NODE = Node._meta.db_table
 
@@ -47,10 +47,8 @@ def head_switch(*, conversation: Conversation, node_id: Any) -> None:
         node_id = int(node_id)
     except (TypeError, ValueError):
         raise BadInput("`node` must be a node id.") from None
-    in_tree = Node.objects.filter(pk=node_id, conversation=conversation).exists() or any(
-        p.id == node_id for p in node_path(conversation.head_id)
-    )
-    if not in_tree:
+    path_ids = [p.id for p in node_path(conversation.head_id)]
+    if not Node.objects.filter(tree_scope(conversation, path_ids), pk=node_id).exists():
         raise NotFound(f"No node {node_id} in this conversation.")
     tip = latest_tip(conversation=conversation, node_id=node_id)
     if tip is None:

@@ -362,12 +362,13 @@ class Turn:
         return node
 
     def _attach_results(self, parent_id: int, results: dict[str, it.Item]) -> None:
-        for bubble in Bubble.objects.filter(node_id=parent_id, role=Bubble.Role.TOOL):
+        bubbles = list(Bubble.objects.filter(node_id=parent_id, role=Bubble.Role.TOOL))
+        for bubble in bubbles:
             result = results.get(bubble.data.get("call_id"))
             if result:
                 bubble.data = {**bubble.data, "result": result["content"], "is_error": result["is_error"],
                                "status": "error" if result["is_error"] else "done"}
-                bubble.save(update_fields=["data"])
+        Bubble.objects.bulk_update(bubbles, ["data"])
 
     def _announce_results(self, sent: list[it.Item]) -> Iterator[TurnEvent]:
         for item in sent:
