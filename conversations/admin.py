@@ -1,30 +1,309 @@
-"""A plain read-only admin; the tree explorer comes with its own issue."""
+"""The staff tree explorer: read-only pages over conversations and nodes, plus one head move.
 
-from django.contrib import admin
+Nothing here assembles context or reads paths its own way: it calls `node_path`, `tree_scope`,
+`assemble` and `services.head_move`, the one implementation of each.
+"""
 
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import BigIntegerField, Count, Exists, IntegerField, OuterRef, Subquery, Sum, Value
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+
+from conversations import services
+from conversations.context import assemble
+from conversations.errors import TurnInProgress
+from conversations.items import answer_text, question_of
 from conversations.models import Bubble, Conversation, Node
+from conversations.selectors import node_path, tree_scope
+
+SNIPPET_CHARS = 60
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+
+
+def _tokens(usage: Any) -> int:
+    if isinstance(usage, dict):
+        try:
+            return int(usage.get("total_tokens") or 0)
+        except (TypeError, ValueError):
+            return 0
+    return 0
+
+
+def _snippet(node: Node) -> str:
+    text = question_of(node.sent or [])
+    if text is None:
+        text = answer_text(node.received or []) or next(
+            (i.get("text", "") for i in node.sent or [] if isinstance(i, dict) and i.get("text")), ""
+        )
+    text = " ".join(str(text).split())
+    return text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS] + "…"
+
+
+def _node_url(node_id: int) -> str:
+    return reverse("admin:conversations_node_change", args=[node_id])
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
+    """No adding, deleting or editing through the admin; viewing needs only the view permission."""
+
     def has_add_permission(self, request):
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_delete_permission(self, request, obj=None):
         return False
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+
+# --- conversations --------------------------------------------------------------------------------
+
+
+def _per_conversation(queryset, aggregate, output_field):
+    """A correlated subquery aggregating the conversation's own nodes: one SQL query for the whole page."""
+    return Coalesce(
+        Subquery(
+            queryset.filter(conversation=OuterRef("pk")).order_by().values("conversation")
+            .annotate(value=aggregate).values("value")[:1],
+            output_field=output_field,
+        ),
+        Value(0),
+        output_field=output_field,
+    )
+
+
+@dataclass
+class TreeRow:
+    node: Node
+    depth: int
+    on_path: bool
+    is_head: bool
+    can_be_head: bool
+    tokens: int
+    snippet: str
+    url: str
+    children: list[int] = field(default_factory=list)
+    compacted_into: list[int] = field(default_factory=list)
+
+
+def tree_rows(conversation: Conversation) -> tuple[list[TreeRow], list[dict[str, Any]], list[int]]:
+    """Every node of the conversation as flat (node, depth) rows, the per-branch totals, and the head path.
+
+    Three queries whatever the tree's size: the path, the nodes, and the ids a head may rest on.
+    Depth grows only where the tree forks, so a long chain stays flat; the walk is iterative.
+    """
+    path = node_path(conversation.head_id)
+    path_ids = [p.id for p in path]
+    on_path = set(path_ids)
+    scope = tree_scope(conversation, path_ids)
+    nodes = list(Node.objects.filter(scope).order_by("id"))
+    headable = set(Node.objects.can_be_head().filter(scope).values_list("id", flat=True))
+    by_id = {n.id: n for n in nodes}
+    children: dict[int | None, list[int]] = {}
+    compacted_into: dict[int, list[int]] = {}
+    for n in nodes:
+        parent = n.parent_id if n.parent_id in by_id else None
+        children.setdefault(parent, []).append(n.id)
+        if n.compacted_from_id:
+            compacted_into.setdefault(n.compacted_from_id, []).append(n.id)
+
+    rows: list[TreeRow] = []
+    branches: list[dict[str, Any]] = []
+    total: dict[int, int] = {}
+    length: dict[int, int] = {}
+    stack: list[tuple[int, int]] = [(node_id, 0) for node_id in reversed(children.get(None, []))]
+    while stack:
+        node_id, depth = stack.pop()
+        n = by_id[node_id]
+        tokens = _tokens(n.usage)
+        parent = n.parent_id if n.parent_id in by_id else None
+        total[node_id] = total.get(parent, 0) + tokens if parent else tokens
+        length[node_id] = length.get(parent, 0) + 1 if parent else 1
+        kids = children.get(node_id, [])
+        rows.append(TreeRow(
+            node=n, depth=depth, on_path=node_id in on_path, is_head=node_id == conversation.head_id,
+            can_be_head=node_id in headable, tokens=tokens, snippet=_snippet(n), url=_node_url(node_id),
+            children=kids, compacted_into=compacted_into.get(node_id, []),
+        ))
+        if not kids:
+            branches.append({"tip": n, "url": _node_url(node_id), "tokens": total[node_id],
+                             "nodes": length[node_id], "on_path": node_id in on_path})
+        child_depth = depth + (1 if len(kids) > 1 else 0)
+        stack.extend((kid, child_depth) for kid in reversed(kids))
+    return rows, branches, path_ids
 
 
 @admin.register(Conversation)
 class ConversationAdmin(ReadOnlyAdmin):
-    list_display = ["id", "title", "owner", "model", "head", "updated_at"]
+    list_display = ["id", "title", "owner", "model", "node_count", "branch_count", "total_tokens", "turn_running"]
+    list_display_links = ["id", "title"]
+    list_filter = ["model", "owner"]
+    list_select_related = ["owner"]
     search_fields = ["title", "owner__username"]
+    change_form_template = "admin/conversations/conversation/tree.html"
+
+    def get_queryset(self, request):
+        nodes = Node.objects.all()
+        leaves = nodes.exclude(Exists(Node.objects.filter(parent=OuterRef("pk"))))
+        tokens = Cast(KT("usage__total_tokens"), BigIntegerField())
+        return super().get_queryset(request).select_related("owner").annotate(
+            node_total=_per_conversation(nodes, Count("id"), IntegerField()),
+            leaf_total=_per_conversation(leaves, Count("id"), IntegerField()),
+            token_total=_per_conversation(nodes, Sum(tokens), BigIntegerField()),
+        )
+
+    @admin.display(description="nodes", ordering="node_total")
+    def node_count(self, obj):
+        return obj.node_total
+
+    @admin.display(description="branches", ordering="leaf_total")
+    def branch_count(self, obj):
+        return obj.leaf_total
+
+    @admin.display(description="tokens", ordering="token_total")
+    def total_tokens(self, obj):
+        return obj.token_total
+
+    @admin.display(description="turn running", boolean=True)
+    def turn_running(self, obj):
+        return obj.turn_running
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.move_head_view)
+        return [
+            path("<path:object_id>/move-head/", view, name="conversations_conversation_move_head"),
+            *super().get_urls(),
+        ]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        if request.method != "GET":
+            return HttpResponseNotAllowed(["GET"])
+        conversation = self.get_object(request, object_id)
+        if conversation is None:
+            raise Http404("No such conversation.")
+        if not self.has_view_or_change_permission(request, conversation):
+            raise PermissionDenied
+        rows, branches, path_ids = tree_rows(conversation)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Tree of {conversation}",
+            "subtitle": None,
+            "opts": self.opts,
+            "original": conversation,
+            "conversation": conversation,
+            "rows": rows,
+            "branches": branches,
+            "path_ids": path_ids,
+            "can_move_head": self.has_change_permission(request, conversation),
+            "has_view_permission": True,
+            **(extra_context or {}),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, self.change_form_template, context)
+
+    def move_head_view(self, request, object_id):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        conversation = get_object_or_404(Conversation, pk=object_id)
+        if not self.has_change_permission(request, conversation):
+            raise PermissionDenied
+        back = reverse("admin:conversations_conversation_change", args=[conversation.pk])
+        try:
+            node_id = int(request.POST.get("node", ""))
+        except ValueError:
+            self.message_user(request, "No node was given.", messages.ERROR)
+            return HttpResponseRedirect(back)
+        path_ids = [p.id for p in node_path(conversation.head_id)]
+        if not Node.objects.can_be_head().filter(tree_scope(conversation, path_ids), pk=node_id).exists():
+            self.message_user(request, f"Node #{node_id} is not a node of this conversation the head may rest on "
+                              "(a finished turn node).", messages.ERROR)
+            return HttpResponseRedirect(back)
+        try:
+            services.head_move(conversation=conversation, to=node_id)
+        except TurnInProgress:
+            self.message_user(request, "Refused: a turn is running on this conversation, so its head cannot move "
+                              "until the turn ends (T9).", messages.ERROR)
+            return HttpResponseRedirect(back)
+        self.message_user(request, f"The head moved to node #{node_id}.", messages.SUCCESS)
+        return HttpResponseRedirect(back)
+
+
+# --- nodes ----------------------------------------------------------------------------------------
 
 
 @admin.register(Node)
 class NodeAdmin(ReadOnlyAdmin):
-    list_display = ["id", "conversation", "parent", "kind", "status", "failure_reason", "model", "created_at"]
-    list_filter = ["kind", "status", "failure_reason", "provider"]
+    list_display = ["id", "conversation", "parent", "kind", "status", "failure_reason", "provider", "model",
+                    "created_at"]
+    list_filter = ["kind", "status", "failure_reason", "provider", "model"]
+    list_select_related = ["conversation"]
+    search_fields = ["=id"]
+    change_form_template = "admin/conversations/node/detail.html"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("conversation")
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        if request.method != "GET":
+            return HttpResponseNotAllowed(["GET"])
+        node = self.get_object(request, object_id)
+        if node is None:
+            raise Http404("No such node.")
+        if not self.has_view_permission(request, node):
+            raise PermissionDenied
+        path = node_path(node.id)
+        before = path[:-1]  # the path to the parent: node_path(node.parent_id), already read
+        conversation = node.conversation
+        instructions = conversation.instructions if conversation else ""
+        sent_context = assemble(before, node.sent, instructions=instructions or "", provider=node.provider or None)
+        children = list(Node.objects.filter(parent=node).order_by("id").values_list("id", "kind", "status"))
+        compactions = list(Node.objects.filter(compacted_from=node).order_by("id").values_list("id", flat=True))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": str(node),
+            "subtitle": None,
+            "opts": self.opts,
+            "original": node,
+            "node": node,
+            "tokens": _tokens(node.usage),
+            "sent_json": _pretty(node.sent),
+            "received_json": _pretty(node.received),
+            "usage_json": _pretty(node.usage),
+            "context_json": _pretty(sent_context),
+            "breadcrumb": [{"id": p.id, "kind": p.kind, "status": p.status, "url": _node_url(p.id)} for p in path],
+            "parent_url": _node_url(node.parent_id) if node.parent_id else None,
+            "children": [{"id": c[0], "kind": c[1], "status": c[2], "url": _node_url(c[0])} for c in children],
+            "compactions": [{"id": c, "url": _node_url(c)} for c in compactions],
+            "original_url": _node_url(node.compacted_from_id) if node.compacted_from_id else None,
+            "conversation_url": reverse("admin:conversations_conversation_change", args=[conversation.pk])
+            if conversation else None,
+            "has_view_permission": True,
+            **(extra_context or {}),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, self.change_form_template, context)
 
 
 @admin.register(Bubble)
 class BubbleAdmin(ReadOnlyAdmin):
     list_display = ["id", "conversation", "node", "role"]
+
+    def has_change_permission(self, request, obj=None):
+        return False
