@@ -148,7 +148,25 @@ def stream_call(
         raise
     except Exception as error:  # every provider failure becomes a recorded failed node
         raise LLMError(classify(error), _message(error), partial=state.items(provider)) from error
-    return CallResult(received=state.items(provider), usage=state.usage, provider=provider, model=model)
+    usage = dict(state.usage)
+    cost = _cost(model, usage)
+    if cost is not None:
+        usage["cost_usd"] = cost
+    return CallResult(received=state.items(provider), usage=usage, provider=provider, model=model)
+
+
+def _cost(model: str, usage: dict[str, Any]) -> float | None:
+    """The call's price from litellm's bundled price list; None for a model it does not price (arbor/echo)."""
+    if not usage:
+        return None
+    try:
+        prompt, completion = litellm.cost_per_token(
+            model=model, prompt_tokens=usage.get("prompt_tokens", 0),
+            completion_tokens=usage.get("completion_tokens", 0),
+        )
+    except Exception:  # unpriced models are normal: local servers, the offline echo
+        return None
+    return round(prompt + completion, 10)
 
 
 def _absorb(state: _StreamState, chunk: Any) -> str:

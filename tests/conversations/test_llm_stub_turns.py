@@ -265,3 +265,24 @@ def test_c4_f1_a_model_that_asks_for_tools_past_the_round_limit_ends_the_turn_cl
     assert ask(conversation, "next")[-1].type == "done"
     assert [m["role"] for m in stub.requests[1]["messages"]] == ["user", "assistant", "tool", "user"]
     assert len(node_path(head(conversation).pk)) == 3
+
+
+def test_t1_usage_records_the_price_of_a_priced_model_and_none_for_unpriced_ones(stub):
+    """T1: a node's usage carries the call's cost from litellm's bundled price list (the admin sums it)."""
+    from conversations.llm import stream_call
+    from tests.support.openai_stub import Reply
+
+    stub.script(Reply.text("priced answer", prompt_tokens=1000, completion_tokens=100),
+                Reply.text("unpriced", prompt_tokens=1000, completion_tokens=100))
+
+    def usage_of(model):
+        call = stream_call(model=model, messages=[{"role": "user", "content": "hi"}], api_base=stub.base_url)
+        while True:
+            try:
+                next(call)
+            except StopIteration as stop:
+                return stop.value.usage
+
+    priced = usage_of("openai/gpt-4o-mini")
+    assert priced["prompt_tokens"] == 1000 and priced["cost_usd"] == pytest.approx(0.00021)
+    assert "cost_usd" not in usage_of("openai/stub-model")
