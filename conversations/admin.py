@@ -7,7 +7,9 @@ Nothing here assembles context or reads paths its own way: it calls `node_path`,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from html import escape
 from typing import Any
 
 from django.contrib import admin, messages
@@ -19,6 +21,7 @@ from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.safestring import mark_safe
 
 from conversations import services
 from conversations.context import assemble
@@ -28,6 +31,8 @@ from conversations.models import Bubble, Conversation, Node
 from conversations.selectors import node_path, tree_scope
 
 SNIPPET_CHARS = 60
+TREE_ROW_FIELDS = ("id", "parent_id", "conversation_id", "kind", "status", "failure_reason", "compacted_from_id",
+                   "usage", "sent", "received")
 
 
 def _pretty(value: Any) -> str:
@@ -55,6 +60,15 @@ def _snippet(node: Node) -> str:
 
 def _node_url(node_id: int) -> str:
     return reverse("admin:conversations_node_change", args=[node_id])
+
+
+_URL_MARK = 987654321987
+
+
+def _node_url_maker() -> Callable[[int], str]:
+    """`_node_url` without a `reverse()` per node: the URL is reversed once and the id put in by hand."""
+    head, tail = _node_url(_URL_MARK).rsplit(str(_URL_MARK), 1)
+    return lambda node_id: f"{head}{node_id}{tail}"
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -97,6 +111,7 @@ class TreeRow:
     snippet: str
     url: str
     children: list[int] = field(default_factory=list)
+    starts_branch: bool = False  # the first node of a branch: its parent has more than one child
     compacted_into: list[int] = field(default_factory=list)
 
 
@@ -110,7 +125,8 @@ def tree_rows(conversation: Conversation) -> tuple[list[TreeRow], list[dict[str,
     path_ids = [p.id for p in path]
     on_path = set(path_ids)
     scope = tree_scope(conversation, path_ids)
-    nodes = list(Node.objects.filter(scope).order_by("id"))
+    # Only what a row shows: skipping timestamps, provider, model and failure message saves ~10% on 5,000 rows.
+    nodes = list(Node.objects.filter(scope).order_by("id").only(*TREE_ROW_FIELDS))
     headable = set(Node.objects.can_be_head().filter(scope).values_list("id", flat=True))
     by_id = {n.id: n for n in nodes}
     children: dict[int | None, list[int]] = {}
@@ -121,6 +137,7 @@ def tree_rows(conversation: Conversation) -> tuple[list[TreeRow], list[dict[str,
         if n.compacted_from_id:
             compacted_into.setdefault(n.compacted_from_id, []).append(n.id)
 
+    node_url = _node_url_maker()
     rows: list[TreeRow] = []
     branches: list[dict[str, Any]] = []
     total: dict[int, int] = {}
@@ -136,15 +153,52 @@ def tree_rows(conversation: Conversation) -> tuple[list[TreeRow], list[dict[str,
         kids = children.get(node_id, [])
         rows.append(TreeRow(
             node=n, depth=depth, on_path=node_id in on_path, is_head=node_id == conversation.head_id,
-            can_be_head=node_id in headable, tokens=tokens, snippet=_snippet(n), url=_node_url(node_id),
+            can_be_head=node_id in headable, tokens=tokens, snippet=_snippet(n), url=node_url(node_id),
             children=kids, compacted_into=compacted_into.get(node_id, []),
+            starts_branch=parent is not None and len(children[parent]) > 1,
         ))
         if not kids:
-            branches.append({"tip": n, "url": _node_url(node_id), "tokens": total[node_id],
+            branches.append({"tip": n, "url": node_url(node_id), "tokens": total[node_id],
                              "nodes": length[node_id], "on_path": node_id in on_path})
         child_depth = depth + (1 if len(kids) > 1 else 0)
         stack.extend((kid, child_depth) for kid in reversed(kids))
     return rows, branches, path_ids
+
+
+def render_tree_rows(rows: list[TreeRow], *, can_move_head: bool) -> str:
+    """The tree table's rows as one HTML string, built in Python: a template loop over 5,000 rows takes ~1 s.
+
+    Every value from the database goes through `html.escape`; "Move head here" buttons submit the one
+    form `arbor-move-head` (one CSRF token for the page, not one per row).
+    """
+    node_url = _node_url_maker()
+    out: list[str] = []
+    add = out.append
+    for row in rows:
+        n = row.node
+        css = ("on-path" if row.on_path else "") + (" is-head" if row.is_head else "")
+        add(f'<tr id="node-{n.pk}" class="{css}"><td><span class="indent" style="padding-left: {row.depth}em">')
+        if row.depth:  # the arrow marks where a branch starts; the nodes after it line up under it
+            add('<span class="fork">↳ </span>' if row.starts_branch else '<span class="fork cont">↳ </span>')
+        add(f'<a href="{escape(row.url)}">#{n.pk}</a></span>')
+        if row.is_head:
+            add(' <span class="arbor-badge head">HEAD</span>')
+        kind, status = escape(n.kind), escape(n.status)
+        add(f'</td><td><span class="arbor-badge kind-{kind}">{kind}</span></td>'
+            f'<td><span class="arbor-badge status-{status}">{status}</span>')
+        if n.failure_reason:
+            add(f' <span class="failure-reason">{escape(n.failure_reason)}</span>')
+        add(f"</td><td>{row.tokens}</td><td>{escape(row.snippet)}</td><td>")
+        if n.compacted_from_id:
+            add(f'<a class="compacted-from" href="{escape(node_url(n.compacted_from_id))}">'
+                f"original #{n.compacted_from_id}</a> ")
+        for c in row.compacted_into:
+            add(f'<a class="compacted-into" href="{escape(node_url(c))}">compacted into #{c}</a> ')
+        add("</td><td>")
+        if can_move_head and row.can_be_head and not row.is_head:
+            add(f'<button type="submit" form="arbor-move-head" name="node" value="{n.pk}">Move head here</button>')
+        add("</td></tr>\n")
+    return mark_safe("".join(out))  # every interpolated value above is escaped or an int
 
 
 @admin.register(Conversation)
@@ -198,6 +252,7 @@ class ConversationAdmin(ReadOnlyAdmin):
         if not self.has_view_or_change_permission(request, conversation):
             raise PermissionDenied
         rows, branches, path_ids = tree_rows(conversation)
+        can_move_head = self.has_change_permission(request, conversation)
         context = {
             **self.admin_site.each_context(request),
             "title": f"Tree of {conversation}",
@@ -206,9 +261,10 @@ class ConversationAdmin(ReadOnlyAdmin):
             "original": conversation,
             "conversation": conversation,
             "rows": rows,
+            "rows_html": render_tree_rows(rows, can_move_head=can_move_head),
             "branches": branches,
             "path_ids": path_ids,
-            "can_move_head": self.has_change_permission(request, conversation),
+            "can_move_head": can_move_head,
             "has_view_permission": True,
             **(extra_context or {}),
         }

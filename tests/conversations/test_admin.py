@@ -244,4 +244,15 @@ def test_a_5000_node_chain_renders_without_recursion(admin_client, conversation)
     assert len(queries) <= 8
     rows = response.context["rows"]
     assert len(rows) == 5000 and all(r.on_path for r in rows) and rows[-1].is_head
+    assert response.content.decode().count('<tr id="node-') == 5000  # rendered in Python, one string
     assert response.context["branches"][0]["tokens"] == 10_000
+
+
+def test_tree_rows_escape_what_people_typed(admin_client, conversation):
+    ask(conversation, '<script>alert("x")</script> & more')
+    ask(conversation, "second")
+    html = admin_client.get(tree_url(conversation)).content.decode()
+    assert "<script>alert" not in html
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; more" in html
+    # one form, one CSRF token for every "Move head here" button
+    assert html.count('form="arbor-move-head"') == 1 and html.count('id="arbor-move-head"') == 1
