@@ -14,7 +14,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import BigIntegerField, Count, Exists, IntegerField, OuterRef, Subquery, Sum, Value
+from django.db.models import BigIntegerField, Count, Exists, FloatField, IntegerField, OuterRef, Subquery, Sum, Value
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
@@ -37,6 +37,15 @@ TREE_ROW_FIELDS = ("id", "parent_id", "conversation_id", "kind", "status", "fail
 
 def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+
+
+def _cost(usage: Any) -> float:
+    cost = usage.get("cost_usd") if isinstance(usage, dict) else None
+    return float(cost) if isinstance(cost, int | float) else 0.0
+
+
+def _usd(value: float | None) -> str:
+    return f"${value:.4f}" if value else "—"
 
 
 def _tokens(usage: Any) -> int:
@@ -141,6 +150,7 @@ def tree_rows(conversation: Conversation) -> tuple[list[TreeRow], list[dict[str,
     rows: list[TreeRow] = []
     branches: list[dict[str, Any]] = []
     total: dict[int, int] = {}
+    spent: dict[int, float] = {}
     length: dict[int, int] = {}
     stack: list[tuple[int, int]] = [(node_id, 0) for node_id in reversed(children.get(None, []))]
     while stack:
@@ -149,6 +159,7 @@ def tree_rows(conversation: Conversation) -> tuple[list[TreeRow], list[dict[str,
         tokens = _tokens(n.usage)
         parent = n.parent_id if n.parent_id in by_id else None
         total[node_id] = total.get(parent, 0) + tokens if parent else tokens
+        spent[node_id] = (spent.get(parent, 0.0) if parent else 0.0) + _cost(n.usage)
         length[node_id] = length.get(parent, 0) + 1 if parent else 1
         kids = children.get(node_id, [])
         rows.append(TreeRow(
@@ -159,6 +170,7 @@ def tree_rows(conversation: Conversation) -> tuple[list[TreeRow], list[dict[str,
         ))
         if not kids:
             branches.append({"tip": n, "url": node_url(node_id), "tokens": total[node_id],
+                             "cost": _usd(spent[node_id]),
                              "nodes": length[node_id], "on_path": node_id in on_path})
         child_depth = depth + (1 if len(kids) > 1 else 0)
         stack.extend((kid, child_depth) for kid in reversed(kids))
@@ -203,7 +215,8 @@ def render_tree_rows(rows: list[TreeRow], *, can_move_head: bool) -> str:
 
 @admin.register(Conversation)
 class ConversationAdmin(ReadOnlyAdmin):
-    list_display = ["id", "title", "owner", "model", "node_count", "branch_count", "total_tokens", "turn_running"]
+    list_display = ["id", "title", "owner", "model", "node_count", "branch_count", "total_tokens", "total_cost",
+                    "turn_running"]
     list_display_links = ["id", "title"]
     list_filter = ["model", "owner"]
     list_select_related = ["owner"]
@@ -214,10 +227,12 @@ class ConversationAdmin(ReadOnlyAdmin):
         nodes = Node.objects.all()
         leaves = nodes.exclude(Exists(Node.objects.filter(parent=OuterRef("pk"))))
         tokens = Cast(KT("usage__total_tokens"), BigIntegerField())
+        cost = Cast(KT("usage__cost_usd"), FloatField())
         return super().get_queryset(request).select_related("owner").annotate(
             node_total=_per_conversation(nodes, Count("id"), IntegerField()),
             leaf_total=_per_conversation(leaves, Count("id"), IntegerField()),
             token_total=_per_conversation(nodes, Sum(tokens), BigIntegerField()),
+            cost_total=_per_conversation(nodes, Sum(cost), FloatField()),
         )
 
     @admin.display(description="nodes", ordering="node_total")
@@ -231,6 +246,10 @@ class ConversationAdmin(ReadOnlyAdmin):
     @admin.display(description="tokens", ordering="token_total")
     def total_tokens(self, obj):
         return obj.token_total
+
+    @admin.display(description="cost", ordering="cost_total")
+    def total_cost(self, obj):
+        return _usd(obj.cost_total)
 
     @admin.display(description="turn running", boolean=True)
     def turn_running(self, obj):

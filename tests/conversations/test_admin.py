@@ -256,3 +256,15 @@ def test_tree_rows_escape_what_people_typed(admin_client, conversation):
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; more" in html
     # one form, one CSRF token for every "Move head here" button
     assert html.count('form="arbor-move-head"') == 1 and html.count('id="arbor-move-head"') == 1
+
+
+def test_cost_is_summed_per_branch_and_per_conversation(admin_client, tree):
+    """Usage's cost_usd (recorded for priced models) adds up root to tip and over the conversation."""
+    path_ids = [p.id for p in node_path(tree["playbook"].pk)]
+    for node_id in path_ids[:2]:
+        node = Node.objects.get(pk=node_id)
+        Node.objects.filter(pk=node_id).update(usage={**node.usage, "cost_usd": 0.0125})
+    branches = {b["tip"].pk: b for b in admin_client.get(tree_url(tree["conversation"])).context["branches"]}
+    assert branches[tree["playbook"].pk]["cost"] == "$0.0250"
+    changelist = admin_client.get(reverse("admin:conversations_conversation_changelist"))
+    assert b"$0.0250" in changelist.content
