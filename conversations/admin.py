@@ -92,6 +92,15 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         return [f.name for f in self.model._meta.fields]
 
+    def viewable_object(self, request, object_id):
+        """The object for a read-only page: 404 if missing, 403 without the view (or change) permission."""
+        obj = self.get_object(request, object_id)
+        if obj is None:
+            raise Http404(f"No such {self.model._meta.verbose_name}.")
+        if not self.has_view_permission(request, obj):
+            raise PermissionDenied
+        return obj
+
 
 # --- conversations --------------------------------------------------------------------------------
 
@@ -265,11 +274,7 @@ class ConversationAdmin(ReadOnlyAdmin):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         if request.method != "GET":
             return HttpResponseNotAllowed(["GET"])
-        conversation = self.get_object(request, object_id)
-        if conversation is None:
-            raise Http404("No such conversation.")
-        if not self.has_view_or_change_permission(request, conversation):
-            raise PermissionDenied
+        conversation = self.viewable_object(request, object_id)
         rows, branches, path_ids = tree_rows(conversation)
         can_move_head = self.has_change_permission(request, conversation)
         context = {
@@ -338,11 +343,7 @@ class NodeAdmin(ReadOnlyAdmin):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         if request.method != "GET":
             return HttpResponseNotAllowed(["GET"])
-        node = self.get_object(request, object_id)
-        if node is None:
-            raise Http404("No such node.")
-        if not self.has_view_permission(request, node):
-            raise PermissionDenied
+        node = self.viewable_object(request, object_id)
         path = node_path(node.id)
         before = path[:-1]  # the path to the parent: node_path(node.parent_id), already read
         conversation = node.conversation
