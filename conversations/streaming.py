@@ -7,12 +7,14 @@ one shared sync thread on a turn that lasts seconds, so each turn gets a thread 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from django.db import connections
 
 _END = object()
+SETTLE_SECONDS = 5
 
 
 async def events_in_thread(make_events: Callable[[], Iterator]) -> AsyncIterator:
@@ -20,22 +22,28 @@ async def events_in_thread(make_events: Callable[[], Iterator]) -> AsyncIterator
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     stop = threading.Event()
+    finished = loop.create_future()
+
+    def post(callback, value) -> None:
+        with contextlib.suppress(RuntimeError):  # the caller's loop is gone: nobody is listening
+            loop.call_soon_threadsafe(callback, value)
 
     def work() -> None:
         try:
             events = make_events()
             try:
                 for event in events:
-                    loop.call_soon_threadsafe(queue.put_nowait, event)
+                    post(queue.put_nowait, event)
                     if stop.is_set():
                         break
             finally:
                 events.close()  # ends the turn as cancelled if it was still running
         except BaseException as error:  # handed over to the async side
-            loop.call_soon_threadsafe(queue.put_nowait, error)
+            post(queue.put_nowait, error)
         finally:
             connections.close_all()
-            loop.call_soon_threadsafe(queue.put_nowait, _END)
+            post(queue.put_nowait, _END)
+            post(finished.set_result, None)
 
     thread = threading.Thread(target=work, name="arbor-turn", daemon=True)
     thread.start()
@@ -49,3 +57,7 @@ async def events_in_thread(make_events: Callable[[], Iterator]) -> AsyncIterator
             yield item
     finally:
         stop.set()
+        # Let the turn record how it ended before this caller moves on; a call that sends nothing
+        # (a silent provider) notices the stop only at its next event, so do not wait for ever.
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(finished), timeout=SETTLE_SECONDS)

@@ -1,0 +1,122 @@
+"""The chat WebSocket: one conversation per socket, one generation task per turn (issue 3's transport).
+
+The consumer parses messages and forwards them to the same turn functions the API uses; it never
+assembles context, moves a head or runs a turn its own way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from conversations import turns
+from conversations.errors import ArborError, NotFound
+from conversations.selectors import conversation_for_user
+from conversations.streaming import events_in_thread
+
+TOKEN_BATCH_SECONDS = 0.05  # tokens go out in small batches, not one frame each
+
+
+class ChatConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self):
+        self.generation: asyncio.Task | None = None
+        self.user = self.scope.get("user")
+        self.conversation_id = self.scope["url_route"]["kwargs"]["conversation_id"]
+        if not (self.user and self.user.is_authenticated) or not await self._owns():
+            await self.close(code=4404)  # anyone else's conversation is "not found", as over HTTP
+            return
+        await self.accept()
+
+    async def disconnect(self, code):
+        await self._stop()
+
+    async def receive_json(self, content: Any, **kwargs):
+        if not isinstance(content, dict) or not isinstance(content.get("type"), str):
+            await self.send_json({"type": "error", "code": "bad_input", "message": "Send a JSON object with a type."})
+            return
+        if not await self._owns():  # checked on every message: access may have changed since connect
+            await self.send_json({"type": "error", "code": "not_found", "message": "No such conversation."})
+            await self.close(code=4404)
+            return
+        if content["type"] == "stop":
+            await self._stop()
+            return
+        begin = self._begin_for(content)
+        if begin is None:
+            await self.send_json({"type": "error", "code": "bad_input",
+                                  "message": f"Unknown message type {content['type']!r}."})
+            return
+        if self.generation and not self.generation.done():
+            await self.send_json({"type": "error", "code": "turn_in_progress",
+                                  "message": "A turn is running on this conversation; stop it or wait."})
+            return
+        try:
+            turn = await database_sync_to_async(begin)()
+        except ArborError as error:
+            await self.send_json({"type": "error", "code": error.code, "message": error.message})
+            return
+        if turn is None:  # an approval recorded; others still wait
+            await self.send_json({"type": "approval_recorded"})
+            return
+        self.generation = asyncio.create_task(self._stream(turn))
+
+    def _begin_for(self, content: dict[str, Any]):
+        common = {"user": self.user, "conversation_id": self.conversation_id}
+        kind = content["type"]
+        if kind == "ask":
+            return lambda: turns.turn_ask(**common, content=content.get("content"))
+        if kind == "edit":
+            return lambda: turns.turn_edit(**common, node_id=content.get("node"), content=content.get("content"))
+        if kind == "regenerate":
+            return lambda: turns.turn_regenerate(**common, node_id=content.get("node"))
+        if kind == "approve":
+            return lambda: turns.turn_decide(**common, call_id=content.get("tool_call_id"),
+                                             approve=content.get("approve"))
+        return None
+
+    async def _stream(self, turn: turns.Turn) -> None:
+        pending: list[str] = []
+        node = None
+        loop = asyncio.get_running_loop()
+        flushed_at = loop.time()
+
+        async def flush():
+            nonlocal flushed_at
+            if pending:
+                await self.send_json({"type": "token", "text": "".join(pending), "node": node})
+                pending.clear()
+            flushed_at = loop.time()
+
+        try:
+            async with contextlib.aclosing(events_in_thread(turn.events)) as events:
+                async for event in events:
+                    if event.type == "token":
+                        pending.append(event.data["text"])
+                        node = event.data["node"]
+                        if loop.time() - flushed_at >= TOKEN_BATCH_SECONDS:
+                            await flush()
+                        continue
+                    await flush()
+                    await self.send_json({"type": event.type, **event.data})
+        finally:
+            turn.abandon()  # a turn cancelled before its thread began gives its lock back
+
+    async def _stop(self) -> None:
+        """Cancel the generation: the turn's thread closes it, so its node ends failed/cancelled."""
+        task, self.generation = self.generation, None
+        if task and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @database_sync_to_async
+    def _owns(self) -> bool:
+        try:
+            conversation_for_user(user=self.user, conversation_id=self.conversation_id)
+        except NotFound:
+            return False
+        return True

@@ -1,0 +1,146 @@
+"""The chat WebSocket through the project's real ASGI application (routing, sessions, origin check)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.db import connections
+from django.test import Client
+
+from config.asgi import application
+from conversations import services
+from conversations.models import Conversation, Node
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SLOW = "#slow " + " ".join(f"w{i}" for i in range(30))
+
+
+def _db(function):
+    def run():
+        try:
+            return function()
+        finally:
+            connections.close_all()
+
+    return sync_to_async(run, thread_sensitive=False)
+
+
+def _session_cookie(user) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+def _socket(conversation_id: int, cookie: bytes | None) -> WebsocketCommunicator:
+    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
+    if cookie:
+        headers.append((b"cookie", cookie))
+    return WebsocketCommunicator(application, f"/ws/conversations/{conversation_id}/", headers=headers)
+
+
+async def _receive_until(socket, kind: str, timeout: float = 30) -> list[dict]:
+    messages = []
+    while True:
+        message = await socket.receive_json_from(timeout=timeout)
+        messages.append(message)
+        if message["type"] in {kind, "error"}:
+            return messages
+
+
+@pytest.fixture
+def chat(user):
+    conversation = services.conversation_create(owner=user)
+    return conversation, _session_cookie(user)
+
+
+async def test_a_question_streams_tokens_in_several_batches_then_done(chat):
+    conversation, cookie = chat
+    socket = _socket(conversation.pk, cookie)
+    connected, _ = await socket.connect()
+    assert connected
+    await socket.send_json_to({"type": "ask", "content": SLOW})
+    messages = await _receive_until(socket, "done")
+    tokens = [m for m in messages if m["type"] == "token"]
+    assert len(tokens) > 3, "tokens arrive as they come, in small batches"
+    assert len(tokens) < 60, "batched: fewer frames than words"
+    assert "".join(m["text"] for m in tokens) == messages[-1]["answer"]
+    assert messages[-1]["head"] == await _db(lambda: Conversation.objects.get(pk=conversation.pk).head_id)()
+    await socket.disconnect()
+
+
+async def test_stop_cancels_the_turn_keeps_the_node_and_frees_the_conversation(chat):
+    conversation, cookie = chat
+    socket = _socket(conversation.pk, cookie)
+    await socket.connect()
+    await socket.send_json_to({"type": "ask", "content": SLOW})
+    first = await socket.receive_json_from(timeout=30)
+    assert first["type"] == "token"
+    await socket.send_json_to({"type": "stop"})
+    for _ in range(100):
+        node = await _db(lambda: Node.objects.get(conversation=conversation))()
+        if node.status != "pending":
+            break
+        await asyncio.sleep(0.05)
+    assert node.status == "failed" and node.failure_reason == "cancelled"
+    await socket.send_json_to({"type": "ask", "content": "again"})
+    messages = await _receive_until(socket, "done")
+    assert messages[-1]["type"] == "done" and messages[-1]["answer"].startswith("echo: again")
+    await socket.disconnect()
+
+
+async def test_disconnect_cancels_the_running_turn(chat):
+    conversation, cookie = chat
+    socket = _socket(conversation.pk, cookie)
+    await socket.connect()
+    await socket.send_json_to({"type": "ask", "content": SLOW})
+    await socket.receive_json_from(timeout=30)
+    await socket.disconnect()
+    for _ in range(100):
+        node = await _db(lambda: Node.objects.get(conversation=conversation))()
+        if node.status != "pending":
+            break
+        await asyncio.sleep(0.05)
+    assert node.failure_reason == "cancelled"
+
+
+async def test_a_second_question_while_one_runs_is_refused(chat):
+    conversation, cookie = chat
+    socket = _socket(conversation.pk, cookie)
+    await socket.connect()
+    await socket.send_json_to({"type": "ask", "content": SLOW})
+    await socket.receive_json_from(timeout=30)
+    await socket.send_json_to({"type": "ask", "content": "two"})
+    messages = await _receive_until(socket, "never")
+    assert messages[-1]["type"] == "error" and messages[-1]["code"] == "turn_in_progress"
+    await socket.send_json_to({"type": "stop"})
+    await socket.disconnect()
+
+
+async def test_another_users_conversation_and_anonymous_sockets_are_refused(chat, other_user):
+    conversation, _ = chat
+    other_cookie = await _db(lambda: _session_cookie(other_user))()
+    for cookie in (other_cookie, None):
+        socket = _socket(conversation.pk, cookie)
+        connected, code = await socket.connect()
+        assert not connected and code == 4404
+    missing = _socket(999999, other_cookie)
+    connected, code = await missing.connect()
+    assert not connected and code == 4404
+
+
+async def test_bad_messages_get_clear_errors_and_change_nothing(chat):
+    conversation, cookie = chat
+    socket = _socket(conversation.pk, cookie)
+    await socket.connect()
+    for payload, code in [({"content": "x"}, "bad_input"), ({"type": "dance"}, "bad_input"),
+                          ({"type": "ask", "content": ""}, "bad_input"),
+                          ({"type": "edit", "node": 999999, "content": "x"}, "not_found")]:
+        await socket.send_json_to(payload)
+        reply = await socket.receive_json_from(timeout=30)
+        assert reply["type"] == "error" and reply["code"] == code, (payload, reply)
+    assert await _db(lambda: Node.objects.count())() == 0
+    await socket.disconnect()
