@@ -17,22 +17,11 @@ from rest_framework.authtoken.models import Token
 
 from conversations import services
 from conversations.models import Conversation, Node
+from tests.support.async_db import in_own_thread, settled_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SLOW_QUESTION = "#slow " + " ".join(f"w{i}" for i in range(30))
-
-
-def _in_own_thread(function):
-    """Read the database without queueing behind the server's shared thread."""
-
-    def run():
-        try:
-            return function()
-        finally:
-            connections.close_all()
-
-    return sync_to_async(run, thread_sensitive=False)
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +60,7 @@ def _parse_sse(chunks: list[bytes]) -> list[tuple[str, dict]]:
 
 async def _wait_for_pending_node(conversation_id: int) -> int:
     for _ in range(200):
-        node_id = await _in_own_thread(
+        node_id = await in_own_thread(
             lambda: Node.objects.filter(conversation_id=conversation_id, status="pending")
             .values_list("id", flat=True).first()
         )()
@@ -95,13 +84,13 @@ async def test_t9_an_edit_gets_its_409_at_once_while_a_json_turn_runs(setup):
                              content_type="application/json")
     assert edit.status_code == 409 and edit.json()["error"]["code"] == "turn_in_progress"
     assert not turn.done(), "the edit was answered while the turn was still running"
-    status = await _in_own_thread(lambda: Node.objects.get(pk=pending).status)()
+    status = await in_own_thread(lambda: Node.objects.get(pk=pending).status)()
     assert status == "pending"
     listing = await client.get("/api/conversations/")
     assert listing.status_code == 200 and not turn.done()
     finished = await turn
     assert finished.status_code == 201
-    assert await _in_own_thread(lambda: Conversation.objects.get(pk=conversation.pk).head_id)() == pending
+    assert await in_own_thread(lambda: Conversation.objects.get(pk=conversation.pk).head_id)() == pending
 
 
 async def test_sse_streams_tokens_then_done_and_other_requests_are_served_meanwhile(setup):
@@ -130,7 +119,7 @@ async def test_sse_error_event_for_a_failed_turn_f1(setup):
                                  content_type="application/json", headers={"accept": "text/event-stream"})
     events = _parse_sse([chunk async for chunk in response.streaming_content])
     assert events[-1][0] == "error" and events[-1][1]["code"] == "provider_error"
-    node = await _in_own_thread(lambda: Node.objects.get(pk=events[-1][1]["node"]))()
+    node = await in_own_thread(lambda: Node.objects.get(pk=events[-1][1]["node"]))()
     assert node.status == "failed"
 
 
@@ -168,11 +157,7 @@ async def test_a_client_that_disconnects_mid_stream_cancels_the_turn_and_frees_t
     await asyncio.wait_for(first_chunk.wait(), timeout=30)
     await inbox.put({"type": "http.disconnect"})
     await asyncio.wait_for(server, timeout=30)
-    for _ in range(100):
-        node = await _in_own_thread(lambda: Node.objects.get(conversation=conversation))()
-        if node.status != "pending":
-            break
-        await asyncio.sleep(0.05)
+    node = await settled_node(conversation)
     assert node.status == "failed" and node.failure_reason == "cancelled"
     assert node.received and node.received[0]["text"].startswith("echo: ")
     again = await client.post(f"/api/conversations/{conversation.pk}/turns/", {"content": "after"},

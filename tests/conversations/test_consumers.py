@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.db import connections
 from django.test import Client
 
 from config.asgi import application
 from conversations import services
 from conversations.models import Conversation, Node
+from tests.support.async_db import in_own_thread, settled_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SLOW = "#slow " + " ".join(f"w{i}" for i in range(30))
-
-
-def _db(function):
-    def run():
-        try:
-            return function()
-        finally:
-            connections.close_all()
-
-    return sync_to_async(run, thread_sensitive=False)
 
 
 def _session_cookie(user) -> bytes:
@@ -68,7 +55,7 @@ async def test_a_question_streams_tokens_in_several_batches_then_done(chat):
     assert len(tokens) > 3, "tokens arrive as they come, in small batches"
     assert len(tokens) < 60, "batched: fewer frames than words"
     assert "".join(m["text"] for m in tokens) == messages[-1]["answer"]
-    assert messages[-1]["head"] == await _db(lambda: Conversation.objects.get(pk=conversation.pk).head_id)()
+    assert messages[-1]["head"] == await in_own_thread(lambda: Conversation.objects.get(pk=conversation.pk).head_id)()
     await socket.disconnect()
 
 
@@ -80,11 +67,7 @@ async def test_stop_cancels_the_turn_keeps_the_node_and_frees_the_conversation(c
     first = await socket.receive_json_from(timeout=30)
     assert first["type"] == "token"
     await socket.send_json_to({"type": "stop"})
-    for _ in range(100):
-        node = await _db(lambda: Node.objects.get(conversation=conversation))()
-        if node.status != "pending":
-            break
-        await asyncio.sleep(0.05)
+    node = await settled_node(conversation)
     assert node.status == "failed" and node.failure_reason == "cancelled"
     await socket.send_json_to({"type": "ask", "content": "again"})
     messages = await _receive_until(socket, "done")
@@ -99,11 +82,7 @@ async def test_disconnect_cancels_the_running_turn(chat):
     await socket.send_json_to({"type": "ask", "content": SLOW})
     await socket.receive_json_from(timeout=30)
     await socket.disconnect()
-    for _ in range(100):
-        node = await _db(lambda: Node.objects.get(conversation=conversation))()
-        if node.status != "pending":
-            break
-        await asyncio.sleep(0.05)
+    node = await settled_node(conversation)
     assert node.failure_reason == "cancelled"
 
 
@@ -122,7 +101,7 @@ async def test_a_second_question_while_one_runs_is_refused(chat):
 
 async def test_another_users_conversation_and_anonymous_sockets_are_refused(chat, other_user):
     conversation, _ = chat
-    other_cookie = await _db(lambda: _session_cookie(other_user))()
+    other_cookie = await in_own_thread(lambda: _session_cookie(other_user))()
     for cookie in (other_cookie, None):
         socket = _socket(conversation.pk, cookie)
         connected, code = await socket.connect()
@@ -142,5 +121,5 @@ async def test_bad_messages_get_clear_errors_and_change_nothing(chat):
         await socket.send_json_to(payload)
         reply = await socket.receive_json_from(timeout=30)
         assert reply["type"] == "error" and reply["code"] == code, (payload, reply)
-    assert await _db(lambda: Node.objects.count())() == 0
+    assert await in_own_thread(lambda: Node.objects.count())() == 0
     await socket.disconnect()
