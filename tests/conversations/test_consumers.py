@@ -38,6 +38,16 @@ async def _receive_until(socket, kind: str, timeout: float = 30) -> list[dict]:
             return messages
 
 
+async def _socket_with_a_running_turn(conversation, cookie) -> WebsocketCommunicator:
+    """A connected socket whose slow turn has started streaming (its first token has arrived)."""
+    socket = _socket(conversation.pk, cookie)
+    await socket.connect()
+    await socket.send_json_to({"type": "ask", "content": SLOW})
+    first = await socket.receive_json_from(timeout=30)
+    assert first["type"] == "token"
+    return socket
+
+
 @pytest.fixture
 def chat(user):
     conversation = services.conversation_create(owner=user)
@@ -61,11 +71,7 @@ async def test_a_question_streams_tokens_in_several_batches_then_done(chat):
 
 async def test_stop_cancels_the_turn_keeps_the_node_and_frees_the_conversation(chat):
     conversation, cookie = chat
-    socket = _socket(conversation.pk, cookie)
-    await socket.connect()
-    await socket.send_json_to({"type": "ask", "content": SLOW})
-    first = await socket.receive_json_from(timeout=30)
-    assert first["type"] == "token"
+    socket = await _socket_with_a_running_turn(conversation, cookie)
     await socket.send_json_to({"type": "stop"})
     node = await settled_node(conversation)
     assert node.status == "failed" and node.failure_reason == "cancelled"
@@ -77,10 +83,7 @@ async def test_stop_cancels_the_turn_keeps_the_node_and_frees_the_conversation(c
 
 async def test_disconnect_cancels_the_running_turn(chat):
     conversation, cookie = chat
-    socket = _socket(conversation.pk, cookie)
-    await socket.connect()
-    await socket.send_json_to({"type": "ask", "content": SLOW})
-    await socket.receive_json_from(timeout=30)
+    socket = await _socket_with_a_running_turn(conversation, cookie)
     await socket.disconnect()
     node = await settled_node(conversation)
     assert node.failure_reason == "cancelled"
@@ -88,10 +91,7 @@ async def test_disconnect_cancels_the_running_turn(chat):
 
 async def test_a_second_question_while_one_runs_is_refused(chat):
     conversation, cookie = chat
-    socket = _socket(conversation.pk, cookie)
-    await socket.connect()
-    await socket.send_json_to({"type": "ask", "content": SLOW})
-    await socket.receive_json_from(timeout=30)
+    socket = await _socket_with_a_running_turn(conversation, cookie)
     await socket.send_json_to({"type": "ask", "content": "two"})
     messages = await _receive_until(socket, "never")
     assert messages[-1]["type"] == "error" and messages[-1]["code"] == "turn_in_progress"

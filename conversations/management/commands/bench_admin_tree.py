@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from conversations import items as it
 from conversations.models import Conversation, Node
+from conversations.services import head_move
 
 TITLE = "arbor-bench-admin:tree"
 ADMIN_USER = "arbor-bench-admin"
@@ -78,7 +79,7 @@ def build(conversation: Conversation, total: int) -> int:
         with connection.cursor() as cursor:
             for sql in connection.ops.sequence_reset_sql(no_style(), [Node]):
                 cursor.execute(sql)
-        Conversation.objects.filter(pk=conversation.pk).update(head_id=head)
+        head_move(conversation=conversation, to=head)
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {Node._meta.db_table}")
@@ -87,7 +88,7 @@ def build(conversation: Conversation, total: int) -> int:
 
 def drop(conversation: Conversation) -> None:
     with transaction.atomic():
-        Conversation.objects.filter(pk=conversation.pk).update(head_id=None)
+        head_move(conversation=conversation, to=None)
         with connection.cursor() as cursor:
             cursor.execute(f"UPDATE {Node._meta.db_table} SET parent_id = NULL, compacted_from_id = NULL "
                            "WHERE conversation_id = %s", [conversation.pk])
