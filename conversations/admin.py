@@ -1,7 +1,7 @@
 """The staff tree explorer: read-only pages over conversations and nodes, plus one head move.
 
 Nothing here assembles context or reads paths its own way: it calls `node_path`, `tree_scope`,
-`assemble` and `services.head_move`, the one implementation of each.
+`turns.call_context` (the one assembly) and `services.head_move`, the one implementation of each.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from django.urls import path, reverse
 from django.utils.safestring import mark_safe
 
 from conversations import services
-from conversations.context import assemble
 from conversations.errors import TurnInProgress
 from conversations.items import answer_text, question_of
 from conversations.models import Bubble, Conversation, Node
 from conversations.selectors import node_path, tree_scope
+from conversations.turns import call_context
 
 SNIPPET_CHARS = 60
 TREE_ROW_FIELDS = ("id", "parent_id", "conversation_id", "kind", "status", "failure_reason", "compacted_from_id",
@@ -345,10 +345,8 @@ class NodeAdmin(ReadOnlyAdmin):
             return HttpResponseNotAllowed(["GET"])
         node = self.viewable_object(request, object_id)
         path = node_path(node.id)
-        before = path[:-1]  # the path to the parent: node_path(node.parent_id), already read
         conversation = node.conversation
-        instructions = conversation.instructions if conversation else ""
-        sent_context = assemble(before, node.sent, instructions=instructions or "", provider=node.provider or None)
+        sent_context = call_context(node)
         children = list(Node.objects.filter(parent=node).order_by("id").values_list("id", "kind", "status"))
         compactions = list(Node.objects.filter(compacted_from=node).order_by("id").values_list("id", flat=True))
         context = {

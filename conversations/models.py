@@ -92,6 +92,9 @@ class Node(TreeNode):
     provider = models.CharField(max_length=64, blank=True)
     model = models.CharField(max_length=200, blank=True)
     usage = models.JSONField(default=dict, blank=True)
+    # The system instructions this call was sent (the user's, then the conversation's). Nodes carry
+    # them so "what the model saw" stays exact after someone edits their instructions.
+    instructions = models.TextField(blank=True)
     # C3: a compaction node points at the head it replaced; assembly never follows it by default.
     compacted_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="compactions"
@@ -143,6 +146,20 @@ class Node(TreeNode):
 
     def __str__(self) -> str:
         return f"{self.kind} node {self.pk} ({self.status})"
+
+
+class Preferences(models.Model):
+    """A person's own settings: instructions that go before every conversation's own."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="arbor_preferences")
+    instructions = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "preferences"
+
+    def __str__(self) -> str:
+        return f"preferences of {self.user}"
 
 
 class Bubble(models.Model):

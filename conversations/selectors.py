@@ -15,7 +15,7 @@ from django.db.models.expressions import RawSQL
 from conversations.context import PathNode
 from conversations.errors import CorruptTree, NotFound
 from conversations.items import question_of
-from conversations.models import Bubble, Conversation, Node
+from conversations.models import Bubble, Conversation, Node, Preferences
 
 _NODE = Node._meta.db_table
 _PATH_COLUMNS = "id, parent_id, kind, status, sent, received, provider, model"
@@ -57,6 +57,16 @@ def conversation_for_user(*, user, conversation_id: Any) -> Conversation:
         return Conversation.objects.get(pk=int(conversation_id), owner_id=user.pk)
     except (Conversation.DoesNotExist, TypeError, ValueError):
         raise NotFound("No such conversation.") from None
+
+
+def user_instructions(*, user_id: int) -> str:
+    return Preferences.objects.filter(user_id=user_id).values_list("instructions", flat=True).first() or ""
+
+
+def instructions_for(conversation: Conversation) -> str:
+    """The system instructions a call of this conversation gets: the owner's own, then the conversation's."""
+    parts = [user_instructions(user_id=conversation.owner_id), conversation.instructions]
+    return "\n\n".join(part.strip() for part in parts if part and part.strip())
 
 
 def conversation_list(*, user) -> QuerySet[Conversation]:

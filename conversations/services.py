@@ -12,7 +12,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from conversations.errors import BadInput, NotFound, TurnInProgress
-from conversations.models import Bubble, Conversation, Node, OutboxJob, ToolApproval
+from conversations.models import Bubble, Conversation, Node, OutboxJob, Preferences, ToolApproval
 from conversations.selectors import latest_tip, node_path, tree_scope
 
 _NODE = Node._meta.db_table
@@ -95,6 +95,11 @@ def conversation_update(*, conversation: Conversation, **fields: Any) -> Convers
         setattr(conversation, name, value)
     conversation.save(update_fields=[*fields, "updated_at"])
     return conversation
+
+
+def preferences_update(*, user, instructions: str) -> Preferences:
+    preferences, _ = Preferences.objects.update_or_create(user=user, defaults={"instructions": instructions})
+    return preferences
 
 
 @transaction.atomic

@@ -29,7 +29,7 @@ from conversations import llm, services
 from conversations.context import PathNode, assemble
 from conversations.errors import ApprovalPending, BadInput, BeforeCompaction, NotFound, TooLarge, TurnInProgress
 from conversations.models import Bubble, Conversation, Node, ToolApproval
-from conversations.selectors import conversation_for_user, node_path, turn_start
+from conversations.selectors import conversation_for_user, instructions_for, node_path, turn_start
 from conversations.tools import all_tools, get_tool
 from conversations.tools.runner import run_tool_call
 
@@ -222,8 +222,14 @@ def next_context(conversation: Conversation) -> list[dict[str, Any]]:
     path = node_path(conversation.head_id)
     tip = path[-1] if path else None
     waiting = _resolve_calls(tip, run=False, note="pending: waiting for a person's decision") if tip else []
-    return assemble(path, waiting, instructions=conversation.instructions,
+    return assemble(path, waiting, instructions=instructions_for(conversation),
                     provider=llm.provider_of(conversation.model or settings.ARBOR_MODEL))
+
+
+def call_context(node: Node) -> list[dict[str, Any]]:
+    """What the call of `node` was sent: its parent's path, its own items, its instructions ("what the model saw")."""
+    return assemble(node_path(node.parent_id), node.sent, instructions=node.instructions,
+                    provider=node.provider or None)
 
 
 # --- the rounds ---------------------------------------------------------------------------------------
@@ -241,6 +247,7 @@ class Turn:
         self.nodes: list[int] = []
         self.model = conversation.model or settings.ARBOR_MODEL
         self.provider = llm.provider_of(self.model)
+        self.instructions = instructions_for(conversation)
         self._path = path  # up to the first node's parent; each round's node is appended
         tip = path[-1] if path else None
         self._open: PathNode | None = tip if _open_calls(tip) else None  # calls still needing results
@@ -278,14 +285,13 @@ class Turn:
             services.turn_lock_release(conversation=self.conversation, token=self.token)
 
     def _rounds(self) -> Iterator[TurnEvent]:
-        conversation = self.conversation
         max_rounds = max(1, settings.ARBOR_MAX_ROUNDS_PER_TURN)
         path = self._path  # read once, when the turn began (T5): later rounds append their own node
         for round_number in range(1, max_rounds + 1):
             parent = path[-1] if path else None
             sent = [*(_resolve_calls(self._open, run=True) if self._open else []), *self.new_items]
             self.new_items = []
-            messages = assemble(path, sent, instructions=conversation.instructions, provider=self.provider)
+            messages = assemble(path, sent, instructions=self.instructions, provider=self.provider)
             # The last round offers no tools, so a turn ends with an answer.
             last_round = round_number == max_rounds
             tools = None if last_round else [t.spec() for t in all_tools()]
@@ -346,6 +352,7 @@ class Turn:
             node = Node.objects.create(
                 parent_id=parent_id, conversation=self.conversation, kind=Node.Kind.TURN,
                 status=Node.Status.PENDING, sent=sent, provider=self.provider, model=self.model,
+                instructions=self.instructions,
             )
             question = it.question_of(sent)
             if question is not None:

@@ -44,6 +44,21 @@ def test_instructions_go_first_as_a_system_message(conversation):
     assert answer(ask(conversation, "hi")).endswith("seen: system:Be brief. | user:hi")
 
 
+def test_a_persons_instructions_go_before_the_conversations_and_each_node_keeps_what_it_was_sent(conversation):
+    """T1, T5: the owner's instructions come first; a node records the instructions its call got, so
+    "what the model saw" (`call_context`) stays exact after the instructions change."""
+    services.preferences_update(user=conversation.owner, instructions="Answer in English.")
+    services.conversation_update(conversation=conversation, instructions="Be brief.")
+    assert answer(ask(conversation, "hi")).endswith("seen: system:Answer in English.\n\nBe brief. | user:hi")
+    first = head(conversation)
+    assert first.instructions == "Answer in English.\n\nBe brief."
+    services.preferences_update(user=conversation.owner, instructions="")
+    services.conversation_update(conversation=conversation, instructions="Be long.")
+    assert turns.call_context(first) == [{"role": "system", "content": "Answer in English.\n\nBe brief."},
+                                         {"role": "user", "content": "hi"}]
+    assert turns.next_context(conversation)[0] == {"role": "system", "content": "Be long."}
+
+
 def test_t3_t4_tool_rounds_form_one_chain_and_results_are_the_next_nodes_sent_items(conversation):
     """T3, T4: the round that asked for the tool and the round that got its result are parent and child."""
     events = ask(conversation, '#tool sql_query {"sql": "select count(*) as n from customers"}')
