@@ -26,10 +26,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.generation: asyncio.Task | None = None
         self.user = self.scope.get("user")
         self.conversation_id = self.scope["url_route"]["kwargs"]["conversation_id"]
-        if not (self.user and self.user.is_authenticated) or not await self._owns():
-            await self.close(code=4404)  # anyone else's conversation is "not found", as over HTTP
-            return
         await self.accept()
+        if not (self.user and self.user.is_authenticated) or not await self._owns():
+            # Anyone else's conversation is "not found", as over HTTP. Accepted first: a socket refused
+            # during the handshake reaches a browser as 1006 with no reason.
+            await self.close(code=4404)
 
     async def disconnect(self, code):
         await self._stop()
@@ -44,6 +45,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         if content["type"] == "stop":
             await self._stop()
+            # Sent once the stopped node is written, so a page can redraw from the server's record.
+            await self.send_json({"type": "stopped"})
             return
         begin = self._begin_for(content)
         if begin is None:
@@ -73,6 +76,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return lambda: turns.turn_edit(**common, node_id=content.get("node"), content=content.get("content"))
         if kind == "regenerate":
             return lambda: turns.turn_regenerate(**common, node_id=content.get("node"))
+        if kind == "retry":
+            return lambda: turns.turn_retry(**common)
         if kind == "approve":
             return lambda: turns.turn_decide(**common, call_id=content.get("tool_call_id"),
                                              approve=content.get("approve"))

@@ -1,11 +1,318 @@
-"""Server-rendered pages. The chat pages come with their own issue; this is the landing page."""
+"""Server-rendered chat pages (issue 3).
 
-from django.shortcuts import render
-from django.urls import path
+The pages read through selectors and change things through services; a turn (ask, edit, regenerate,
+retry, approve) runs only over the chat WebSocket (`consumers.py`), which calls the one turn runner.
+Nothing here assembles context, runs a turn or moves a head its own way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path, reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from conversations import services, turns
+from conversations.apis.serializers import ConversationIn, PreferencesIn
+from conversations.errors import ArborError, NotFound
+from conversations.models import Bubble, Conversation, Node
+from conversations.selectors import (
+    BranchInfo,
+    conversation_for_user,
+    conversation_list,
+    latest_tip,
+    node_for_user,
+    node_path,
+    path_bubbles,
+    user_instructions,
+)
+
+SIDEBAR_SIZE = 200
+
+# Scripts and styles come only from our own static files: markup that slipped past the sanitiser
+# still could not run a script.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'; object-src 'none'"
+)
 
 
-def home(request):
+def page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A signed-in page: our errors become a message and a redirect, every response gets the CSP header."""
+
+    @login_required
+    @wraps(view)
+    def run(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        try:
+            response = view(request, *args, **kwargs)
+        except NotFound as error:
+            raise Http404(error.message) from None
+        except ArborError as error:
+            messages.error(request, error.message)
+            response = redirect(request.META.get("HTTP_REFERER") or reverse("chat"))
+        response.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+        return response
+
+    return run
+
+
+# --- what a page shows --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    """One bubble as the chat shows it: the bubble, its turn's branch place, what its controls act on."""
+
+    bubble: Bubble
+    branch: BranchInfo | None
+    is_head: bool
+
+    @property
+    def question_node(self) -> int | None:
+        """The node that sent this bubble's question: what ✎, ↻ and compare act on."""
+        return self.branch.siblings[self.branch.index - 1] if self.branch else None
+
+    @property
+    def has_siblings(self) -> bool:
+        return bool(self.branch and self.branch.count > 1)
+
+    @property
+    def previous_sibling(self) -> int | None:
+        return self.branch.siblings[self.branch.index - 2] if self.has_siblings and self.branch.index > 1 else None
+
+    @property
+    def next_sibling(self) -> int | None:
+        if self.has_siblings and self.branch.index < self.branch.count:
+            return self.branch.siblings[self.branch.index]
+        return None
+
+    @property
+    def other_sibling(self) -> int | None:
+        """The sibling a compare link opens next to this one."""
+        return self.next_sibling or self.previous_sibling
+
+    @property
+    def can_retry(self) -> bool:
+        """F1: a failed call at the head can be called again; an overflow (F2) needs a shorter context."""
+        return (self.bubble.role == Bubble.Role.ERROR and self.is_head
+                and self.bubble.data.get("reason") != Node.FailureReason.CONTEXT_OVERFLOW)
+
+
+def _bubbles(conversation: Conversation) -> list[Message]:
+    return [Message(bubble=view.bubble, branch=view.branch, is_head=view.bubble.node_id == conversation.head_id)
+            for view in path_bubbles(conversation=conversation)]
+
+
+def _overflow_notice(conversation: Conversation) -> Node | None:
+    """F2 leaves an overflowed call off the path; if it is the newest thing tried, the page says so."""
+    newest = (Node.objects.filter(conversation=conversation, parent_id=conversation.head_id)
+              .order_by("-id").only("id", "status", "failure_reason", "sent").first())
+    if newest and newest.failure_reason == Node.FailureReason.CONTEXT_OVERFLOW:
+        return newest
+    return None
+
+
+def _chat_context(request: HttpRequest, conversation: Conversation | None) -> dict[str, Any]:
+    sidebar = list(conversation_list(user=request.user).only("id", "title", "updated_at")[:SIDEBAR_SIZE])
+    return {
+        "conversation": conversation,
+        "sidebar": sidebar,
+        "palette": [{"title": c.title or f"Conversation {c.pk}", "url": reverse("chat-conversation", args=[c.pk])}
+                    for c in sidebar],
+        "models": settings.ARBOR_MODELS,
+    }
+
+
+def _bubbles_context(conversation: Conversation) -> dict[str, Any]:
+    return {"conversation": conversation, "bubbles": _bubbles(conversation),
+            "overflow": _overflow_notice(conversation), "turn_running": conversation.turn_running}
+
+
+# --- views -------------------------------------------------------------------------------------------
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    if request.user.is_authenticated:
+        return redirect("chat")
     return render(request, "home.html")
 
 
-urlpatterns = [path("", home, name="home")]
+@require_GET
+@page
+def chat(request: HttpRequest) -> HttpResponse:
+    """The newest conversation, or an empty page that offers a new one."""
+    newest = conversation_list(user=request.user).only("id").first()
+    if newest:
+        return redirect("chat-conversation", newest.pk)
+    return render(request, "chat/empty.html", _chat_context(request, None))
+
+
+@require_POST
+@page
+def chat_new(request: HttpRequest) -> HttpResponse:
+    """Open a new chat; an untouched empty one is reused rather than piling up."""
+    newest = conversation_list(user=request.user).first()
+    if newest and newest.head_id is None and not newest.title and not newest.created_nodes.exists():
+        return redirect("chat-conversation", newest.pk)
+    conversation = services.conversation_create(owner=request.user)
+    return redirect("chat-conversation", conversation.pk)
+
+
+@require_GET
+@page
+def chat_conversation(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+    context = {**_chat_context(request, conversation), **_bubbles_context(conversation)}
+    return render(request, "chat/conversation.html", context)
+
+
+@require_GET
+@page
+def chat_messages(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    """The message list alone: the page redraws it from the server's record when a turn ends."""
+    conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+    return render(request, "chat/_messages.html", _bubbles_context(conversation))
+
+
+@require_POST
+@page
+def chat_switch(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    """T8: show another branch (refused while a turn runs, T9)."""
+    conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+    services.head_switch(conversation=conversation, node_id=request.POST.get("node"))
+    return redirect("chat-conversation", conversation.pk)
+
+
+def _update(request: HttpRequest, conversation: Conversation, fields: tuple[str, ...]) -> None:
+    """Validate with the API's own input rules, so a page and a client are held to the same limits."""
+    data = {name: request.POST[name] for name in fields if name in request.POST}
+    form = ConversationIn(data=data)
+    if not form.is_valid():
+        problems = "; ".join(f"{field}: {' '.join(map(str, errors))}" for field, errors in form.errors.items())
+        messages.error(request, f"Nothing was changed. {problems}")
+        return
+    services.conversation_update(conversation=conversation, **form.validated_data)
+    messages.success(request, "Saved.")
+
+
+@require_POST
+@page
+def chat_update(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    """Rename, pick the model, set the conversation's instructions."""
+    conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+    _update(request, conversation, ("title", "model", "instructions"))
+    return redirect("chat-conversation", conversation.pk)
+
+
+@require_POST
+@page
+def chat_clear(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    """T11: the head and the bubbles go."""
+    conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+    services.conversation_clear(conversation=conversation)
+    messages.success(request, "Conversation cleared.")
+    return redirect("chat-conversation", conversation.pk)
+
+
+@require_POST
+@page
+def chat_delete(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+    services.conversation_delete(conversation=conversation)
+    messages.success(request, "Conversation deleted.")
+    return redirect("chat")
+
+
+@require_GET
+@page
+def chat_seen(request: HttpRequest, node_id: int) -> HttpResponse:
+    """What the model saw: the exact context of the call that made `node`, from the one assembly."""
+    node = node_for_user(user=request.user, node_id=node_id)
+    context = {"node": node, "context": turns.call_context(node), "usage": node.usage or {}}
+    if request.headers.get("X-Fragment"):
+        return render(request, "chat/_seen.html", context)
+    return render(request, "chat/seen.html", context)
+
+
+@dataclass(frozen=True)
+class Branch:
+    opener: int
+    index: int
+    messages: list[Message]
+
+
+def _branch(conversation: Conversation, opener: int, siblings: list[int]) -> Branch:
+    """The bubbles of one branch, from its question down to the latest tip of that branch (T8)."""
+    tip = latest_tip(conversation=conversation, node_id=opener) or opener
+    path = node_path(tip)
+    start = next(i for i, p in enumerate(path) if p.id == opener)
+    views = path_bubbles(conversation=conversation, path=path)
+    below = {p.id for p in path[start:]}
+    return Branch(opener=opener, index=siblings.index(opener) + 1,
+                  messages=[Message(bubble=v.bubble, branch=None, is_head=False) for v in views
+                            if v.bubble.node_id in below])
+
+
+@require_GET
+@page
+def chat_compare(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    """Two branches of the same question side by side (answers to an edit or a regenerate)."""
+    conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+    chosen = []
+    for key in ("a", "b"):
+        try:
+            chosen.append(int(request.GET.get(key, "")))
+        except ValueError:
+            raise ArborError("Pick two answers to compare.") from None
+    siblings = _siblings_of(conversation, chosen[0])
+    if chosen[1] not in siblings or chosen[0] == chosen[1]:
+        raise ArborError("Those two are not different branches of the same question.")
+    context = {**_chat_context(request, conversation), "siblings": siblings,
+               "branches": [_branch(conversation, opener, siblings) for opener in chosen]}
+    return render(request, "chat/compare.html", context)
+
+
+def _siblings_of(conversation: Conversation, opener: int) -> list[int]:
+    """The turns that share `opener`'s parent: its branch info, read from a path that holds it."""
+    for view in path_bubbles(conversation=conversation, path=node_path(opener)):
+        if view.branch and opener in view.branch.siblings:
+            return view.branch.siblings
+    raise NotFound(f"No question node {opener} in this conversation.")
+
+
+@page
+def preferences(request: HttpRequest) -> HttpResponse:
+    """A person's own instructions, sent before every conversation's."""
+    if request.method == "POST":
+        form = PreferencesIn(data={"instructions": request.POST.get("instructions", "")})
+        if form.is_valid():
+            services.preferences_update(user=request.user, instructions=form.validated_data["instructions"])
+            messages.success(request, "Saved. Your instructions go before every conversation's own.")
+            return redirect("preferences")
+        messages.error(request, "Nothing was changed. " + " ".join(map(str, form.errors.get("instructions", []))))
+    context = {**_chat_context(request, None), "instructions": user_instructions(user_id=request.user.pk)}
+    return render(request, "chat/preferences.html", context)
+
+
+urlpatterns = [
+    path("", home, name="home"),
+    path("chat/", chat, name="chat"),
+    path("chat/new/", chat_new, name="chat-new"),
+    path("chat/<int:conversation_id>/", chat_conversation, name="chat-conversation"),
+    path("chat/<int:conversation_id>/messages/", chat_messages, name="chat-messages"),
+    path("chat/<int:conversation_id>/switch/", chat_switch, name="chat-switch"),
+    path("chat/<int:conversation_id>/update/", chat_update, name="chat-update"),
+    path("chat/<int:conversation_id>/clear/", chat_clear, name="chat-clear"),
+    path("chat/<int:conversation_id>/delete/", chat_delete, name="chat-delete"),
+    path("chat/<int:conversation_id>/compare/", chat_compare, name="chat-compare"),
+    path("chat/nodes/<int:node_id>/seen/", chat_seen, name="chat-seen"),
+    path("settings/", preferences, name="preferences"),
+]

@@ -157,6 +157,23 @@ def turn_regenerate(*, user, conversation_id: Any, node_id: Any = None) -> Turn:
     return _locked(_reposition)(user=user, conversation_id=conversation_id, node_id=node_id, content=None)
 
 
+def _retry(*, user, conversation: Conversation, token: uuid.UUID) -> Turn:
+    path = node_path(conversation.head_id)
+    tip = path[-1] if path else None
+    if tip is None or tip.status != Node.Status.FAILED:
+        raise BadInput("Nothing to retry: the last call did not fail.")
+    return _begin(user=user, conversation=conversation, token=token, path=path, new_items=[])
+
+
+def turn_retry(*, user, conversation_id: Any) -> Turn:
+    """F1: call the model again from the failed node at the head, adding nothing.
+
+    The failed node's sent items (the question, or the previous round's tool results) are on the
+    path, so nothing is asked twice and no tool runs again.
+    """
+    return _locked(_retry)(user=user, conversation_id=conversation_id)
+
+
 def _decide(*, user, conversation: Conversation, token: uuid.UUID, call_id: str, approve: bool) -> Turn | None:
     path = node_path(conversation.head_id)
     tip = path[-1] if path else None
@@ -373,8 +390,9 @@ class Turn:
         for bubble in bubbles:
             result = results.get(bubble.data.get("call_id"))
             if result:
+                refused = bubble.data.get("status") == "refused"  # a refusal's error result says it was refused
                 bubble.data = {**bubble.data, "result": result["content"], "is_error": result["is_error"],
-                               "status": "error" if result["is_error"] else "done"}
+                               "status": "refused" if refused else "error" if result["is_error"] else "done"}
         Bubble.objects.bulk_update(bubbles, ["data"])
 
     def _announce_results(self, sent: list[it.Item]) -> Iterator[TurnEvent]:

@@ -7,6 +7,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from conversations import services
+from tests.support.browser import asgi_server, browser  # noqa: F401 - fixtures for the browser tests
 from tests.support.openai_stub import OpenAIStub
 
 

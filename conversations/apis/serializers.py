@@ -38,6 +38,10 @@ class ConversationIn(serializers.Serializer):
     instructions = StrictCharField(required=False, allow_blank=True, max_length=20000)
 
 
+class PreferencesIn(serializers.Serializer):
+    instructions = StrictCharField(allow_blank=True, max_length=20000)
+
+
 class ConversationOut(serializers.ModelSerializer):
     turn_running = serializers.BooleanField(read_only=True)
 

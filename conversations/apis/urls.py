@@ -11,6 +11,7 @@ urlpatterns = [
     path("conversations/<int:conversation_id>/edit/", _turn_view(v.TurnEdit.as_view()), name="turn-edit"),
     path("conversations/<int:conversation_id>/regenerate/", _turn_view(v.TurnRegenerate.as_view()),
          name="turn-regenerate"),
+    path("conversations/<int:conversation_id>/retry/", _turn_view(v.TurnRetry.as_view()), name="turn-retry"),
     path("conversations/<int:conversation_id>/approvals/", _turn_view(v.ToolApprovalCreate.as_view()),
          name="tool-approval"),
     path("conversations/<int:conversation_id>/switch/", v.HeadSwitch.as_view(), name="head-switch"),

@@ -225,6 +225,15 @@ class TurnRegenerate(TurnView):
         return _turn_response(request, turn)
 
 
+class TurnRetry(TurnView):
+    @extend_schema(request=None, responses=_TURN_RESPONSES,
+                   description="F1: call the model again from the failed node at the head, adding nothing: "
+                               "its question or tool results are already on the path.")
+    def post(self, request: Request, conversation_id: int):
+        turn = turns.turn_retry(user=request.user, conversation_id=conversation_id)
+        return _turn_response(request, turn)
+
+
 class ToolApprovalCreate(TurnView):
     @extend_schema(request=s.ApprovalIn, responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):

@@ -1,20 +1,12 @@
 """One headless-Chromium check of the staff tree explorer: a branched tree with a compaction node, screenshotted.
 
-Needs Debian's chromium and chromium-driver (/usr/bin/chromium, /usr/bin/chromedriver). Without them the test is
-skipped, except under CI (env CI set), where it fails: .ci/run installs them. The screenshot goes to
-$ARBOR_SCREENSHOTS (default var/screenshots, outside git) as admin-tree.png, for a person to look at.
+The browser and where screenshots go: tests/support/browser.py. This one saves admin-tree.png.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 import pytest
 from django.urls import reverse
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
@@ -22,40 +14,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 from conversations import services, turns
 from conversations.models import Node
 from tests.conversations.helpers import ask, head
+from tests.support.browser import screenshot
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-SCREENSHOTS = Path(os.environ.get("ARBOR_SCREENSHOTS") or Path(__file__).resolve().parents[2] / "var" / "screenshots")
 PASSWORD = "pw-browser-12345"
-
-
-def _browser_missing() -> str | None:
-    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
-    if not missing:
-        return None
-    return f"{' and '.join(missing)} missing: install Debian's chromium and chromium-driver to run this check"
-
-
-@pytest.fixture
-def browser():
-    reason = _browser_missing()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI is set: .ci/run installs them, so this is an error)")
-        pytest.skip(reason)
-    with tempfile.TemporaryDirectory(prefix="arbor-chromium-") as profile:
-        options = webdriver.ChromeOptions()
-        options.binary_location = str(CHROMIUM)
-        for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync", "--window-size=1400,1000",
-                    f"--user-data-dir={profile}"):
-            options.add_argument(arg)
-        driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
-        driver.set_page_load_timeout(60)
-        try:
-            yield driver
-        finally:
-            driver.quit()
 
 
 def _branched_tree_with_compaction(conversation):
@@ -101,10 +62,8 @@ def test_tree_page_in_headless_chromium(browser, live_server, conversation, djan
     # the branch: the edited question's node sits one level in, under the fork
     assert browser.find_elements(By.XPATH, "//table[@id='arbor-tree']//td[contains(., '↳')]")
 
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    shot = SCREENSHOTS / "admin-tree.png"
     browser.set_window_size(1400, max(1000, browser.execute_script("return document.body.scrollHeight") + 40))
-    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 0
+    screenshot(browser, "admin-tree")
 
     # "Move head here" submits the page's one form (one CSRF token): the head moves back to the compacted node
     browser.find_element(By.CSS_SELECTOR, f"#node-{compacted.pk} button[name=node]").click()

@@ -70,14 +70,36 @@ async def test_a_question_streams_tokens_in_several_batches_then_done(chat):
 
 
 async def test_stop_cancels_the_turn_keeps_the_node_and_frees_the_conversation(chat):
+    """Stop: `stopped` comes once the node is written failed/cancelled (F1: the head is on it); asking goes on."""
     conversation, cookie = chat
     socket = await _socket_with_a_running_turn(conversation, cookie)
     await socket.send_json_to({"type": "stop"})
-    node = await settled_node(conversation)
-    assert node.status == "failed" and node.failure_reason == "cancelled"
+    assert (await _receive_until(socket, "stopped"))[-1] == {"type": "stopped"}
+    node, head_id = await in_own_thread(
+        lambda: (Node.objects.get(conversation=conversation), Conversation.objects.get(pk=conversation.pk).head_id))()
+    assert node.status == "failed" and node.failure_reason == "cancelled" and head_id == node.pk
     await socket.send_json_to({"type": "ask", "content": "again"})
     messages = await _receive_until(socket, "done")
     assert messages[-1]["type"] == "done" and messages[-1]["answer"].startswith("echo: again")
+    await socket.disconnect()
+
+
+async def test_retry_calls_the_model_again_from_the_stopped_node_adding_nothing(chat):
+    """F1: retry runs a turn whose parent is the failed node at the head and whose sent items are empty, so the
+    question is on the path once."""
+    conversation, cookie = chat
+    socket = await _socket_with_a_running_turn(conversation, cookie)
+    await socket.send_json_to({"type": "stop"})
+    await _receive_until(socket, "stopped")
+    await socket.send_json_to({"type": "retry"})
+    done = (await _receive_until(socket, "done"))[-1]
+    assert done["type"] == "done" and done["answer"].startswith(f"echo: {SLOW}\nseen: user:#slow w0")
+    retried = await in_own_thread(lambda: Node.objects.get(pk=done["head"]))()
+    stopped = await in_own_thread(lambda: Node.objects.get(pk=retried.parent_id))()
+    assert retried.sent == [] and stopped.failure_reason == "cancelled"
+    await socket.send_json_to({"type": "retry"})
+    refused = (await _receive_until(socket, "never"))[-1]
+    assert refused["code"] == "bad_input", "nothing to retry once the head succeeded"
     await socket.disconnect()
 
 
@@ -102,13 +124,11 @@ async def test_a_second_question_while_one_runs_is_refused(chat):
 async def test_another_users_conversation_and_anonymous_sockets_are_refused(chat, other_user):
     conversation, _ = chat
     other_cookie = await in_own_thread(lambda: _session_cookie(other_user))()
-    for cookie in (other_cookie, None):
-        socket = _socket(conversation.pk, cookie)
-        connected, code = await socket.connect()
-        assert not connected and code == 4404
-    missing = _socket(999999, other_cookie)
-    connected, code = await missing.connect()
-    assert not connected and code == 4404
+    for conversation_id, cookie in ((conversation.pk, other_cookie), (conversation.pk, None), (999999, other_cookie)):
+        socket = _socket(conversation_id, cookie)
+        connected, _ = await socket.connect()
+        assert connected, "accepted, then closed with a reason a browser can read"
+        assert await socket.receive_output() == {"type": "websocket.close", "code": 4404}
 
 
 async def test_bad_messages_get_clear_errors_and_change_nothing(chat):

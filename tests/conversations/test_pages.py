@@ -1,0 +1,175 @@
+"""The chat pages over HTTP: access, the forms that change things, and what the pages show."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from conversations import services, turns
+from conversations.markdown import render_markdown
+from conversations.models import Bubble, Conversation, Node
+from tests.conversations.helpers import ask, head
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def page(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _conversation_urls(conversation_id: int) -> list[tuple[str, str]]:
+    return [
+        ("get", reverse("chat-conversation", args=[conversation_id])),
+        ("get", reverse("chat-messages", args=[conversation_id])),
+        ("get", reverse("chat-compare", args=[conversation_id]) + "?a=1&b=2"),
+        ("post", reverse("chat-switch", args=[conversation_id])),
+        ("post", reverse("chat-update", args=[conversation_id])),
+        ("post", reverse("chat-clear", args=[conversation_id])),
+        ("post", reverse("chat-delete", args=[conversation_id])),
+    ]
+
+
+def test_pages_need_a_signed_in_person(conversation):
+    for method, url in [*_conversation_urls(conversation.pk), ("get", reverse("chat")),
+                        ("get", reverse("preferences"))]:
+        response = getattr(Client(), method)(url)
+        assert response.status_code == 302 and response.url.startswith("/accounts/login/"), url
+
+
+def test_anyone_elses_conversation_and_node_are_not_found_and_unchanged(page, other_user):
+    """Access: another person's conversation is a 404 on every page and form, and nothing changes."""
+    theirs = services.conversation_create(owner=other_user, title="private")
+    ask(theirs, "secret")
+    head_before = head(theirs).pk
+    for method, url in _conversation_urls(theirs.pk):
+        assert getattr(page, method)(url, {"node": head_before, "title": "mine"}).status_code == 404, url
+    assert page.get(reverse("chat-seen", args=[head_before])).status_code == 404
+    theirs.refresh_from_db()
+    assert (theirs.title, theirs.head_id) == ("private", head_before)
+    assert Bubble.objects.filter(conversation=theirs).count() == 2
+
+
+def test_the_chat_page_shows_the_path_with_branch_arrows_and_sanitised_markdown(page, conversation):
+    """T8: the page shows the path's bubbles; an edited question shows k/n with arrows and a compare link."""
+    ask(conversation, "first <script>alert(1)</script>")
+    first = head(conversation)
+    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
+                    content="second **bold**").run()
+    html = page.get(reverse("chat-conversation", args=[conversation.pk])).content.decode()
+    assert "2/2" in html and 'aria-label="Previous version of this question"' in html
+    assert "echo: second **bold**" not in html and "<strong>bold</strong>" in html, "answers render as Markdown"
+    assert f"?a={head(conversation).pk}&amp;b={first.pk}" in html
+    assert "first &lt;script&gt;" not in html, "the old branch is not on the path"
+    response = page.get(reverse("chat-conversation", args=[conversation.pk]))
+    assert "script-src 'self'" in response["Content-Security-Policy"]
+
+
+def test_switch_moves_the_head_to_the_other_branch_and_is_refused_while_a_turn_runs(page, conversation):
+    """T8, T9: the arrows' form moves the head to the branch's latest tip; during a turn it changes nothing."""
+    ask(conversation, "one")
+    first = head(conversation)
+    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
+                    content="two").run()
+    second = head(conversation)
+    url = reverse("chat-switch", args=[conversation.pk])
+
+    token = services.turn_lock_acquire(conversation=conversation)
+    response = page.post(url, {"node": first.pk}, follow=True)
+    assert head(conversation).pk == second.pk
+    assert "A turn is running" in response.content.decode()
+    services.turn_lock_release(conversation=conversation, token=token)
+
+    page.post(url, {"node": first.pk})
+    assert head(conversation).pk == first.pk
+    response = page.post(url, {"node": "not a node"}, follow=True)
+    assert "must be a node id" in response.content.decode() and head(conversation).pk == first.pk
+
+
+def test_rename_model_and_instructions_use_the_apis_rules_and_bad_input_changes_nothing(page, conversation, settings):
+    settings.ARBOR_MODELS = ["arbor/echo", "openai/gpt-4o-mini"]
+    url = reverse("chat-update", args=[conversation.pk])
+    page.post(url, {"title": "Sales", "model": "openai/gpt-4o-mini", "instructions": "Be brief."})
+    conversation.refresh_from_db()
+    assert (conversation.title, conversation.model, conversation.instructions) == (
+        "Sales", "openai/gpt-4o-mini", "Be brief.")
+    response = page.post(url, {"title": "x" * 201, "model": "nope/model"}, follow=True)
+    assert "Nothing was changed" in response.content.decode() and "Unknown model" in response.content.decode()
+    conversation.refresh_from_db()
+    assert (conversation.title, conversation.model) == ("Sales", "openai/gpt-4o-mini")
+
+
+def test_clear_and_delete(page, conversation, user):
+    """T11: clear drops the head and the bubbles; delete removes the conversation."""
+    ask(conversation, "hello")
+    page.post(reverse("chat-clear", args=[conversation.pk]))
+    conversation.refresh_from_db()
+    assert conversation.head_id is None and not Bubble.objects.filter(conversation=conversation).exists()
+    assert page.get(reverse("chat-messages", args=[conversation.pk])).content.decode().count("msg user") == 0
+    response = page.post(reverse("chat-delete", args=[conversation.pk]))
+    assert response.url == reverse("chat") and not Conversation.objects.filter(pk=conversation.pk).exists()
+
+
+def test_new_chat_reuses_an_untouched_empty_conversation(page, user):
+    first = page.post(reverse("chat-new")).url
+    assert page.post(reverse("chat-new")).url == first
+    assert Conversation.objects.filter(owner=user).count() == 1
+    conversation = Conversation.objects.get(owner=user)
+    ask(conversation, "hi")
+    assert page.post(reverse("chat-new")).url != first
+    assert page.get(reverse("chat")).url != first, "/chat/ opens the newest conversation"
+
+
+def test_what_the_model_saw_is_the_exact_context_of_that_call(page, conversation):
+    """T5: the panel shows call_context(node): the path to the parent, then what the call added."""
+    services.conversation_update(conversation=conversation, instructions="Be brief.")
+    ask(conversation, "one")
+    ask(conversation, "two <b>")
+    html = page.get(reverse("chat-seen", args=[head(conversation).pk]), headers={"X-Fragment": "1"}).content.decode()
+    assert "<html" not in html, "the fragment for the panel"
+    roles = [chunk.split("<", 1)[0].strip() for chunk in html.split('<h3>')[1:]]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert "two &lt;b&gt;" in html and "Be brief." in html
+    assert "<html" in page.get(reverse("chat-seen", args=[head(conversation).pk])).content.decode()
+
+
+def test_compare_shows_two_branches_of_the_same_question_and_refuses_anything_else(page, conversation):
+    ask(conversation, "left question")
+    left = head(conversation)
+    turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
+    right = head(conversation)
+    url = reverse("chat-compare", args=[conversation.pk])
+    html = page.get(f"{url}?a={left.pk}&b={right.pk}").content.decode()
+    assert html.count('class="column"') == 2 and "Version 1 of 2" in html and "Version 2 of 2" in html
+    response = page.get(f"{url}?a={left.pk}&b={left.pk}", follow=True)
+    assert "not different branches" in response.content.decode()
+
+
+def test_a_persons_instructions_are_saved_and_too_long_ones_refused(page, user, conversation):
+    page.post(reverse("preferences"), {"instructions": "Answer in English."})
+    assert "seen: system:Answer in English." in ask(conversation, "hi")[-1].data["answer"]
+    response = page.post(reverse("preferences"), {"instructions": "x" * 20001}, follow=True)
+    assert "Nothing was changed" in response.content.decode()
+    assert 'Answer in English.</textarea>' in response.content.decode()
+
+
+def test_a_failed_call_offers_retry_and_an_overflow_explains_itself(page, conversation):
+    """F1: a failed call at the head shows Retry; F2: an overflowed question, off the path, is explained."""
+    ask(conversation, "#fail")
+    html = page.get(reverse("chat-messages", args=[conversation.pk])).content.decode()
+    assert 'data-action="retry"' in html and "The model call failed (provider_error)" in html
+    ask(conversation, "#overflow")
+    html = page.get(reverse("chat-messages", args=[conversation.pk])).content.decode()
+    assert "did not fit in the model's input limit" in html
+    overflowed = Node.objects.filter(conversation=conversation, failure_reason="context_overflow").get()
+    assert head(conversation).pk == overflowed.parent_id
+
+
+def test_markdown_keeps_model_html_out_of_the_page():
+    html = str(render_markdown('<img src=x onerror=alert(1)> [x](javascript:alert(1)) ![i](https://e.x/i.png)\n'
+                               "```\n<script>\n```"))
+    assert "<img" not in html and "<script" not in html and 'href="javascript' not in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html and "&lt;script&gt;" in html
