@@ -26,7 +26,7 @@ from django.utils.safestring import mark_safe
 from conversations import services
 from conversations.errors import TurnInProgress
 from conversations.items import answer_text, question_of
-from conversations.models import Bubble, Conversation, Node
+from conversations.models import Bubble, Conversation, Node, Preferences
 from conversations.selectors import node_path, tree_scope
 from conversations.turns import call_context
 
@@ -381,3 +381,9 @@ class BubbleAdmin(ReadOnlyAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+@admin.register(Preferences)
+class PreferencesAdmin(admin.ModelAdmin):
+    list_display = ["user", "updated_at"]
+    search_fields = ["user__username"]

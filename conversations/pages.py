@@ -18,6 +18,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from conversations import services, turns
@@ -27,6 +28,7 @@ from conversations.models import Bubble, Conversation, Node
 from conversations.selectors import (
     BranchInfo,
     conversation_for_user,
+    conversation_has_node,
     conversation_list,
     latest_tip,
     node_for_user,
@@ -57,7 +59,9 @@ def page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
             raise Http404(error.message) from None
         except ArborError as error:
             messages.error(request, error.message)
-            response = redirect(request.META.get("HTTP_REFERER") or reverse("chat"))
+            back = request.META.get("HTTP_REFERER", "")
+            safe = url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()})
+            response = redirect(back if safe else reverse("chat"))
         response.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
         return response
 
@@ -272,6 +276,8 @@ def chat_compare(request: HttpRequest, conversation_id: int) -> HttpResponse:
             chosen.append(int(request.GET.get(key, "")))
         except ValueError:
             raise ArborError("Pick two answers to compare.") from None
+    if not all(conversation_has_node(conversation=conversation, node_id=opener) for opener in chosen):
+        raise NotFound("No such question in this conversation.")
     siblings = _siblings_of(conversation, chosen[0])
     if chosen[1] not in siblings or chosen[0] == chosen[1]:
         raise ArborError("Those two are not different branches of the same question.")

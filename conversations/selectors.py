@@ -103,6 +103,12 @@ def tree_scope(conversation: Conversation, path_ids: Iterable[int]) -> Q:
     return Q(conversation=conversation) | Q(id__in=list(path_ids))
 
 
+def conversation_has_node(*, conversation: Conversation, node_id: int) -> bool:
+    """Is `node_id` in the conversation's tree (created by it, or shared history on its path)?"""
+    path_ids = [p.id for p in node_path(conversation.head_id)]
+    return Node.objects.filter(tree_scope(conversation, path_ids), pk=node_id).exists()
+
+
 def conversation_nodes(*, conversation: Conversation) -> QuerySet[Node]:
     """Every node of the conversation's tree: the ones it created and any shared ones on its path.
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from conversations.errors import BadInput, NotFound, TurnInProgress
 from conversations.models import Bubble, Conversation, Node, OutboxJob, Preferences, ToolApproval
-from conversations.selectors import latest_tip, node_path, tree_scope
+from conversations.selectors import conversation_has_node, latest_tip
 
 _NODE = Node._meta.db_table
 
@@ -47,8 +47,7 @@ def head_switch(*, conversation: Conversation, node_id: Any) -> None:
         node_id = int(node_id)
     except (TypeError, ValueError):
         raise BadInput("`node` must be a node id.") from None
-    path_ids = [p.id for p in node_path(conversation.head_id)]
-    if not Node.objects.filter(tree_scope(conversation, path_ids), pk=node_id).exists():
+    if not conversation_has_node(conversation=conversation, node_id=node_id):
         raise NotFound(f"No node {node_id} in this conversation.")
     tip = latest_tip(conversation=conversation, node_id=node_id)
     if tip is None:

@@ -2,7 +2,7 @@
 
 Browser and server: tests/support/browser.py. Screenshots of the main states go to var/screenshots/
 (or $ARBOR_SCREENSHOTS): chat-empty, chat-streaming, chat-branch-arrows, chat-approval,
-chat-what-the-model-saw, chat-compare, chat-palette, chat-phone.
+chat-what-the-model-saw, chat-compare, chat-palette, chat-phone, chat-phone-menu.
 """
 
 from __future__ import annotations
@@ -243,8 +243,9 @@ def test_palette_jumps_to_a_conversation_and_the_page_works_at_phone_width(brows
     _wait_idle(browser)
     assert browser.find_element(By.ID, "composer-input").is_displayed()
     assert not browser.find_element(By.ID, "sidebar").is_displayed()
+    screenshot(browser, "chat-phone")
     toggle = browser.find_element(By.CSS_SELECTOR, ".sidebar-toggle")
     toggle.click()
     assert browser.find_element(By.ID, "sidebar").is_displayed()
     assert toggle.get_attribute("aria-expanded") == "true"
-    screenshot(browser, "chat-phone")
+    screenshot(browser, "chat-phone-menu")

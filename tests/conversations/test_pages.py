@@ -148,6 +148,16 @@ def test_compare_shows_two_branches_of_the_same_question_and_refuses_anything_el
     assert "not different branches" in response.content.decode()
 
 
+def test_compare_never_shows_another_persons_branches(page, conversation, other_user):
+    theirs = services.conversation_create(owner=other_user)
+    ask(theirs, "their secret question")
+    first = head(theirs)
+    turns.turn_regenerate(user=other_user, conversation_id=theirs.pk).run()
+    url = reverse("chat-compare", args=[conversation.pk])
+    response = page.get(f"{url}?a={first.pk}&b={head(theirs).pk}")
+    assert response.status_code == 404 and "their secret" not in response.content.decode()
+
+
 def test_a_persons_instructions_are_saved_and_too_long_ones_refused(page, user, conversation):
     page.post(reverse("preferences"), {"instructions": "Answer in English."})
     assert "seen: system:Answer in English." in ask(conversation, "hi")[-1].data["answer"]

@@ -50,7 +50,7 @@ TREE_QUERIES_BUDGET_S = 20.0  # per tree: fewer runs than --repeat if django-tre
 UNFILTERED_CAP_S = 60
 BATCH = 2000  # bulk_create batch size when COPY is not available
 NODE_COLUMNS = ("id", "parent_id", "conversation_id", "kind", "status", "failure_reason", "failure_message",
-                "sent", "received", "provider", "model", "usage", "created_at", "finished_at")
+                "sent", "received", "provider", "model", "usage", "instructions", "created_at", "finished_at")
 PATH_COLUMNS = "id, parent_id, kind, status, sent, received, provider, model"  # what node_path reads
 ANSWER = ("Revenue in the north rose 12% quarter on quarter, driven by the enterprise segment; the south was "
           "flat, and the west fell 3% after two large renewals slipped into the next quarter. Margins held. ")
@@ -150,7 +150,7 @@ def full_rows(rows: Iterable[tuple], *, as_json: bool) -> Iterator[tuple]:
         if as_json:
             sent, received = json.dumps(sent), json.dumps(received)
         yield (node_id, parent_id, conversation_id, "turn", "succeeded", "", "", sent, received, PROVIDER, MODEL,
-               "{}" if as_json else {}, now, now)
+               "{}" if as_json else {}, INSTRUCTIONS, now, now)
 
 
 def copy_nodes(rows: Iterable[tuple]) -> None:
