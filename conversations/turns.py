@@ -162,6 +162,8 @@ def _reposition(*, user, conversation: Conversation, token: uuid.UUID, node_id: 
     path = node_path(conversation.head_id)
     if node_id is None:
         index = turn_start(path)
+        if index is None and path and is_compaction_root(path[0]):
+            raise BeforeCompaction(f"The last question lies before the compaction node {path[0].id}; ask a new one.")
         if index is None:
             raise BadInput("There is no question to regenerate yet.")
     else:

@@ -369,3 +369,15 @@ def test_c2_compaction_inside_a_tool_turn_keeps_call_and_result_together(convers
     assert events[-1].type == "done"
     assert any(e.type == "compaction" for e in events)
     assert not [r for r in caplog.records if "no partner" in r.getMessage()]
+
+
+def test_t10_regenerate_right_after_a_compaction_is_refused(conversation, api, settings):
+    """T10: with the head on a compaction node, the last question lies before it: 409, nothing changes."""
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    for i in range(3):
+        ask(conversation, f"question {i}")
+    root = _compact_by_hand(api, conversation)
+    count = Node.objects.count()
+    refused = api.post(_url("turn-regenerate", conversation), {}, format="json")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "before_compaction"
+    assert Node.objects.count() == count and head(conversation).pk == root.pk
