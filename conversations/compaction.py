@@ -28,7 +28,7 @@ verbatim; any other provider gets the original path expanded instead (`selectors
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -111,7 +111,7 @@ def kept_from(path: list[PathNode], *, threshold: int) -> int:
 
 
 def compact(*, conversation: Conversation, path: list[PathNode], model: str, instructions: str,
-            pending_results: list[it.Item] = (), turn_token=None, keep_alive: Callable[[], None] = lambda: None
+            pending_results: Sequence[it.Item] = (), turn_token=None, keep_alive: Callable[[], None] = lambda: None
             ) -> Compaction:
     """Summarise `path` with `model` and start a new path at a compaction root (C2, C3).
 
@@ -137,7 +137,7 @@ def compact(*, conversation: Conversation, path: list[PathNode], model: str, ins
     return Compaction(root=root, summary_call=call.pk, head_moved=moved)
 
 
-def _summarised_part(path: list[PathNode], start: int, pending_results: list[it.Item], *, model: str,
+def _summarised_part(path: list[PathNode], start: int, pending_results: Sequence[it.Item], *, model: str,
                      provider: str, limits: budget.Budget) -> tuple[int, list[it.Item]]:
     """Where the summarising call hangs, and what it sends.
 
@@ -158,7 +158,7 @@ def _start_summary(*, conversation: Conversation, parent: PathNode, sent: list[i
     return Node.objects.create(
         parent_id=parent.id, conversation=conversation, kind=Node.Kind.COMPACTION, status=Node.Status.PENDING,
         sent=sent, provider=provider, model=model, instructions=instructions, tokens=tokens,
-        path_tokens=parent.path_tokens + tokens,
+        path_tokens=parent.stored_path_tokens + tokens,
     )
 
 

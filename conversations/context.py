@@ -41,6 +41,13 @@ class PathNode(NamedTuple):
     tokens: int = 0
     path_tokens: int = 0  # C1: tokens from the path's first node down to this one
     compacted_from_id: int | None = None  # C3: set on a compaction root
+    # C3: tokens a provider switch's expansion put before this node; `path_tokens` includes them, the
+    # stored figure does not (it counts from the compaction root the node really hangs below).
+    shift: int = 0
+
+    @property
+    def stored_path_tokens(self) -> int:
+        return self.path_tokens - self.shift
 
 
 SUMMARY_PREFIX = "Summary of the earlier conversation (compacted):\n"

@@ -80,7 +80,7 @@ def context_path(path: list[PathNode], provider: str | None) -> list[PathNode]:
         return path
     original = context_path(node_path(path[0].compacted_from_id), provider)
     offset = (original[-1].path_tokens if original else 0) - path[0].tokens
-    return [*original, *(p._replace(path_tokens=p.path_tokens + offset) for p in path[1:])]
+    return [*original, *(p._replace(path_tokens=p.path_tokens + offset, shift=p.shift + offset) for p in path[1:])]
 
 
 def opens_turn(node: PathNode) -> bool:

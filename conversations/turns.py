@@ -15,7 +15,6 @@ would pass the budget's threshold (C1, C2). `Turn.events` is a generator of `Tur
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import uuid
@@ -51,8 +50,6 @@ from conversations.selectors import (
 )
 from conversations.tools import all_tools, get_tool
 from conversations.tools.runner import run_tool_call
-
-logger = logging.getLogger("arbor.turns")
 
 
 @dataclass(frozen=True)
@@ -369,7 +366,8 @@ class Turn:
                 yield self._superseded(node)
                 return
             if calls and not waiting:
-                self._open = _path_node(node)  # from here, a stop gives these calls 'not run' results
+                # From here, a stop gives these calls 'not run' results. Shifted like its parent (C3).
+                self._open = _path_node(node, shift=parent.shift if parent else 0)
                 path = [*path, self._open]
             for c in calls:
                 yield TurnEvent("tool_call", {**_tool_bubble_data(c), "node": node.pk})
@@ -442,7 +440,7 @@ class Turn:
                 parent_id=parent_id, conversation=self.conversation, kind=Node.Kind.TURN,
                 status=Node.Status.PENDING, sent=sent, provider=self.provider, model=self.model,
                 instructions=self.instructions, tokens=tokens,
-                path_tokens=(parent.path_tokens if parent else 0) + tokens,
+                path_tokens=(parent.stored_path_tokens if parent else 0) + tokens,
             )
             question = it.question_of(sent)
             if question is not None:
@@ -561,7 +559,7 @@ class Turn:
                                    "head": self.conversation.head_id, "nodes": list(self.nodes)})
 
 
-def _path_node(node: Node) -> PathNode:
+def _path_node(node: Node, *, shift: int = 0) -> PathNode:
     return PathNode(id=node.pk, parent_id=node.parent_id, kind=node.kind, status=node.status, sent=node.sent,
                     received=node.received, provider=node.provider, model=node.model, tokens=node.tokens,
-                    path_tokens=node.path_tokens, compacted_from_id=node.compacted_from_id)
+                    path_tokens=node.path_tokens + shift, compacted_from_id=node.compacted_from_id, shift=shift)

@@ -11,7 +11,7 @@ from conversations import budget, services, turns
 from conversations.compaction import COMPACTION_PROMPT
 from conversations.context import SUMMARY_PREFIX, is_compaction_root
 from conversations.models import Bubble, Node
-from conversations.selectors import history_path, node_path
+from conversations.selectors import context_path, history_path, node_path
 from tests.conversations.helpers import answer, ask, head
 from tests.support.openai_stub import Reply
 
@@ -320,6 +320,12 @@ def test_c3_a_provider_that_cannot_read_the_summary_gets_the_original_expanded(c
     node = head(conversation)
     assert node_path(node.pk)[0].id == root.pk, "the tree is unchanged: the call still hangs below the root"
     assert turns.call_context(node) == [{k: v for k, v in m.items() if v is not None} for m in sent]
+    # C1: the stored count stays the one of the path the node really hangs on; the expansion is added
+    # at check time, once, and the next call's check sees the whole expanded path.
+    assert node.path_tokens == Node.objects.get(pk=node.parent_id).path_tokens + node.tokens
+    expanded = context_path(node_path(node.pk), "openai")
+    assert expanded[-1].path_tokens == Node.objects.get(pk=root.compacted_from_id).path_tokens + (
+        node.path_tokens - root.tokens)
 
 
 def test_c3_expanded_and_still_over_budget_compacts_again_for_the_new_model(conversation, small_echo, stub, settings):
