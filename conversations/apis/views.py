@@ -34,7 +34,6 @@ from conversations.streaming import events_in_thread
 logger = logging.getLogger("arbor.api")
 
 
-
 def off_the_shared_thread(view: Callable) -> Callable:
     """Run a long (turn-running) view in a thread of its own under ASGI.
 
