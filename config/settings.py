@@ -134,6 +134,18 @@ ARBOR_API_BASE = os.environ.get("ARBOR_API_BASE") or None
 ARBOR_MODELS = [m for m in os.environ.get("ARBOR_MODELS", "").split(",") if m] or [ARBOR_MODEL]
 ARBOR_LLM_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_LLM_TIMEOUT_SECONDS", "120"))
 ARBOR_ECHO_MAX_INPUT_TOKENS = int(os.environ.get("ARBOR_ECHO_MAX_INPUT_TOKENS", "4000"))
+# C1: the budget is max input tokens (litellm's model info unless overridden here) minus a reserve for
+# the answer; compaction runs before a call that would pass the threshold, a share of that budget.
+# ARBOR_MAX_INPUT_TOKENS: "8192" for every model, or "openai/gpt-4o=100000,hosted_vllm/x=8192".
+ARBOR_MAX_INPUT_TOKENS = {
+    (name.strip() if sep else "*"): int(value if sep else name)
+    for name, sep, value in (part.partition("=") for part in os.environ.get("ARBOR_MAX_INPUT_TOKENS", "").split(","))
+    if name.strip()
+}
+ARBOR_DEFAULT_MAX_INPUT_TOKENS = int(os.environ.get("ARBOR_DEFAULT_MAX_INPUT_TOKENS", "8192"))
+ARBOR_ANSWER_RESERVE_TOKENS = int(os.environ.get("ARBOR_ANSWER_RESERVE_TOKENS", "4096"))
+ARBOR_COMPACTION_THRESHOLD = float(os.environ.get("ARBOR_COMPACTION_THRESHOLD", "0.8"))
+ARBOR_COMPACTION_KEEP_TURNS = int(os.environ.get("ARBOR_COMPACTION_KEEP_TURNS", "4"))
 ARBOR_MAX_ROUNDS_PER_TURN = int(os.environ.get("ARBOR_MAX_ROUNDS_PER_TURN", "8"))
 ARBOR_MAX_CONTENT_CHARS = int(os.environ.get("ARBOR_MAX_CONTENT_CHARS", "100000"))
 ARBOR_TURN_LOCK_SECONDS = int(os.environ.get("ARBOR_TURN_LOCK_SECONDS", "300"))

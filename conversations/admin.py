@@ -349,6 +349,7 @@ class NodeAdmin(ReadOnlyAdmin):
         sent_context = call_context(node)
         children = list(Node.objects.filter(parent=node).order_by("id").values_list("id", "kind", "status"))
         compactions = list(Node.objects.filter(compacted_from=node).order_by("id").values_list("id", flat=True))
+        summarised_into = list(Node.objects.filter(summary_call=node).values_list("id", flat=True))
         context = {
             **self.admin_site.each_context(request),
             "title": str(node),
@@ -366,6 +367,8 @@ class NodeAdmin(ReadOnlyAdmin):
             "children": [{"id": c[0], "kind": c[1], "status": c[2], "url": _node_url(c[0])} for c in children],
             "compactions": [{"id": c, "url": _node_url(c)} for c in compactions],
             "original_url": _node_url(node.compacted_from_id) if node.compacted_from_id else None,
+            "summary_call_url": _node_url(node.summary_call_id) if node.summary_call_id else None,
+            "summarised_into": [{"id": c, "url": _node_url(c)} for c in summarised_into],
             "conversation_url": reverse("admin:conversations_conversation_change", args=[conversation.pk])
             if conversation else None,
             "has_view_permission": True,

@@ -45,6 +45,17 @@ class BeforeCompaction(ArborError):
     status = 409
 
 
+# A failed model call's reason (T1) as an HTTP status.
+FAILURE_STATUS = {"rate_limit": 503, "timeout": 503, "context_overflow": 502, "provider_error": 502}
+
+
+class ProviderFailed(ArborError):
+    """A model call failed; `code` is its failure reason, and the failed node is recorded."""
+
+    def __init__(self, reason: str, message: str, **extra):
+        super().__init__(message, code=reason, status=FAILURE_STATUS.get(reason, 502), **extra)
+
+
 class TooLarge(ArborError):
     code = "too_large"
     status = 413

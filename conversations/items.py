@@ -6,6 +6,8 @@ An item is a plain dict with a `type`:
 - `tool_call`: `id`, `name`, `arguments` (the JSON text exactly as the model produced it)
 - `tool_result`: `call_id`, `name`, `content`, `is_error`
 - `reasoning`: `provider`, `text`, `data` (the provider's opaque block, kept verbatim)
+- `summary`: what a compaction root holds first (C2): `text`, or a provider-native opaque compaction
+  result, `provider` and `data`, that only that provider can read (C3)
 Any item may carry `ephemeral: true` (R2). Opaque provider fields are never rewritten here.
 """
 
@@ -32,6 +34,13 @@ def text(value: str) -> Item:
 
 def tool_call(call_id: str, name: str, arguments: str) -> Item:
     return {"type": "tool_call", "id": call_id, "name": name, "arguments": arguments}
+
+
+def summary(value: str, *, provider: str | None = None, data: Any = None) -> Item:
+    item: Item = {"type": "summary", "text": value}
+    if provider:
+        item.update(provider=provider, data=data)
+    return item
 
 
 def tool_result(call_id: str, name: str, content: str, *, is_error: bool = False) -> Item:

@@ -1,11 +1,21 @@
 """The one seam to model providers: the only module that imports litellm.
 
 `stream_call` streams one model call and returns its received items and usage; errors come out as
-`LLMError` with a failure reason from T1. The offline provider `arbor/echo` is registered here.
+`LLMError` with a failure reason from T1. `max_input_tokens` and `count_tokens` are the model facts the
+budget (C1) needs. The offline provider `arbor/echo` is registered here.
+
+arbor/echo (DESIGN.md, "Offline model") reads directives from the last user message: `#tool NAME {json}`
+(one tool call per round), `#fail` (provider error), `#overflow` (context-window error), `#slow` (one word
+every 100 ms). Asked to summarise (`stream_call(..., compaction=True)`, what compaction does), it answers
+`summary of N messages: <digest>` and also streams a provider-native *opaque* compaction item, like the
+encrypted compaction items of hosted providers: `{"type": "summary", "provider": "arbor", "text": "",
+"data": "<arbor-compaction:...>"}`. Only arbor/echo can read it back (its digest shows it as
+`user:summary of N messages...`); any other provider must get the original expanded instead (C3).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -33,6 +43,9 @@ litellm.disable_streaming_logging = True
 litellm.suppress_debug_info = True
 
 ECHO_PROVIDER = "arbor"
+# Providers that answer a summarising call with an opaque item of their own (see the module docstring).
+NATIVE_COMPACTION = frozenset({ECHO_PROVIDER})
+_ECHO_OPAQUE = "<arbor-compaction:"
 
 
 class LLMError(Exception):
@@ -60,9 +73,12 @@ class _StreamState:
     thinking_blocks: list[dict] = field(default_factory=list)
     calls: dict[int, dict[str, str]] = field(default_factory=dict)
     usage: dict[str, Any] = field(default_factory=dict)
+    opaque_summary: list[str] = field(default_factory=list)
 
     def items(self, provider: str) -> list[dict]:
         received: list[dict] = []
+        if self.opaque_summary:
+            received.append(it.summary("", provider=provider, data="".join(self.opaque_summary)))
         if self.reasoning or self.thinking_blocks:
             received.append(
                 {"type": "reasoning", "provider": provider, "text": "".join(self.reasoning),
@@ -83,6 +99,41 @@ def provider_of(model: str) -> str:
         return litellm.get_llm_provider(model)[1]
     except Exception:  # an unknown provider is reported when the call is made
         return model.split("/", 1)[0] if "/" in model else ""
+
+
+def max_input_tokens(model: str) -> int:
+    """The model's input limit (C1): a settings override, arbor/echo's own, else litellm's model info.
+
+    Never the context window (`max_tokens` in litellm's list may be the output limit); a model litellm
+    does not know gets `ARBOR_DEFAULT_MAX_INPUT_TOKENS`.
+    """
+    overrides = settings.ARBOR_MAX_INPUT_TOKENS
+    if model in overrides:
+        return overrides[model]
+    if provider_of(model) == ECHO_PROVIDER:
+        return settings.ARBOR_ECHO_MAX_INPUT_TOKENS
+    if "*" in overrides:
+        return overrides["*"]
+    try:
+        known = litellm.get_model_info(model).get("max_input_tokens")
+    except Exception:  # not in litellm's list: local servers, new models
+        known = None
+    return int(known) if known else settings.ARBOR_DEFAULT_MAX_INPUT_TOKENS
+
+
+def count_tokens(model: str, messages: list[dict], tools: list[dict] | None = None) -> int:
+    """Input tokens of `messages` (and tool specs) for `model`, with litellm's counter.
+
+    arbor/echo counts like it reports usage (JSON characters / 4), so its budget and its limit agree.
+    """
+    if not messages and not tools:
+        return 0
+    if provider_of(model) == ECHO_PROVIDER:
+        return _echo_tokens([*messages, *(tools or [])])
+    try:
+        return litellm.token_counter(model=model, messages=messages, tools=tools or None)
+    except Exception:  # a message shape the counter cannot read: fall back to the echo estimate
+        return _echo_tokens([*messages, *(tools or [])])
 
 
 def _causes(error: BaseException) -> list[BaseException]:
@@ -112,11 +163,14 @@ def classify(error: BaseException) -> str:
 
 
 def stream_call(
-    *, model: str, messages: list[dict], tools: list[dict] | None = None, api_base: str | None = None
+    *, model: str, messages: list[dict], tools: list[dict] | None = None, api_base: str | None = None,
+    compaction: bool = False,
 ) -> Generator[str, None, CallResult]:
     """Stream one call: yield text tokens as they arrive, return the received items and usage.
 
     Closing the generator (the user pressed stop) raises `LLMError('cancelled')` with the partial items.
+    `compaction` marks a summarising call; a provider with native compaction answers it with an opaque
+    `summary` item as well as its text.
     """
     _register_echo()
     provider = provider_of(model)
@@ -132,6 +186,8 @@ def stream_call(
     }
     if tools:
         kwargs["tools"] = tools
+    if compaction and provider in NATIVE_COMPACTION:
+        kwargs["arbor_compaction"] = True
     if api_base or (settings.ARBOR_API_BASE and provider != ECHO_PROVIDER):
         kwargs["api_base"] = api_base or settings.ARBOR_API_BASE
     stream = None
@@ -188,6 +244,9 @@ def _absorb(state: _StreamState, chunk: Any) -> str:
             slot["name"] = call.function.name
         if call.function and call.function.arguments:
             slot["arguments"] += call.function.arguments
+    opaque = (getattr(delta, "provider_specific_fields", None) or {}).get("arbor_compaction")
+    if opaque:
+        state.opaque_summary.append(opaque)
     reasoning = getattr(delta, "reasoning_content", None)
     if reasoning:
         state.reasoning.append(reasoning)
@@ -218,8 +277,25 @@ _TOOL_DIRECTIVE = re.compile(r"#tool\s+([A-Za-z0-9_\-]+)\s*")
 
 def _text_of(content: Any) -> str:
     if isinstance(content, list):  # OpenAI content parts
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return content or ""
+        text = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    else:
+        text = content or ""
+    return _echo_read_opaque(text) if text.startswith(_ECHO_OPAQUE) else text
+
+
+def _echo_tokens(messages: list[dict]) -> int:
+    return max(1, sum(len(json.dumps(m, ensure_ascii=False)) for m in messages) // 4)
+
+
+def _echo_opaque(summary: str) -> str:
+    return f"{_ECHO_OPAQUE}{base64.b64encode(summary.encode()).decode()}>"
+
+
+def _echo_read_opaque(text: str) -> str:
+    try:
+        return base64.b64decode(text[len(_ECHO_OPAQUE):].rstrip(">")).decode()
+    except ValueError:
+        return text
 
 
 def echo_digest(messages: list[dict]) -> str:
@@ -257,16 +333,20 @@ class EchoPlan:
     tool_call: tuple[str, str] | None
     slow: bool
     prompt_tokens: int
+    opaque_summary: str | None = None
 
     @property
     def completion_tokens(self) -> int:
         return max(1, len("".join(self.words)) // 4)
 
 
-def echo_plan(messages: list[dict], *, tools_offered: bool) -> EchoPlan:
+ECHO_SUMMARY_CHARS = 240
+
+
+def echo_plan(messages: list[dict], *, tools_offered: bool, compaction: bool = False) -> EchoPlan:
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     question = _text_of(messages[last_user].get("content")) if last_user >= 0 else ""
-    prompt_tokens = max(1, sum(len(json.dumps(m, ensure_ascii=False)) for m in messages) // 4)
+    prompt_tokens = _echo_tokens(messages)
     if prompt_tokens > settings.ARBOR_ECHO_MAX_INPUT_TOKENS:
         raise litellm.ContextWindowExceededError(
             message=f"arbor/echo: {prompt_tokens} input tokens exceed the limit of "
@@ -274,6 +354,11 @@ def echo_plan(messages: list[dict], *, tools_offered: bool) -> EchoPlan:
             model="echo",
             llm_provider=ECHO_PROVIDER,
         )
+    if compaction:  # the summary: every message but the prompt, newest kept when it runs long
+        earlier = messages[:last_user] if last_user >= 0 else messages
+        summary = f"summary of {len(earlier)} messages: {echo_digest(earlier)[-ECHO_SUMMARY_CHARS:]}"
+        return EchoPlan(words=re.findall(r"\S+\s*|\s+", summary), tool_call=None, slow=False,
+                        prompt_tokens=prompt_tokens, opaque_summary=_echo_opaque(summary))
     round_index = sum(1 for m in messages[last_user + 1 :] if m.get("role") == "tool")
     directives = _tool_directives(question) if tools_offered else []
     if round_index < len(directives):
@@ -296,7 +381,7 @@ class EchoLLM(CustomLLM):
     """A litellm custom provider that answers from what it received, with no network."""
 
     def completion(self, model, messages, api_base, custom_prompt_dict, model_response, *args, **kwargs):
-        plan = echo_plan(messages, tools_offered=bool((kwargs.get("optional_params") or {}).get("tools")))
+        plan = _plan_for(messages, kwargs)
         response = ModelResponse(model="arbor/echo")
         message: dict[str, Any] = {"role": "assistant", "content": "".join(plan.words) or None}
         if plan.tool_call:
@@ -314,8 +399,7 @@ class EchoLLM(CustomLLM):
         return response
 
     def streaming(self, model, messages, api_base, custom_prompt_dict, model_response, *args, **kwargs):
-        plan = echo_plan(messages, tools_offered=bool((kwargs.get("optional_params") or {}).get("tools")))
-        return _echo_chunks(plan)
+        return _echo_chunks(_plan_for(messages, kwargs))
 
     async def acompletion(self, *args, **kwargs):
         return self.completion(*args, **kwargs)
@@ -323,6 +407,12 @@ class EchoLLM(CustomLLM):
     async def astreaming(self, *args, **kwargs):
         for chunk in self.streaming(*args, **kwargs):
             yield chunk
+
+
+def _plan_for(messages: list[dict], kwargs: dict[str, Any]) -> EchoPlan:
+    options = kwargs.get("optional_params") or {}
+    return echo_plan(messages, tools_offered=bool(options.get("tools")),
+                     compaction=bool(options.get("arbor_compaction")))
 
 
 def _call_id() -> str:
@@ -358,6 +448,8 @@ def _echo_chunks(plan: EchoPlan) -> Iterator[GenericStreamingChunk]:
             finish_reason="stop" if last else "",
             usage=usage if last else None,
             index=0,
+            provider_specific_fields={"arbor_compaction": plan.opaque_summary}
+            if plan.opaque_summary and position == 0 else None,
         )
 
 

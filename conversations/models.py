@@ -45,10 +45,11 @@ class Conversation(models.Model):
 
 class NodeQuerySet(TreeQuerySet):
     def can_be_head(self) -> NodeQuerySet:
-        """Turn nodes a head may rest on: never a call under way (or crashed), never an overflow (F2)."""
-        return self.filter(kind=Node.Kind.TURN).exclude(status=Node.Status.PENDING).exclude(
-            status=Node.Status.FAILED, failure_reason=Node.FailureReason.CONTEXT_OVERFLOW
-        )
+        """Nodes a head may rest on: turn nodes and compaction roots (C2), never a call under way (or
+        crashed), never an overflow (F2), never a summarising call."""
+        return self.filter(Q(kind=Node.Kind.TURN) | Q(kind=Node.Kind.COMPACTION, parent__isnull=True)).exclude(
+            status=Node.Status.PENDING
+        ).exclude(status=Node.Status.FAILED, failure_reason=Node.FailureReason.CONTEXT_OVERFLOW)
 
 
 class Node(TreeNode):
@@ -99,6 +100,14 @@ class Node(TreeNode):
     compacted_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="compactions"
     )
+    # The compaction root's summarising call (kind compaction, parent = the old head), kept for audit.
+    summary_call = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+"
+    )
+    # C1: this node's own items in tokens, and the whole path's down to here (a compaction root starts
+    # again from its own), so the pre-call budget check costs O(new items), never O(path).
+    tokens = models.PositiveIntegerField(default=0)
+    path_tokens = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -132,20 +141,32 @@ class Node(TreeNode):
                 ),
                 name="node_failure_reason_known",
             ),
-            # C2: a compaction node starts a new path.
+            # C2, C3: a compaction node is either a root that starts a new path and points at its
+            # original, or the summarising call hung below the old head (no original of its own).
             models.CheckConstraint(
-                condition=~Q(kind="compaction") | Q(parent__isnull=True), name="node_compaction_has_no_parent"
+                condition=~Q(kind="compaction")
+                | Q(parent__isnull=True, compacted_from__isnull=False)
+                | Q(parent__isnull=False, compacted_from__isnull=True),
+                name="node_compaction_root_or_summarising_call",
             ),
             # C3: only compaction nodes point at an original.
             models.CheckConstraint(
                 condition=Q(kind="compaction") | Q(compacted_from__isnull=True),
                 name="node_original_only_on_compaction",
             ),
+            models.CheckConstraint(
+                condition=Q(summary_call__isnull=True) | Q(compacted_from__isnull=False),
+                name="node_summary_call_only_on_compaction_root",
+            ),
             models.CheckConstraint(condition=~Q(parent=F("id")), name="node_not_own_parent"),
         ]
 
     def __str__(self) -> str:
         return f"{self.kind} node {self.pk} ({self.status})"
+
+    @property
+    def is_compaction_root(self) -> bool:
+        return self.kind == Node.Kind.COMPACTION and self.parent_id is None
 
 
 class Preferences(models.Model):

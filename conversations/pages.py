@@ -23,6 +23,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from conversations import services, turns
 from conversations.apis.serializers import ConversationIn, PreferencesIn
+from conversations.apis.views import off_the_shared_thread
 from conversations.errors import ArborError, NotFound
 from conversations.models import Bubble, Conversation, Node
 from conversations.selectors import (
@@ -78,6 +79,7 @@ class Message:
     bubble: Bubble
     branch: BranchInfo | None
     is_head: bool
+    editable: bool = True  # T10: nothing before the latest compaction is edited, regenerated or switched
 
     @property
     def question_node(self) -> int | None:
@@ -86,7 +88,7 @@ class Message:
 
     @property
     def has_siblings(self) -> bool:
-        return bool(self.branch and self.branch.count > 1)
+        return bool(self.editable and self.branch and self.branch.count > 1)
 
     @property
     def previous_sibling(self) -> int | None:
@@ -111,7 +113,8 @@ class Message:
 
 
 def _bubbles(conversation: Conversation) -> list[Message]:
-    return [Message(bubble=view.bubble, branch=view.branch, is_head=view.bubble.node_id == conversation.head_id)
+    return [Message(bubble=view.bubble, branch=view.branch, is_head=view.bubble.node_id == conversation.head_id,
+                    editable=view.editable)
             for view in path_bubbles(conversation=conversation)]
 
 
@@ -227,6 +230,16 @@ def chat_clear(request: HttpRequest, conversation_id: int) -> HttpResponse:
 
 
 @require_POST
+@off_the_shared_thread  # the summarising call is a model call: it must not hold up other requests
+@page
+def chat_compact(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    """C2: compact now; the head moves to a new compaction node, the history stays on screen."""
+    turns.turn_compact(user=request.user, conversation_id=conversation_id)
+    messages.success(request, "Compacted: from here on the model reads a summary of the earlier messages.")
+    return redirect("chat-conversation", conversation_id)
+
+
+@require_POST
 @page
 def chat_delete(request: HttpRequest, conversation_id: int) -> HttpResponse:
     conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
@@ -317,6 +330,7 @@ urlpatterns = [
     path("chat/<int:conversation_id>/switch/", chat_switch, name="chat-switch"),
     path("chat/<int:conversation_id>/update/", chat_update, name="chat-update"),
     path("chat/<int:conversation_id>/clear/", chat_clear, name="chat-clear"),
+    path("chat/<int:conversation_id>/compact/", chat_compact, name="chat-compact"),
     path("chat/<int:conversation_id>/delete/", chat_delete, name="chat-delete"),
     path("chat/<int:conversation_id>/compare/", chat_compare, name="chat-compare"),
     path("chat/nodes/<int:node_id>/seen/", chat_seen, name="chat-seen"),

@@ -12,43 +12,81 @@ from django.db import connection
 from django.db.models import Max, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
-from conversations.context import PathNode
+from conversations.context import PathNode, is_compaction_root, readable_by
 from conversations.errors import CorruptTree, NotFound
 from conversations.items import question_of
 from conversations.models import Bubble, Conversation, Node, Preferences
 
 _NODE = Node._meta.db_table
-_PATH_COLUMNS = "id, parent_id, kind, status, sent, received, provider, model"
+_PATH_COLUMNS = "id, parent_id, kind, status, sent, received, provider, model, tokens, path_tokens, compacted_from_id"
+_UP_COLUMNS = ", ".join(f"n.{c.strip()}" for c in _PATH_COLUMNS.split(","))
 
-# One upward recursive query from the head: its cost follows the path's depth, never the table's
-# size (T5). The depth guard stops a corrupt loop instead of recursing for ever.
-_PATH_SQL = f"""
-WITH RECURSIVE path AS (
-    SELECT {_PATH_COLUMNS}, 0 AS depth FROM {_NODE} WHERE id = %s
-    UNION ALL
-    SELECT n.id, n.parent_id, n.kind, n.status, n.sent, n.received, n.provider, n.model, path.depth + 1
-    FROM {_NODE} n JOIN path ON n.id = path.parent_id
-    WHERE path.depth < %s
-)
-SELECT {_PATH_COLUMNS} FROM path ORDER BY depth DESC
-"""
+
+def _up_sql(step: str) -> str:
+    """One upward recursive query from a node: its cost follows the path's depth, never the table's
+    size (T5). The depth guard stops a corrupt loop instead of recursing for ever."""
+    return f"""
+    WITH RECURSIVE path AS (
+        SELECT {_PATH_COLUMNS}, 0 AS depth FROM {_NODE} WHERE id = %s
+        UNION ALL
+        SELECT {_UP_COLUMNS}, path.depth + 1
+        FROM {_NODE} n JOIN path ON n.id = {step}
+        WHERE path.depth < %s
+    )
+    SELECT {_PATH_COLUMNS} FROM path ORDER BY depth DESC
+    """
+
+
+# Assembly's path stops at a compaction root (C2); the history behind it goes on through the
+# root's original (C3), for the screen and for T10.
+_PATH_SQL = _up_sql("path.parent_id")
+_HISTORY_SQL = _up_sql("COALESCE(path.parent_id, path.compacted_from_id)")
 
 
 def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
-def node_path(head_id: int | None) -> list[PathNode]:
-    """Return the path from the root (or the compaction node) down to `head_id`, in one query."""
+def _read_up(sql: str, head_id: int | None) -> list[PathNode]:
     if head_id is None:
         return []
     limit = settings.ARBOR_PATH_DEPTH_LIMIT
     with connection.cursor() as cursor:
-        cursor.execute(_PATH_SQL, [head_id, limit])
+        cursor.execute(sql, [head_id, limit])
         rows = cursor.fetchall()
     if len(rows) > limit:
         raise CorruptTree(f"the path from node {head_id} is deeper than {limit} nodes: the tree has a loop")
-    return [PathNode(r[0], r[1], r[2], r[3], _json(r[4]), _json(r[5]), r[6], r[7]) for r in rows]
+    return [PathNode(r[0], r[1], r[2], r[3], _json(r[4]), _json(r[5]), r[6], r[7], r[8], r[9], r[10]) for r in rows]
+
+
+def node_path(head_id: int | None) -> list[PathNode]:
+    """Return the path from the root (or the compaction node) down to `head_id`, in one query."""
+    return _read_up(_PATH_SQL, head_id)
+
+
+def history_path(head_id: int | None) -> list[PathNode]:
+    """Return everything the conversation went through to reach `head_id`, in one query: the path, and
+    behind each compaction root its original path (C3). The roots stay in the list, where they happened."""
+    return _read_up(_HISTORY_SQL, head_id)
+
+
+def context_path(path: list[PathNode], provider: str | None) -> list[PathNode]:
+    """The path a call to `provider` assembles from (C3): when `provider` cannot read the compaction
+    result the path starts with, the original path behind it takes the root's place, recursively.
+
+    Token counts after the root are moved onto the expanded path so budget checks stay O(1).
+    """
+    if not path or not is_compaction_root(path[0]) or readable_by(path[0].sent, provider):
+        return path
+    original = context_path(node_path(path[0].compacted_from_id), provider)
+    offset = (original[-1].path_tokens if original else 0) - path[0].tokens
+    return [*original, *(p._replace(path_tokens=p.path_tokens + offset, shift=p.shift + offset) for p in path[1:])]
+
+
+def opens_turn(node: PathNode) -> bool:
+    """A turn node that sent a question. A compaction root's kept items hold questions too, but the
+    root opens nothing: its questions belong to the original turns (T10)."""
+    return node.kind == Node.Kind.TURN and question_of(node.sent) is not None
 
 
 def conversation_for_user(*, user, conversation_id: Any) -> Conversation:
@@ -122,7 +160,7 @@ def turn_start(path: list[PathNode], index: int | None = None) -> int | None:
     """Return the index in `path` of the node that opened the turn holding `path[index]` (default: the head)."""
     position = len(path) - 1 if index is None else index
     while position >= 0:
-        if question_of(path[position].sent) is not None:
+        if opens_turn(path[position]):
             return position
         position -= 1
     return None
@@ -137,12 +175,12 @@ class BranchInfo:
 
 def branch_infos(*, conversation: Conversation, path: list[PathNode]) -> dict[int, BranchInfo]:
     """For every turn-opening node on the path, its place among the turns that share its parent (T8)."""
-    openers = [p for p in path if question_of(p.sent) is not None]
+    openers = [p for p in path if opens_turn(p)]
     if not openers:
         return {}
     path_ids = {p.id for p in path}
     parents = {p.parent_id for p in openers if p.parent_id is not None}
-    candidates = Node.objects.can_be_head().filter(tree_scope(conversation, path_ids)).filter(
+    candidates = Node.objects.can_be_head().filter(tree_scope(conversation, path_ids), kind=Node.Kind.TURN).filter(
         Q(parent_id__in=parents) | Q(parent__isnull=True, conversation=conversation)
         if any(p.parent_id is None for p in openers) else Q(parent_id__in=parents)
     ).values_list("id", "parent_id", "sent")
@@ -163,14 +201,33 @@ def branch_infos(*, conversation: Conversation, path: list[PathNode]) -> dict[in
 class BubbleView:
     bubble: Bubble
     branch: BranchInfo | None
+    # T10: a question behind a compaction root cannot be edited (nor regenerated) any more.
+    editable: bool = True
+
+
+COMPACTION_ROLE = "compaction"
+
+
+def _compaction_marker(root: PathNode) -> Bubble:
+    """A bubble-like entry, never saved, where a compaction happened on the shown history."""
+    return Bubble(node_id=root.id, role=COMPACTION_ROLE,
+                  content="Earlier messages were compacted: from here on the model sees a summary of them.",
+                  data={"compaction": root.id, "compacted_from": root.compacted_from_id})
 
 
 def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = None) -> list[BubbleView]:
-    """The bubbles of the nodes on the path, in path order, each with its turn's branch info (T8)."""
+    """The bubbles of the nodes on the path, in path order, each with its turn's branch info (T8).
+
+    Behind a compaction root the original path's bubbles are shown too (C3), with a marker entry
+    (role `compaction`, no id) where compaction happened; bubbles before the last one are not editable.
+    """
     if path is None:
-        path = node_path(conversation.head_id)
+        path = history_path(conversation.head_id)
+    elif path and is_compaction_root(path[0]):
+        path = [*history_path(path[0].compacted_from_id), *path]
     if not path:
         return []
+    last_root = max((i for i, p in enumerate(path) if is_compaction_root(p)), default=-1)
     order = {p.id: i for i, p in enumerate(path)}
     infos = branch_infos(conversation=conversation, path=path)
     opener_of: dict[int, int] = {}
@@ -180,11 +237,11 @@ def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = No
             current = p.id
         if current is not None:
             opener_of[p.id] = current
-    bubbles = sorted(
-        Bubble.objects.filter(node_id__in=order.keys()),
-        key=lambda b: (order[b.node_id], b.id),
-    )
-    return [BubbleView(bubble=b, branch=infos.get(opener_of.get(b.node_id, -1))) for b in bubbles]
+    bubbles = [*Bubble.objects.filter(node_id__in=order.keys()),
+               *(_compaction_marker(p) for p in path if is_compaction_root(p))]
+    bubbles.sort(key=lambda b: (order[b.node_id], b.id or 0))
+    return [BubbleView(bubble=b, branch=None if b.pk is None else infos.get(opener_of.get(b.node_id, -1)),
+                       editable=order[b.node_id] > last_root) for b in bubbles]
 
 
 def latest_tip(*, conversation: Conversation, node_id: int) -> int | None:

@@ -124,8 +124,9 @@ def _nodes_others_need(conversation: Conversation) -> set[int]:
     """Nodes of this conversation that another conversation's tree still passes through (T11, P3).
 
     Start where another conversation touches this one's nodes (its head on one, a node of its own hung
-    below one, a compaction of its own made from one), then walk up parents and compaction originals
-    (C3). Every step is an indexed look-up: the cost follows this conversation, not the table.
+    below one, a compaction of its own made from one), then walk up parents, compaction originals (C3)
+    and the roots' summarising calls (kept for audit). Every step is an indexed look-up: the cost follows
+    this conversation, not the table.
     """
     sql = f"""
     WITH RECURSIVE seeds(id) AS (
@@ -138,13 +139,14 @@ def _nodes_others_need(conversation: Conversation) -> set[int]:
         SELECT n.compacted_from_id FROM {_NODE} n JOIN {_NODE} o ON o.id = n.compacted_from_id
         WHERE o.conversation_id = %s AND (n.conversation_id IS NULL OR n.conversation_id != %s)
     ),
-    edge(which) AS (SELECT 0 UNION ALL SELECT 1),
+    edge(which) AS (SELECT 0 UNION ALL SELECT 1 UNION ALL SELECT 2),
     needed(id) AS (
         SELECT id FROM seeds
         UNION
-        SELECT CASE edge.which WHEN 0 THEN x.parent_id ELSE x.compacted_from_id END
+        SELECT CASE edge.which WHEN 0 THEN x.parent_id WHEN 1 THEN x.compacted_from_id ELSE x.summary_call_id END
         FROM needed JOIN {_NODE} x ON x.id = needed.id CROSS JOIN edge
-        WHERE CASE edge.which WHEN 0 THEN x.parent_id ELSE x.compacted_from_id END IS NOT NULL
+        WHERE CASE edge.which WHEN 0 THEN x.parent_id WHEN 1 THEN x.compacted_from_id ELSE x.summary_call_id END
+            IS NOT NULL
     )
     SELECT n.id FROM {_NODE} n JOIN needed ON n.id = needed.id WHERE n.conversation_id = %s
     """

@@ -4,11 +4,13 @@ Every way of asking the model something (a new question, an edit, a regenerate, 
 an approval) first decides *where the new node's parent is*, then hands over to `Turn.events`, which
 runs the rounds:
 
-    check ownership -> load state -> gather instructions -> assemble -> call the model, streaming ->
-    keep what came back -> commit node, head, bubbles and jobs in one transaction.
+    check ownership -> load state -> compact if needed -> gather instructions -> assemble -> call the
+    model, streaming -> keep what came back -> commit node, head, bubbles and jobs in one transaction.
 
-(Compaction, C1/C2, will run between "load state" and "assemble".) `Turn.events` is a generator of
-`TurnEvent`s; closing it (stop, or a client that went away) ends the turn as failed/cancelled.
+Loading the state expands a compaction root the conversation's model cannot read (C3,
+`selectors.context_path`); before each round's call, `conversations.compaction` runs when the call
+would pass the budget's threshold (C1, C2). `Turn.events` is a generator of `TurnEvent`s; closing it
+(stop, or a client that went away) ends the turn as failed/cancelled.
 """
 
 from __future__ import annotations
@@ -24,12 +26,28 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from conversations import budget, compaction, llm, services
 from conversations import items as it
-from conversations import llm, services
-from conversations.context import PathNode, assemble
-from conversations.errors import ApprovalPending, BadInput, BeforeCompaction, NotFound, TooLarge, TurnInProgress
+from conversations.context import PathNode, assemble, is_compaction_root
+from conversations.errors import (
+    ApprovalPending,
+    BadInput,
+    BeforeCompaction,
+    NotFound,
+    ProviderFailed,
+    TooLarge,
+    TurnInProgress,
+)
 from conversations.models import Bubble, Conversation, Node, ToolApproval
-from conversations.selectors import conversation_for_user, instructions_for, node_path, turn_start
+from conversations.selectors import (
+    context_path,
+    conversation_for_user,
+    history_path,
+    instructions_for,
+    node_path,
+    opens_turn,
+    turn_start,
+)
 from conversations.tools import all_tools, get_tool
 from conversations.tools.runner import run_tool_call
 
@@ -116,19 +134,21 @@ def _question_index(conversation: Conversation, path: list[PathNode], node_id: A
         raise BadInput("`node` must be a node id.") from None
     for index, node in enumerate(path):
         if node.id == node_id:
-            if it.question_of(node.sent) is None:
+            if is_compaction_root(node):
+                break
+            if not opens_turn(node):
                 raise BadInput(f"Node {node_id} did not send a question; pass the node that did.")
             return index
-    if path and path[0].kind == Node.Kind.COMPACTION and _before_compaction(path[0].id, node_id):
+    if path and is_compaction_root(path[0]) and _before_compaction(path[0], node_id):
         raise BeforeCompaction(f"Node {node_id} lies before the compaction node {path[0].id}; it cannot be edited.")
     if Node.objects.filter(pk=node_id, conversation=conversation).exists():
         raise BadInput(f"Node {node_id} is not on this conversation's current path; switch to its branch first.")
     raise NotFound(f"No node {node_id} in this conversation.")
 
 
-def _before_compaction(compaction_id: int, node_id: int) -> bool:
-    original = Node.objects.filter(pk=compaction_id).values_list("compacted_from", flat=True).first()
-    return any(p.id == node_id for p in node_path(original))
+def _before_compaction(root: PathNode, node_id: int) -> bool:
+    """T10: is `node_id` the root itself, or anywhere on the history behind it (through every earlier root)?"""
+    return node_id == root.id or any(p.id == node_id for p in history_path(root.compacted_from_id))
 
 
 def _reposition(*, user, conversation: Conversation, token: uuid.UUID, node_id: Any, content: str | None) -> Turn:
@@ -139,6 +159,8 @@ def _reposition(*, user, conversation: Conversation, token: uuid.UUID, node_id: 
     path = node_path(conversation.head_id)
     if node_id is None:
         index = turn_start(path)
+        if index is None and path and is_compaction_root(path[0]):
+            raise BeforeCompaction(f"The last question lies before the compaction node {path[0].id}; ask a new one.")
         if index is None:
             raise BadInput("There is no question to regenerate yet.")
     else:
@@ -236,17 +258,49 @@ def _resolve_calls(node: PathNode, *, run: bool, note: str = "") -> list[it.Item
 
 def next_context(conversation: Conversation) -> list[dict[str, Any]]:
     """What the next call from the head would send: the path, then results for calls still open."""
-    path = node_path(conversation.head_id)
+    provider = llm.provider_of(conversation.model or settings.ARBOR_MODEL)
+    path = context_path(node_path(conversation.head_id), provider)
     tip = path[-1] if path else None
     waiting = _resolve_calls(tip, run=False, note="pending: waiting for a person's decision") if tip else []
-    return assemble(path, waiting, instructions=instructions_for(conversation),
-                    provider=llm.provider_of(conversation.model or settings.ARBOR_MODEL))
+    return assemble(path, waiting, instructions=instructions_for(conversation), provider=provider)
 
 
 def call_context(node: Node) -> list[dict[str, Any]]:
-    """What the call of `node` was sent: its parent's path, its own items, its instructions ("what the model saw")."""
-    return assemble(node_path(node.parent_id), node.sent, instructions=node.instructions,
-                    provider=node.provider or None)
+    """What the call of `node` was sent: its parent's path, its own items, its instructions ("what the model saw").
+
+    A compaction root sent nothing itself: its context is what the next call below it starts with.
+    """
+    provider = node.provider or None
+    if node.parent_id is None and node.kind == Node.Kind.COMPACTION:
+        return assemble([_path_node(node)], (), instructions=node.instructions, provider=provider)
+    return assemble(context_path(node_path(node.parent_id), provider), node.sent, instructions=node.instructions,
+                    provider=provider)
+
+
+def turn_compact(*, user, conversation_id: Any) -> Node:
+    """Compact now (C2): the head moves to a new compaction root. Holds the turn lock like a turn (T9)."""
+    return _locked(_compact_now)(user=user, conversation_id=conversation_id)
+
+
+def _compact_now(*, user, conversation: Conversation, token: uuid.UUID) -> Node:
+    try:
+        model = conversation.model or settings.ARBOR_MODEL
+        path = context_path(node_path(conversation.head_id), llm.provider_of(model))
+        if not path:
+            raise compaction.NothingToCompact("Nothing to compact: the conversation has no messages yet.")
+        if _open_calls(path[-1]):
+            raise ApprovalPending("A tool call is still open: approve or refuse it (or let its turn end) first.")
+        try:
+            done = compaction.compact(conversation=conversation, path=path, model=model,
+                                      instructions=instructions_for(conversation), turn_token=token)
+        except compaction.SummaryFailed as failed:
+            raise ProviderFailed(failed.error.reason, f"The summarising call failed: {failed.error.message}",
+                                 node=failed.node_id, head=conversation.head_id) from failed
+        if not done.head_moved:
+            raise TurnInProgress("The compaction outlived its lock and another turn took over; its nodes are kept.")
+        return Node.objects.get(pk=done.root.id)
+    finally:
+        services.turn_lock_release(conversation=conversation, token=token)
 
 
 # --- the rounds ---------------------------------------------------------------------------------------
@@ -303,16 +357,22 @@ class Turn:
 
     def _rounds(self) -> Iterator[TurnEvent]:
         max_rounds = max(1, settings.ARBOR_MAX_ROUNDS_PER_TURN)
-        path = self._path  # read once, when the turn began (T5): later rounds append their own node
+        # Read once, when the turn began (T5): later rounds append their own node. C3: expanded when
+        # this model cannot read the compaction result the path starts with.
+        path = context_path(self._path, self.provider)
         for round_number in range(1, max_rounds + 1):
-            parent = path[-1] if path else None
             sent = [*(_resolve_calls(self._open, run=True) if self._open else []), *self.new_items]
             self.new_items = []
-            messages = assemble(path, sent, instructions=self.instructions, provider=self.provider)
             # The last round offers no tools, so a turn ends with an answer.
             last_round = round_number == max_rounds
             tools = None if last_round else [t.spec() for t in all_tools()]
-            node = self._start_node(parent_id=parent.id if parent else None, sent=sent)
+            path, compacted = self._compact_if_needed(path, sent, tools)
+            parent = path[-1] if path else None
+            messages = assemble(path, sent, instructions=self.instructions, provider=self.provider)
+            node = self._start_node(parent=parent, sent=sent)
+            if compacted:
+                yield TurnEvent("compaction", {"node": compacted.root.id, "summary_call": compacted.summary_call,
+                                               "compacted_from": compacted.root.compacted_from_id})
             yield from self._announce_results(sent)
             result = yield from self._call_model(node, messages, tools)
             if result is None:
@@ -323,7 +383,8 @@ class Turn:
                 yield self._superseded(node)
                 return
             if calls and not waiting:
-                self._open = _path_node(node)  # from here, a stop gives these calls 'not run' results
+                # From here, a stop gives these calls 'not run' results. Shifted like its parent (C3).
+                self._open = _path_node(node, shift=parent.shift if parent else 0)
                 path = [*path, self._open]
             for c in calls:
                 yield TurnEvent("tool_call", {**_tool_bubble_data(c), "node": node.pk})
@@ -339,6 +400,30 @@ class Turn:
                 yield self._fail(llm.LLMError("round_limit", f"the model still asked for tools after {max_rounds} "
                                               "rounds; those calls were not run"))
                 return
+
+    def _compact_if_needed(self, path: list[PathNode], sent: list[it.Item], tools: list[dict] | None
+                           ) -> tuple[list[PathNode], compaction.Compaction | None]:
+        """C1, C2: compact before a call that would pass the threshold; the call then hangs below the root.
+
+        A failed summarising call is recorded and the turn goes on uncompacted: the call itself may
+        still fit the limit, and if it does not, its overflow is recorded like any other (F2).
+        """
+        if not compaction.needed(path, sent, model=self.model, provider=self.provider,
+                                 instructions=self.instructions, tools=tools):
+            return path, None
+        self._release_connection()
+        results = [item for item in sent if item.get("type") == "tool_result"]
+        try:
+            done = compaction.compact(conversation=self.conversation, path=path, model=self.model,
+                                      instructions=self.instructions, pending_results=results,
+                                      turn_token=self.token, keep_alive=self._renew_lock_if_due)
+        except compaction.NothingToCompact:
+            return path, None
+        except compaction.SummaryFailed as failed:
+            self.nodes.append(failed.node_id)
+            return path, None
+        self.nodes.extend([done.summary_call, done.root.id])
+        return [done.root], done
 
     def _call_model(self, node: Node, messages: list[dict], tools: list[dict] | None
                     ) -> Generator[TurnEvent, None, llm.CallResult | None]:
@@ -363,13 +448,16 @@ class Turn:
             yield self._fail(error)
             return None
 
-    def _start_node(self, *, parent_id: int | None, sent: list[it.Item]) -> Node:
+    def _start_node(self, *, parent: PathNode | None, sent: list[it.Item]) -> Node:
         """T3: the node exists, pending, before its call; the question's bubble commits with it."""
+        parent_id = parent.id if parent else None
+        tokens = budget.items_tokens(sent, model=self.model, provider=self.provider)
         with transaction.atomic():
             node = Node.objects.create(
                 parent_id=parent_id, conversation=self.conversation, kind=Node.Kind.TURN,
                 status=Node.Status.PENDING, sent=sent, provider=self.provider, model=self.model,
-                instructions=self.instructions,
+                instructions=self.instructions, tokens=tokens,
+                path_tokens=(parent.stored_path_tokens if parent else 0) + tokens,
             )
             question = it.question_of(sent)
             if question is not None:
@@ -419,13 +507,17 @@ class Turn:
         Return False if this turn lost its lock (it outlived its expiry and another turn took over):
         its node is kept all the same, but it may not move the head (R3).
         """
+        received_tokens = budget.items_tokens(result.received, model=self.model, provider=result.provider)
         with transaction.atomic():
             node.status = Node.Status.SUCCEEDED
             node.received = result.received
             node.usage = result.usage
             node.provider, node.model = result.provider, result.model
             node.finished_at = timezone.now()
-            node.save(update_fields=["status", "received", "usage", "provider", "model", "finished_at"])
+            node.tokens += received_tokens
+            node.path_tokens += received_tokens
+            node.save(update_fields=["status", "received", "usage", "provider", "model", "finished_at", "tokens",
+                                     "path_tokens"])
             answer = it.answer_text(result.received)
             if answer:
                 Bubble.objects.create(conversation=self.conversation, node=node, role=Bubble.Role.ASSISTANT,
@@ -464,7 +556,7 @@ class Turn:
         """
         if self._pending is None and self._open is not None:
             note = f"not run: {error.message}"
-            self._start_node(parent_id=self._open.id, sent=_resolve_calls(self._open, run=False, note=note))
+            self._start_node(parent=self._open, sent=_resolve_calls(self._open, run=False, note=note))
         node = self._pending
         if node is None:
             return TurnEvent("error", {"code": error.reason, "message": error.message})
@@ -485,6 +577,7 @@ class Turn:
                                    "head": self.conversation.head_id, "nodes": list(self.nodes)})
 
 
-def _path_node(node: Node) -> PathNode:
+def _path_node(node: Node, *, shift: int = 0) -> PathNode:
     return PathNode(id=node.pk, parent_id=node.parent_id, kind=node.kind, status=node.status, sent=node.sent,
-                    received=node.received, provider=node.provider, model=node.model)
+                    received=node.received, provider=node.provider, model=node.model, tokens=node.tokens,
+                    path_tokens=node.path_tokens + shift, compacted_from_id=node.compacted_from_id, shift=shift)

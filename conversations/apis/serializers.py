@@ -55,14 +55,15 @@ class NodeOut(serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = ["id", "parent", "conversation", "kind", "status", "failure_reason", "failure_message", "sent",
-                  "received", "provider", "model", "usage", "compacted_from", "created_at", "finished_at"]
+                  "received", "provider", "model", "usage", "compacted_from", "created_at", "finished_at",
+                  "summary_call", "tokens", "path_tokens"]
 
 
 class NodeSummaryOut(serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = ["id", "parent", "conversation", "kind", "status", "failure_reason", "provider", "model", "usage",
-                  "compacted_from", "created_at"]
+                  "compacted_from", "created_at", "summary_call", "tokens", "path_tokens"]
 
 
 class TurnIn(serializers.Serializer):
@@ -99,12 +100,14 @@ class BranchOut(serializers.Serializer):
 
 
 class BubbleOut(serializers.Serializer):
-    id = serializers.IntegerField(source="bubble.id")
+    id = serializers.IntegerField(source="bubble.id", allow_null=True,
+                                  help_text="null for the marker where a compaction happened (role `compaction`)")
     node = serializers.IntegerField(source="bubble.node_id")
     role = serializers.CharField(source="bubble.role")
     content = serializers.CharField(source="bubble.content")
     data = serializers.JSONField(source="bubble.data")
     branch = BranchOut(allow_null=True)
+    editable = serializers.BooleanField(help_text="false before a compaction node (T10): no edit or regenerate")
 
     def to_representation(self, instance: BubbleView):
         return super().to_representation(instance)

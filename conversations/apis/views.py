@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 from conversations import services, turns
 from conversations.apis import serializers as s
 from conversations.apis.errors import error_body
+from conversations.errors import FAILURE_STATUS
 from conversations.models import Node
 from conversations.selectors import (
     conversation_for_user,
@@ -31,8 +32,6 @@ from conversations.selectors import (
 from conversations.streaming import events_in_thread
 
 logger = logging.getLogger("arbor.api")
-
-_FAILURE_STATUS = {"rate_limit": 503, "timeout": 503, "context_overflow": 502, "provider_error": 502}
 
 
 def off_the_shared_thread(view: Callable) -> Callable:
@@ -160,7 +159,7 @@ def _turn_response(request: Request, turn: turns.Turn | None) -> Response | Stre
     if last.type == "error":
         body = error_body(last.data["code"], last.data["message"], node=last.data.get("node"),
                           head=last.data.get("head"), nodes=nodes)
-        return Response(body, status=_FAILURE_STATUS.get(last.data["code"], 502))
+        return Response(body, status=FAILURE_STATUS.get(last.data["code"], 502))
     if last.type == "approval_required":
         return Response({"answer": None, "head": turn.conversation.head_id, "nodes": nodes,
                          "approval_required": last.data["calls"]}, status=status.HTTP_202_ACCEPTED)
@@ -201,7 +200,8 @@ _TURN_RESPONSES = {
 class TurnCreate(TurnView):
     @extend_schema(request=s.TurnIn, responses=_TURN_RESPONSES,
                    description="Run a turn from the head. `Accept: text/event-stream` streams SSE events "
-                               "`token`, `tool_call`, `tool_result`, `approval_required`, `done`, `error`.")
+                               "`token`, `tool_call`, `tool_result`, `approval_required`, `compaction` (the "
+                               "context was compacted before this call, C2), `done`, `error`.")
     def post(self, request: Request, conversation_id: int):
         data = _valid(s.TurnIn, request)
         turn = turns.turn_ask(user=request.user, conversation_id=conversation_id, content=data["content"])
@@ -261,6 +261,22 @@ class ConversationClear(APIView):
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
         services.conversation_clear(conversation=conversation)
         return Response(s.ConversationOut(conversation).data)
+
+
+class ConversationCompact(APIView):
+    @extend_schema(
+        request=None,
+        responses={201: s.NodeOut, 400: OpenApiResponse(description="nothing_to_compact"),
+                   409: OpenApiResponse(description="turn_in_progress or approval_pending"),
+                   502: OpenApiResponse(description="the summarising call failed; its node is recorded, "
+                                                    "the head did not move"),
+                   503: OpenApiResponse(description="the provider timed out or is rate limited")},
+        description="Compact now (C2): summarise the path, start a new one at a parentless compaction node "
+                    "that points at the old head (C3), and move the head there.",
+    )
+    def post(self, request: Request, conversation_id: int) -> Response:
+        root = turns.turn_compact(user=request.user, conversation_id=conversation_id)
+        return Response(s.NodeOut(root).data, status=status.HTTP_201_CREATED)
 
 
 class ContextDetail(APIView):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from io import StringIO
+
+from django.core.management import call_command
+
 from conversations import turns
 from conversations.models import Conversation, Node
 
@@ -18,3 +22,10 @@ def head(conversation: Conversation) -> Node | None:
 
 def answer(events) -> str:
     return events[-1].data.get("answer", "")
+
+
+def command_output(name: str, *args: str) -> str:
+    """Run a management command; return what it printed."""
+    out = StringIO()
+    call_command(name, *args, stdout=out)
+    return out.getvalue()

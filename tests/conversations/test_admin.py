@@ -268,3 +268,19 @@ def test_cost_is_summed_per_branch_and_per_conversation(admin_client, tree):
     assert branches[tree["playbook"].pk]["cost"] == "$0.0250"
     changelist = admin_client.get(reverse("admin:conversations_conversation_changelist"))
     assert b"$0.0250" in changelist.content
+
+
+def test_c2_the_compaction_node_page_links_its_summarising_call_and_back(admin_client, conversation, settings):
+    """C2, C3: staff reach the summarising call from the compaction node, and the node from the call."""
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    for i in range(3):
+        ask(conversation, f"question {i}")
+    root = turns.turn_compact(user=conversation.owner, conversation_id=conversation.pk)
+    page = admin_client.get(node_url(root.pk)).content.decode()
+    assert f'class="summary-call" href="{node_url(root.summary_call_id)}"' in page
+    assert f'class="compacted-from" href="{node_url(root.compacted_from_id)}"' in page
+    call_page = admin_client.get(node_url(root.summary_call_id)).content.decode()
+    assert f'class="summary-for" href="{node_url(root.pk)}"' in call_page
+    assert f'class="parent" href="{node_url(root.compacted_from_id)}"' in call_page
+    tree_page = admin_client.get(tree_url(conversation)).content.decode()
+    assert f'id="node-{root.summary_call_id}"' in tree_page, "the summarising call is in the tree explorer"

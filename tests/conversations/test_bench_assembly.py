@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from io import StringIO
-
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import connection
 
 from conversations.models import Conversation, Node
+from tests.conversations.helpers import command_output
 
 
 def _run(*args: str) -> str:
-    out = StringIO()
-    call_command("bench_assembly", *args, stdout=out)
-    return out.getvalue()
+    return command_output("bench_assembly", *args)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -588,3 +588,44 @@ def test_closing_an_echo_stream_mid_answer_raises_cancelled_with_the_partial_tex
     assert info.value.reason == "cancelled"
     assert info.value.partial == [{"type": "text", "text": "".join(first)}]
     assert "".join(first) == "echo: one "
+
+
+def _drain(stream):
+    while True:
+        try:
+            next(stream)
+        except StopIteration as stop:
+            return stop.value
+
+
+def test_c3_echo_answers_a_summarising_call_with_an_opaque_item_only_it_can_read(stub):
+    """C3: asked to compact, arbor/echo streams its summary and an opaque `summary` item (provider arbor);
+    sent back to echo, the item reads as the summary; nothing else in it is readable text."""
+    messages = [{"role": "user", "content": "the revenue was 42"}, {"role": "assistant", "content": "noted"},
+                {"role": "user", "content": "summarise please"}]
+    result = _drain(llm.stream_call(model="arbor/echo", messages=messages, compaction=True))
+    text, opaque = result.received[1], result.received[0]
+    assert text["text"].startswith("summary of 2 messages: user:the revenue was 42")
+    assert opaque["type"] == "summary" and opaque["provider"] == "arbor" and opaque["text"] == ""
+    assert "revenue" not in opaque["data"]
+    back = _drain(llm.stream_call(model="arbor/echo", messages=[{"role": "user", "content": opaque["data"]},
+                                                                {"role": "user", "content": "and now?"}]))
+    assert "seen: user:summary of 2 messages: user:th | user:and now?" in back.received[0]["text"]
+    plain = _drain(llm.stream_call(model="arbor/echo", messages=messages))
+    assert [i["type"] for i in plain.received] == ["text"], "an ordinary call gets no compaction item"
+
+
+def test_c3_only_providers_with_native_compaction_are_asked_for_it(stub):
+    """The stub (OpenAI) is never sent arbor's private flag, even for a summarising call."""
+    _drain(llm.stream_call(model="openai/stub-model", messages=[{"role": "user", "content": "hi"}], compaction=True))
+    assert "arbor_compaction" not in stub.requests[-1]
+
+
+def test_c1_count_tokens_agrees_with_what_echo_reports_and_uses_litellm_for_others(stub):
+    """C1: the budget counts echo's input exactly as echo's limit does; other models use litellm's counter."""
+    messages = [{"role": "system", "content": "s" * 200}, {"role": "user", "content": "q" * 400}]
+    _, result = echo(messages)
+    assert llm.count_tokens("arbor/echo", messages) == result.usage["prompt_tokens"]
+    assert llm.count_tokens("openai/gpt-4o", messages) == litellm.token_counter(model="openai/gpt-4o",
+                                                                                messages=messages)
+    assert llm.count_tokens("openai/gpt-4o", []) == 0

@@ -183,3 +183,24 @@ def test_markdown_keeps_model_html_out_of_the_page():
                                "```\n<script>\n```"))
     assert "<img" not in html and "<script" not in html and 'href="javascript' not in html
     assert "&lt;img src=x onerror=alert(1)&gt;" in html and "&lt;script&gt;" in html
+
+
+def test_compact_button_keeps_the_history_on_screen_and_locks_edits_before_it(page, conversation, settings):
+    """C2, T10: compacting from the page moves the head to a compaction node; the page still shows every
+    earlier bubble, marks where compaction happened, and offers no ✎ or ↻ before it."""
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    for question in ("one", "two", "three"):
+        ask(conversation, question)
+    response = page.post(reverse("chat-compact", args=[conversation.pk]), follow=True)
+    assert "Compacted" in response.content.decode()
+    root = head(conversation)
+    assert root.kind == "compaction" and root.parent_id is None and root.compacted_from_id is not None
+    ask(conversation, "four")
+    html = page.get(reverse("chat-messages", args=[conversation.pk])).content.decode()
+    assert html.count('class="msg user"') == 4 and 'class="compaction-marker"' in html
+    before, after = html.split('class="compaction-marker"')
+    assert 'data-action="edit"' not in before and 'data-action="regenerate"' not in before
+    assert after.count('data-action="edit"') == 1 and after.count('data-action="regenerate"') == 1
+    assert reverse("chat-seen", args=[root.pk]) in html
+    seen = page.get(reverse("chat-seen", args=[root.pk]), headers={"X-Fragment": "1"}).content.decode()
+    assert "&lt;arbor-compaction:" in seen and "<pre>three</pre>" in seen, "the opaque summary, then the kept turn"

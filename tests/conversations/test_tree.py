@@ -59,7 +59,11 @@ def test_the_depth_guard_stops_a_corrupt_loop(conversation, settings):
         ({"status": "failed"}, "node_failure_reason_iff_failed"),
         ({"status": "succeeded", "failure_reason": "timeout"}, "node_failure_reason_iff_failed"),
         ({"status": "failed", "failure_reason": "gremlins"}, "node_failure_reason_known"),
-        ({"kind": "compaction", "parent": "PARENT"}, "node_compaction_has_no_parent"),
+        ({"kind": "compaction", "parent": "PARENT", "compacted_from": "PARENT"},
+         "node_compaction_root_or_summarising_call"),
+        ({"kind": "compaction"}, "node_compaction_root_or_summarising_call"),
+        ({"kind": "compaction", "parent": "PARENT", "summary_call": "PARENT"},
+         "node_summary_call_only_on_compaction_root"),
         ({"kind": "turn", "compacted_from": "PARENT"}, "node_original_only_on_compaction"),
     ],
 )
@@ -77,7 +81,9 @@ def test_t1_a_node_cannot_be_its_own_parent(conversation):
 
 
 def compact(conversation):
-    """A compaction node as C2/C3 lay it out (the compaction issue builds the summarising call)."""
+    """A compaction root laid out by hand, as C2/C3 shape it (tests/conversations/test_compaction.py runs the
+    real one, with its summarising call)."""
+    conversation.refresh_from_db()
     original = conversation.head_id
     summary = Node.objects.create(kind="compaction", status="succeeded", conversation=conversation,
                                   compacted_from_id=original, sent=[it.system("summary of the conversation so far")])

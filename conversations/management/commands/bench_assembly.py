@@ -50,8 +50,10 @@ TREE_QUERIES_BUDGET_S = 20.0  # per tree: fewer runs than --repeat if django-tre
 UNFILTERED_CAP_S = 60
 BATCH = 2000  # bulk_create batch size when COPY is not available
 NODE_COLUMNS = ("id", "parent_id", "conversation_id", "kind", "status", "failure_reason", "failure_message",
-                "sent", "received", "provider", "model", "usage", "instructions", "created_at", "finished_at")
-PATH_COLUMNS = "id, parent_id, kind, status, sent, received, provider, model"  # what node_path reads
+                "sent", "received", "provider", "model", "usage", "created_at", "finished_at", "instructions",
+                "tokens", "path_tokens")
+# What node_path reads.
+PATH_COLUMNS = "id, parent_id, kind, status, sent, received, provider, model, tokens, path_tokens, compacted_from_id"
 ANSWER = ("Revenue in the north rose 12% quarter on quarter, driven by the enterprise segment; the south was "
           "flat, and the west fell 3% after two large renewals slipped into the next quarter. Margins held. ")
 
@@ -150,7 +152,7 @@ def full_rows(rows: Iterable[tuple], *, as_json: bool) -> Iterator[tuple]:
         if as_json:
             sent, received = json.dumps(sent), json.dumps(received)
         yield (node_id, parent_id, conversation_id, "turn", "succeeded", "", "", sent, received, PROVIDER, MODEL,
-               "{}" if as_json else {}, INSTRUCTIONS, now, now)
+               "{}" if as_json else {}, now, now, INSTRUCTIONS, 0, 0)
 
 
 def copy_nodes(rows: Iterable[tuple]) -> None:
@@ -267,7 +269,7 @@ def raw_floor(ids: list[int]) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(floor_sql(len(ids)), [ids] if connection.vendor == "postgresql" else ids)
         rows = cursor.fetchall()
-    return [(r[0], r[1], r[2], r[3], _decoded(r[4]), _decoded(r[5]), r[6], r[7]) for r in rows]
+    return [(r[0], r[1], r[2], r[3], _decoded(r[4]), _decoded(r[5]), r[6], r[7], r[8], r[9], r[10]) for r in rows]
 
 
 def arbor_and_floor(tree: Tree) -> dict[str, Callable[[], object]]:

@@ -1,0 +1,51 @@
+"""The budget (C1): how many input tokens a call may use, and what a path and new items cost.
+
+The limit is the model's *input* limit (litellm's model info, or a setting), never its context window;
+a reserve is kept free for the answer; compaction runs before a call that would pass the threshold, a
+share of what is left. Every node stores its own count and its path's (`Node.tokens`,
+`Node.path_tokens`), so the check before a call costs O(new items), not O(path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from conversations import items as it
+from conversations import llm
+from conversations.context import PathNode, to_messages
+
+
+@dataclass(frozen=True)
+class Budget:
+    limit: int  # the model's max input tokens
+    reserve: int  # kept free for the answer
+    threshold: int  # compaction runs before a call that would pass this
+
+    @property
+    def allowed(self) -> int:
+        return self.limit - self.reserve
+
+
+def budget_for(model: str) -> Budget:
+    """Read at call time: settings may change between calls (and do, in tests)."""
+    limit = llm.max_input_tokens(model)
+    # A reserve above a quarter of the limit would leave small models (arbor/echo) nothing to work with.
+    reserve = min(settings.ARBOR_ANSWER_RESERVE_TOKENS, limit // 4)
+    return Budget(limit=limit, reserve=reserve, threshold=int((limit - reserve) * settings.ARBOR_COMPACTION_THRESHOLD))
+
+
+def items_tokens(items: Sequence[it.Item], *, model: str, provider: str | None) -> int:
+    """What `items` cost as messages for `model`: a node's own count."""
+    return llm.count_tokens(model, to_messages(items, provider=provider)) if items else 0
+
+
+def call_tokens(path: Sequence[PathNode], new_items: Sequence[it.Item], *, model: str, provider: str | None,
+                instructions: str = "", tools: list[dict] | None = None) -> int:
+    """The input of a call below the last node of `path`: the path's stored count plus what is new."""
+    messages = to_messages(new_items, provider=provider)
+    if instructions:
+        messages.insert(0, {"role": "system", "content": instructions})
+    return (path[-1].path_tokens if path else 0) + llm.count_tokens(model, messages, tools)

@@ -1,0 +1,216 @@
+"""Compaction (C1–C3): replace a long path by a short one that starts at a parentless node.
+
+Called by the one turn runner between "load state" and "assemble" when the next call would pass the
+threshold (R1), and by hand (`turns.turn_compact`). Not a second turn runner: it decides where two new
+nodes go, and its one model call goes through `llm.stream_call` like every call.
+
+Where the nodes go, and where the head moves:
+
+- The *summarising call* is a node of kind `compaction` whose parent is the tip being compacted (the
+  old head). It sends the compaction prompt (and the results of the tip's open tool calls, T4) and
+  receives the summary; it is recorded, with its usage, like every call. It is never a head, never a
+  branch tip, and nothing hangs below it, so it never appears in a turn's context.
+- The *compaction root* (C2) has no parent, kind `compaction`, `compacted_from` = the tip (C3) and
+  `summary_call` = the summarising call. Its `sent` is the compacted context: the summary item, then,
+  verbatim, the last turns (`ARBOR_COMPACTION_KEEP_TURNS`) — whole turns, so a tool call is never
+  split from its result and open calls stay with their turn. It is `succeeded` with nothing received.
+  The next call's parent is the root, so assembly stops there; the instructions are not stored in it,
+  every call sends the current ones.
+- The head moves to the root through `services.head_move` when the tip is the conversation's head
+  (compaction by hand, or before a new question); otherwise (an edit's turn, a later round) the turn
+  moves it at its end, as always.
+
+If the summarising call fails, its node is recorded as failed and nothing else changes: no root, the
+head where it was. A provider that answers with an opaque item of its own (arbor/echo) gets it back
+verbatim; any other provider gets the original path expanded instead (`selectors.context_path`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from conversations import budget, llm, services
+from conversations import items as it
+from conversations.context import PathNode, assemble, is_compaction_root, path_items
+from conversations.errors import ArborError, TurnInProgress
+from conversations.models import Conversation, Node
+from conversations.selectors import opens_turn
+
+logger = logging.getLogger("arbor.compaction")
+
+COMPACTION_PROMPT = (
+    "Summarise the conversation above so it can go on from your summary alone; its last turns are kept "
+    "word for word after it. List briefly: facts; decisions (and who took them); open questions; every "
+    "number, name, date and query result that may be needed again. Give each point its source in "
+    "brackets, e.g. [user, 3rd question] or [sql_query result]. Add nothing else."
+)
+
+
+class NothingToCompact(ArborError):
+    code = "nothing_to_compact"
+    status = 400
+
+
+class SummaryFailed(Exception):
+    """The summarising call failed; its node is recorded and nothing else changed."""
+
+    def __init__(self, error: llm.LLMError, node_id: int):
+        super().__init__(error.message)
+        self.error = error
+        self.node_id = node_id
+
+
+@dataclass(frozen=True)
+class Compaction:
+    root: PathNode
+    summary_call: int
+    head_moved: bool
+
+
+def needed(path: list[PathNode], new_items: list[it.Item], *, model: str, provider: str | None,
+           instructions: str, tools: list[dict] | None) -> bool:
+    """C1: would the call below the last node of `path` pass the threshold of `model`'s budget?"""
+    if not path:
+        return False
+    cost = budget.call_tokens(path, new_items, model=model, provider=provider, instructions=instructions,
+                              tools=tools)
+    return cost > budget.budget_for(model).threshold
+
+
+def kept_from(path: list[PathNode], *, threshold: int) -> int:
+    """Index of the first node kept verbatim: the start of the last turns, whole turns only.
+
+    Fewer turns are kept when they alone would take more than half the threshold (a compaction that
+    keeps everything would run again at once), but the last turn always stays. A turn that opens with
+    the results of an earlier turn's calls pulls that turn in too, so no pair is split.
+    """
+    openers = [i for i, p in enumerate(path) if opens_turn(p)]
+    if not openers:
+        return len(path)
+    keep = max(1, settings.ARBOR_COMPACTION_KEEP_TURNS)
+    chosen = max(0, len(openers) - keep)
+    total = path[-1].path_tokens
+
+    def tokens_from(i: int) -> int:
+        return total - (path[i - 1].path_tokens if i else 0)
+
+    while chosen < len(openers) - 1 and tokens_from(openers[chosen]) > threshold // 2:
+        chosen += 1
+    while chosen > 0 and any(item.get("type") == "tool_result" for item in path[openers[chosen]].sent):
+        chosen -= 1
+    start = openers[chosen]
+    if chosen == 0 and any(item.get("type") == "tool_result" for item in path[start].sent):
+        return 0
+    return start
+
+
+def compact(*, conversation: Conversation, path: list[PathNode], model: str, instructions: str,
+            pending_results: Sequence[it.Item] = (), turn_token=None, keep_alive: Callable[[], None] = lambda: None
+            ) -> Compaction:
+    """Summarise `path` with `model` and start a new path at a compaction root (C2, C3).
+
+    `path` is what a call to `model` assembles from (already expanded for its provider). Raise
+    `NothingToCompact` (nothing written) when everything on it would be kept verbatim anyway, and
+    `SummaryFailed` (the failed summarising call recorded) when the model fails.
+    """
+    provider = llm.provider_of(model)
+    limits = budget.budget_for(model)
+    start = kept_from(path, threshold=limits.threshold)
+    if all(is_compaction_root(p) for p in path[:start]):
+        raise NothingToCompact("Nothing to compact yet: the last turns are always kept word for word, and "
+                               "there is nothing before them.")
+    tip = path[-1]
+    upto, sent = _summarised_part(path, start, pending_results, model=model, provider=provider, limits=limits)
+    messages = assemble(path[: upto + 1], sent, instructions=instructions, provider=provider)
+    call = _start_summary(conversation=conversation, parent=path[upto], sent=sent, model=model, provider=provider,
+                          instructions=instructions)
+    result = _summarise(call, model=model, messages=messages, keep_alive=keep_alive)
+    root = _create_root(conversation=conversation, call=call, tip=tip, model=model, provider=provider,
+                        kept=path_items(path[start:]), received=result.received)
+    moved = tip.id == conversation.head_id and _move_head(conversation, root.id, turn_token)
+    return Compaction(root=root, summary_call=call.pk, head_moved=moved)
+
+
+def _summarised_part(path: list[PathNode], start: int, pending_results: Sequence[it.Item], *, model: str,
+                     provider: str, limits: budget.Budget) -> tuple[int, list[it.Item]]:
+    """Where the summarising call hangs, and what it sends.
+
+    Below the tip, normally: its context is then the prefix the conversation's last call already sent
+    (cheap with prompt caches) and the summary sees the kept turns as context. When that would not fit
+    the model's input, below the last node it summarises instead: the kept turns stay verbatim anyway.
+    """
+    prompt = [it.user(COMPACTION_PROMPT)]
+    with_results = [*pending_results, *prompt]
+    if path[-1].path_tokens + budget.items_tokens(with_results, model=model, provider=provider) <= limits.allowed:
+        return len(path) - 1, with_results
+    return start - 1, prompt
+
+
+def _start_summary(*, conversation: Conversation, parent: PathNode, sent: list[it.Item], model: str,
+                   provider: str, instructions: str) -> Node:
+    tokens = budget.items_tokens(sent, model=model, provider=provider)
+    return Node.objects.create(
+        parent_id=parent.id, conversation=conversation, kind=Node.Kind.COMPACTION, status=Node.Status.PENDING,
+        sent=sent, provider=provider, model=model, instructions=instructions, tokens=tokens,
+        path_tokens=parent.stored_path_tokens + tokens,
+    )
+
+
+def _summarise(call: Node, *, model: str, messages: list[dict], keep_alive: Callable[[], None]) -> llm.CallResult:
+    stream = llm.stream_call(model=model, messages=messages, compaction=True)
+    try:
+        while True:
+            try:
+                next(stream)
+            except StopIteration as stop:
+                result: llm.CallResult = stop.value
+                break
+            keep_alive()
+    except llm.LLMError as error:
+        call.status, call.failure_reason, call.failure_message = Node.Status.FAILED, error.reason, error.message
+        call.received, call.finished_at = error.partial, timezone.now()
+        call.save(update_fields=["status", "failure_reason", "failure_message", "received", "finished_at"])
+        logger.warning("the summarising call %s failed (%s): %s", call.pk, error.reason, error.message)
+        raise SummaryFailed(error, call.pk) from error
+    received_tokens = budget.items_tokens(result.received, model=model, provider=result.provider)
+    call.status, call.received, call.usage, call.finished_at = (Node.Status.SUCCEEDED, result.received,
+                                                               result.usage, timezone.now())
+    call.tokens += received_tokens
+    call.path_tokens += received_tokens
+    call.save(update_fields=["status", "received", "usage", "finished_at", "tokens", "path_tokens"])
+    return result
+
+
+def summary_item(received: list[it.Item]) -> it.Item:
+    """The provider's own opaque compaction result if it sent one (C3), else the summary text."""
+    opaque = next((i for i in received if i.get("type") == "summary" and i.get("provider")), None)
+    return opaque or it.summary(it.answer_text(received))
+
+
+def _create_root(*, conversation: Conversation, call: Node, tip: PathNode, model: str, provider: str,
+                 kept: list[it.Item], received: list[it.Item]) -> PathNode:
+    sent = [summary_item(received), *kept]
+    tokens = budget.items_tokens(sent, model=model, provider=provider)
+    root = Node.objects.create(
+        parent=None, conversation=conversation, kind=Node.Kind.COMPACTION, status=Node.Status.SUCCEEDED,
+        sent=sent, provider=provider, model=model, instructions=call.instructions, compacted_from_id=tip.id,
+        summary_call=call, tokens=tokens, path_tokens=tokens, finished_at=timezone.now(),
+    )
+    return PathNode(id=root.pk, parent_id=None, kind=root.kind, status=root.status, sent=sent, received=[],
+                    provider=provider, model=model, tokens=tokens, path_tokens=tokens, compacted_from_id=tip.id)
+
+
+def _move_head(conversation: Conversation, root_id: int, turn_token) -> bool:
+    """C2: the head rests on the root. A refused move (the lock was lost, R3) keeps the root all the same."""
+    try:
+        with transaction.atomic():  # a savepoint inside a caller's transaction: the root survives a refusal
+            services.head_move(conversation=conversation, to=root_id, turn_token=turn_token)
+    except TurnInProgress:
+        return False
+    return True
