@@ -127,7 +127,7 @@ def _overflow_notice(conversation: Conversation) -> Node | None:
     return None
 
 
-def _chat_context(request: HttpRequest, conversation: Conversation | None) -> dict[str, Any]:
+def chat_context(request: HttpRequest, conversation: Conversation | None) -> dict[str, Any]:
     sidebar = list(conversation_list(user=request.user).only("id", "title", "updated_at")[:SIDEBAR_SIZE])
     return {
         "conversation": conversation,
@@ -159,7 +159,7 @@ def chat(request: HttpRequest) -> HttpResponse:
     newest = conversation_list(user=request.user).only("id").first()
     if newest:
         return redirect("chat-conversation", newest.pk)
-    return render(request, "chat/empty.html", _chat_context(request, None))
+    return render(request, "chat/empty.html", chat_context(request, None))
 
 
 @require_POST
@@ -177,7 +177,7 @@ def chat_new(request: HttpRequest) -> HttpResponse:
 @page
 def chat_conversation(request: HttpRequest, conversation_id: int) -> HttpResponse:
     conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-    context = {**_chat_context(request, conversation), **_bubbles_context(conversation)}
+    context = {**chat_context(request, conversation), **_bubbles_context(conversation)}
     return render(request, "chat/conversation.html", context)
 
 
@@ -294,7 +294,7 @@ def chat_compare(request: HttpRequest, conversation_id: int) -> HttpResponse:
     siblings = _siblings_of(conversation, chosen[0])
     if chosen[1] not in siblings or chosen[0] == chosen[1]:
         raise ArborError("Those two are not different branches of the same question.")
-    context = {**_chat_context(request, conversation), "siblings": siblings,
+    context = {**chat_context(request, conversation), "siblings": siblings,
                "branches": [_branch(conversation, opener, siblings) for opener in chosen]}
     return render(request, "chat/compare.html", context)
 
@@ -317,7 +317,7 @@ def preferences(request: HttpRequest) -> HttpResponse:
             messages.success(request, "Saved. Your instructions go before every conversation's own.")
             return redirect("preferences")
         messages.error(request, "Nothing was changed. " + " ".join(map(str, form.errors.get("instructions", []))))
-    context = {**_chat_context(request, None), "instructions": user_instructions(user_id=request.user.pk)}
+    context = {**chat_context(request, None), "instructions": user_instructions(user_id=request.user.pk)}
     return render(request, "chat/preferences.html", context)
 
 

@@ -25,8 +25,13 @@
   }
 
   function render() {
-    const query = paletteInput.value.trim().toLowerCase();
+    const typed = paletteInput.value.trim();
+    const query = typed.toLowerCase();
     shown = entries.filter((entry) => entry.label.toLowerCase().includes(query)).slice(0, 50);
+    if (typed) {
+      const url = `/search/?q=${encodeURIComponent(typed)}`;
+      shown.push({ label: `Search messages for “${typed}”`, kind: "command", run: () => { location.href = url; } });
+    }
     active = Math.min(active, Math.max(0, shown.length - 1));
     paletteList.replaceChildren(...shown.map((entry, index) => {
       const option = document.createElement("li");

@@ -1,0 +1,107 @@
+"""The post-commit worker (R4): runs the outbox jobs a turn committed, at least once, idempotently.
+
+A job is claimed by pushing its `run_after` one lease into the future and counting the attempt, in one
+conditional UPDATE, so two workers never run it at once and a worker that dies mid-job only delays it:
+when the lease runs out another worker claims it again. Failures are retried with exponential backoff
+until `ARBOR_WORKER_MAX_ATTEMPTS`, then the job is marked failed with its last error: never dropped.
+Handlers must be idempotent, because "at least once" means a crash after the work and before the
+`done` mark runs it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from conversations.models import OutboxJob
+
+logger = logging.getLogger("arbor.worker")
+
+BACKOFF_CAP_SECONDS = 3600
+
+
+def _turn_committed(payload: dict[str, Any]) -> None:
+    from search.index import index_conversation  # the search app depends on this one, not the reverse
+
+    index_conversation(int(payload["conversation"]))
+
+
+HANDLERS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "turn_committed": _turn_committed,
+}
+
+
+@dataclass
+class RunStats:
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.done + self.retried + self.failed
+
+
+def claim(*, limit: int) -> list[OutboxJob]:
+    """Claim up to `limit` due jobs for one lease; a job another worker claimed first is skipped."""
+    now = timezone.now()
+    lease_until = now + timedelta(seconds=settings.ARBOR_WORKER_LEASE_SECONDS)
+    due = OutboxJob.objects.filter(status=OutboxJob.Status.PENDING, run_after__lte=now).order_by("run_after", "id")
+    with transaction.atomic():
+        if connection.features.has_select_for_update_skip_locked:
+            due = due.select_for_update(skip_locked=True)
+        candidates = list(due.values_list("id", "attempts")[:limit])
+        claimed = [
+            job_id for job_id, attempts in candidates
+            if OutboxJob.objects.filter(pk=job_id, attempts=attempts, status=OutboxJob.Status.PENDING)
+            .update(attempts=F("attempts") + 1, run_after=lease_until)
+        ]
+    return list(OutboxJob.objects.filter(pk__in=claimed).order_by("id"))
+
+
+def _backoff(attempts: int) -> timedelta:
+    return timedelta(seconds=min(BACKOFF_CAP_SECONDS, 2 ** attempts))
+
+
+def run_job(job: OutboxJob) -> str:
+    """Run one claimed job; record done, a retry, or the final failure. Return which."""
+    handler = HANDLERS.get(job.kind)
+    try:
+        if handler is None:
+            raise LookupError(f"no handler for job kind {job.kind!r}")
+        handler(job.payload)
+    except Exception as error:  # a job's failure is recorded on the job, never raised into the loop
+        final = handler is None or job.attempts >= settings.ARBOR_WORKER_MAX_ATTEMPTS
+        logger.warning("job %s (%s) failed on attempt %s: %r", job.pk, job.kind, job.attempts, error)
+        OutboxJob.objects.filter(pk=job.pk).update(
+            status=OutboxJob.Status.FAILED if final else OutboxJob.Status.PENDING,
+            run_after=timezone.now() + _backoff(job.attempts), last_error=repr(error)[:2000],
+        )
+        return "failed" if final else "retried"
+    OutboxJob.objects.filter(pk=job.pk).update(status=OutboxJob.Status.DONE, last_error="")
+    return "done"
+
+
+def run_due(*, batch: int = 50) -> RunStats:
+    """Run due jobs until none is left; return what happened."""
+    stats = RunStats()
+    while jobs := claim(limit=batch):
+        for job in jobs:
+            outcome = run_job(job)
+            setattr(stats, outcome, getattr(stats, outcome) + 1)
+    return stats
+
+
+def run_forever(*, batch: int = 50, idle_seconds: float = 1.0, stop: Callable[[], bool] = lambda: False) -> None:
+    while not stop():
+        if run_due(batch=batch).total == 0:
+            time.sleep(idle_seconds)

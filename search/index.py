@@ -1,0 +1,51 @@
+"""Put bubbles into the search index. Idempotent: indexing a bubble twice leaves one entry."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from conversations.models import Bubble
+
+INDEXED_ROLES = (Bubble.Role.USER, Bubble.Role.ASSISTANT)
+
+
+def unindexed_bubbles(*, conversation_id: int | None = None, limit: int = 5000) -> list[int]:
+    bubbles = Bubble.objects.filter(role__in=INDEXED_ROLES, document__isnull=True, conversation__isnull=False)
+    if conversation_id is not None:
+        bubbles = bubbles.filter(conversation_id=conversation_id)
+    return list(bubbles.order_by("id").values_list("id", flat=True)[:limit])
+
+
+@transaction.atomic
+def index_bubbles(bubble_ids: Sequence[int]) -> int:
+    """Index these bubbles (again, if they already are); return how many were written."""
+    ids = list(bubble_ids)
+    if not ids:
+        return 0
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                """INSERT INTO search_bubbledocument (bubble_id, vector, indexed_at)
+                   SELECT id, to_tsvector(%s::regconfig, content), now() FROM conversations_bubble WHERE id = ANY(%s)
+                   ON CONFLICT (bubble_id) DO UPDATE SET vector = EXCLUDED.vector, indexed_at = EXCLUDED.indexed_at""",
+                [settings.ARBOR_SEARCH_CONFIG, ids],
+            )
+            return cursor.rowcount
+        marks = ", ".join("%s" for _ in ids)
+        cursor.execute(f"DELETE FROM search_fts WHERE rowid IN ({marks})", ids)
+        cursor.execute(f"INSERT INTO search_fts (rowid, content) SELECT id, content FROM conversations_bubble "
+                       f"WHERE id IN ({marks})", ids)
+        cursor.execute(f"INSERT OR REPLACE INTO search_bubbledocument (bubble_id, indexed_at) "
+                       f"SELECT id, datetime('now') FROM conversations_bubble WHERE id IN ({marks})", ids)
+        return cursor.rowcount
+
+
+def index_conversation(conversation_id: int) -> int:
+    """Index every bubble of the conversation not indexed yet (those of failed turns included)."""
+    total = 0
+    while ids := unindexed_bubbles(conversation_id=conversation_id):
+        total += index_bubbles(ids)
+    return total

@@ -1,0 +1,73 @@
+"""The post-commit worker (R4): at least once, idempotent, retried with backoff, never lost."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from conversations import services, worker
+from conversations.models import OutboxJob
+from search.models import BubbleDocument
+from tests.conversations.helpers import ask
+
+pytestmark = pytest.mark.django_db
+
+
+def test_r4_a_committed_turn_queues_a_job_the_worker_runs_once(conversation):
+    ask(conversation, "hello there")
+    (job,) = OutboxJob.objects.all()
+    assert (job.kind, job.status, job.payload["conversation"]) == ("turn_committed", "pending", conversation.pk)
+    assert not BubbleDocument.objects.exists(), "nothing is indexed inside the turn itself"
+    stats = worker.run_due()
+    assert (stats.done, stats.retried, stats.failed) == (1, 0, 0)
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == ("done", 1)
+    assert BubbleDocument.objects.count() == 2, "the question and the answer"
+    assert worker.run_due().total == 0, "a done job does not run again"
+
+
+def test_r4_running_a_job_twice_changes_nothing_more(conversation):
+    """At least once: the handler is idempotent, so a job re-run after a crash leaves one index entry per bubble."""
+    ask(conversation, "hello")
+    job = OutboxJob.objects.get()
+    worker._turn_committed(job.payload)
+    worker._turn_committed(job.payload)
+    assert BubbleDocument.objects.count() == 2
+
+
+def test_r4_a_crashed_job_is_claimed_again_when_its_lease_runs_out(conversation, settings):
+    ask(conversation, "hello")
+    (claimed,) = worker.claim(limit=10)  # a worker claims it, then dies without a word
+    assert worker.claim(limit=10) == [], "the lease keeps other workers off it"
+    OutboxJob.objects.filter(pk=claimed.pk).update(run_after=timezone.now() - timedelta(seconds=1))
+    stats = worker.run_due()
+    claimed.refresh_from_db()
+    assert stats.done == 1 and (claimed.status, claimed.attempts) == ("done", 2)
+
+
+def test_r4_failures_are_retried_with_backoff_then_kept_as_failed(settings, monkeypatch):
+    settings.ARBOR_WORKER_MAX_ATTEMPTS = 2
+    job = services.outbox_add(kind="turn_committed", payload={"conversation": "not a number"})
+    before = timezone.now()
+    assert worker.run_due().retried == 1
+    job.refresh_from_db()
+    assert job.status == "pending" and job.attempts == 1 and "ValueError" in job.last_error
+    assert job.run_after >= before + timedelta(seconds=2), "backed off, not hammered"
+    OutboxJob.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    assert worker.run_due().failed == 1
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == ("failed", 2)
+    unknown = services.outbox_add(kind="no_such_kind", payload={})
+    assert worker.run_due().failed == 1
+    unknown.refresh_from_db()
+    assert unknown.status == "failed" and "no handler" in unknown.last_error
+
+
+def test_the_worker_command_runs_what_is_due(conversation, capsys):
+    ask(conversation, "hello")
+    call_command("arbor_worker", "--once")
+    assert "done 1, retried 0, failed 0" in capsys.readouterr().out
+    assert OutboxJob.objects.get().status == "done"
