@@ -156,6 +156,8 @@ ARBOR_SALES_DB_PATH = BASE_DIR / "var" / "sales.sqlite3"
 ARBOR_SEARCH_CONFIG = os.environ.get("ARBOR_SEARCH_CONFIG", "simple")  # PostgreSQL text search configuration
 ARBOR_WORKER_MAX_ATTEMPTS = int(os.environ.get("ARBOR_WORKER_MAX_ATTEMPTS", "5"))
 ARBOR_WORKER_LEASE_SECONDS = int(os.environ.get("ARBOR_WORKER_LEASE_SECONDS", "300"))
+ARBOR_IMPORT_MAX_BYTES = int(os.environ.get("ARBOR_IMPORT_MAX_BYTES", str(50 * 1024 * 1024)))
+ARBOR_IMPORT_MAX_NODES = int(os.environ.get("ARBOR_IMPORT_MAX_NODES", "100000"))
 ARBOR_SQL_ROW_CAP = int(os.environ.get("ARBOR_SQL_ROW_CAP", "200"))
 ARBOR_SQL_TIME_LIMIT_SECONDS = float(os.environ.get("ARBOR_SQL_TIME_LIMIT_SECONDS", "2"))
 

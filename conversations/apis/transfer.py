@@ -1,0 +1,72 @@
+"""Export and import over the API (issue 7): the formats live in conversations.exports / imports."""
+
+from __future__ import annotations
+
+import json
+
+from django.conf import settings
+from django.http import HttpResponse
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from conversations import exports, imports
+from conversations.apis import serializers as s
+from conversations.errors import BadInput
+from conversations.selectors import conversation_for_user
+
+EXPORT_FORMATS = ("md", "json", "chatgpt")
+
+
+def export_response(conversation, export_format: str) -> HttpResponse:
+    """The export as a download: Markdown of the current path, or the whole tree as JSON."""
+    stem = f"arbor-conversation-{conversation.pk}"
+    if export_format == "md":
+        response = HttpResponse(exports.export_markdown(conversation), content_type="text/markdown; charset=utf-8")
+        name = f"{stem}.md"
+    elif export_format == "json":
+        response = HttpResponse(json.dumps(exports.export_tree(conversation), ensure_ascii=False),
+                                content_type="application/json")
+        name = f"{stem}.json"
+    elif export_format == "chatgpt":
+        response = HttpResponse(json.dumps([exports.export_chatgpt(conversation)], ensure_ascii=False),
+                                content_type="application/json")
+        name = "conversations.json"
+    else:
+        raise BadInput(f"`format` must be one of {', '.join(EXPORT_FORMATS)}.")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+class ConversationExport(APIView):
+    def perform_content_negotiation(self, request, force=False):
+        # `?format=` names the export here, not one of DRF's renderers.
+        return JSONRenderer(), JSONRenderer.media_type
+
+    @extend_schema(parameters=[OpenApiParameter("format", str, enum=list(EXPORT_FORMATS), default="json")],
+                   responses={200: OpenApiResponse(description="md: the current path as Markdown; json: the whole "
+                                                   "tree (imports back losslessly); chatgpt: conversations.json")})
+    def get(self, request: Request, conversation_id: int) -> HttpResponse:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        return export_response(conversation, request.query_params.get("format", "json"))
+
+
+def read_upload(stream) -> bytes:
+    """Read at most one byte past the limit, so an oversized upload is refused without holding all of it."""
+    return stream.read(settings.ARBOR_IMPORT_MAX_BYTES + 1)
+
+
+class ConversationImport(APIView):
+    @extend_schema(request={"application/json": dict},
+                   responses={201: s.ConversationOut(many=True), 400: OpenApiResponse(description="import_refused"),
+                              413: OpenApiResponse(description="too large")},
+                   description="Import Arbor's tree export or ChatGPT's conversations.json (the body is the file). "
+                               "A refused file creates nothing.")
+    def post(self, request: Request) -> Response:
+        document = imports.parse(read_upload(request._request))
+        created = imports.import_any(owner=request.user, document=document)
+        return Response({"conversations": s.ConversationOut(created, many=True).data},
+                        status=status.HTTP_201_CREATED)

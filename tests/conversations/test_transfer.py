@@ -1,0 +1,176 @@
+"""Export and import (issue 7): Markdown of the path, Arbor's lossless tree JSON, ChatGPT's conversations.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conversations import exports, services, turns
+from conversations.models import Bubble, Conversation, Node
+from conversations.selectors import node_path, path_bubbles
+from tests.conversations.helpers import ask, head
+
+pytestmark = pytest.mark.django_db
+
+
+def _import(api, document, **extra):
+    return api.post("/api/conversations/import/", data=json.dumps(document), content_type="application/json", **extra)
+
+
+def _rich_tree(conversation, settings):
+    """Branches, a tool round, an approval, a failure, an overflow and a compaction: every shape the tree has."""
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    services.conversation_update(conversation=conversation, instructions="Be brief.")
+    ask(conversation, "first question")
+    first = head(conversation)
+    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
+                    content="edited first").run()
+    turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
+    ask(conversation, '#tool sql_query {"sql": "select count(*) as n from customers"}')
+    ask(conversation, '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"}')
+    (call,) = head(conversation).received
+    turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                      approve=True).run()
+    ask(conversation, "#fail")
+    ask(conversation, "#overflow")
+    turns.turn_compact(user=conversation.owner, conversation_id=conversation.pk)
+    ask(conversation, "after the compaction")
+
+
+def _normalised(document):
+    """The export with node ids replaced by their position, and the import's own creation times left out."""
+    position = {n["id"]: i for i, n in enumerate(document["nodes"])}
+    renumber = position.get
+    nodes = [{**n, "id": renumber(n["id"]), "parent": renumber(n["parent"]),
+              "compacted_from": renumber(n["compacted_from"]), "summary_call": renumber(n["summary_call"]),
+              "created_at": None} for n in document["nodes"]]
+    bubbles = [{**b, "node": renumber(b["node"])} for b in document["bubbles"]]
+    approvals = [{**a, "node": renumber(a["node"])} for a in document["approvals"]]
+    meta = {**document["conversation"], "head": renumber(document["conversation"]["head"])}
+    return {**document, "conversation": meta, "nodes": nodes, "bubbles": bubbles, "approvals": approvals}
+
+
+def test_the_tree_json_imports_back_losslessly(api, user, conversation, settings):
+    """Round trip: every node (status, kind, compaction pointers), bubble, approval and the head come back, and
+    every node's "what the model saw" and every branch's bubbles are the same (T5, T8, C2, C3)."""
+    _rich_tree(conversation, settings)
+    original = exports.export_tree(conversation)
+    response = _import(api, original)
+    assert response.status_code == 201, response.json()
+    (created,) = response.json()["conversations"]
+    copy = Conversation.objects.get(pk=created["id"])
+    again = exports.export_tree(copy)
+    assert _normalised(again) == _normalised(original)
+    assert {n["kind"] for n in original["nodes"]} == {"turn", "compaction"}
+    assert {n["failure_reason"] for n in original["nodes"]} >= {"provider_error", "context_overflow"}
+
+    old_nodes = Node.objects.filter(pk__in=[n["id"] for n in original["nodes"]]).order_by("id")
+    new_nodes = Node.objects.filter(pk__in=[n["id"] for n in again["nodes"]]).order_by("id")
+    for old, new in zip(old_nodes, new_nodes, strict=True):
+        assert turns.call_context(new) == turns.call_context(old), f"what node {old.pk} saw"
+        old_view = [(v.bubble.role, v.bubble.content) for v in path_bubbles(conversation=conversation,
+                                                                              path=node_path(old.pk))]
+        new_view = [(v.bubble.role, v.bubble.content) for v in path_bubbles(conversation=copy, path=node_path(new.pk))]
+        assert new_view == old_view, f"the bubbles of the branch at node {old.pk}"
+    assert turns.next_context(copy) == turns.next_context(conversation)
+
+
+def test_markdown_is_the_current_path(api, conversation):
+    ask(conversation, "kept question")
+    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=head(conversation).pk,
+                    content="shown question").run()
+    response = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "md"})
+    text = response.content.decode()
+    assert response["Content-Type"].startswith("text/markdown") and "attachment" in response["Content-Disposition"]
+    assert "## Question\n\nshown question" in text and "kept question" not in text
+    assert "## Answer\n\necho: shown question" in text
+
+
+def test_chatgpt_export_keeps_branches_and_imports_back(api, user, conversation):
+    """ChatGPT's format: `mapping` with parent and children and `current_node`; both branches survive the trip."""
+    ask(conversation, "apples?")
+    first = head(conversation)
+    ask(conversation, "and pears?")
+    turns.turn_edit(user=user, conversation_id=conversation.pk, node_id=first.pk, content="bananas?").run()
+    document = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "chatgpt"}).json()
+    (entry,) = document
+    mapping = entry["mapping"]
+    assert all(mapping[c]["parent"] == key for key, e in mapping.items() for c in e["children"])
+    root = next(k for k, e in mapping.items() if e["parent"] is None)
+    assert len(mapping[root]["children"]) == 2, "the edit is a second branch from the root"
+    assert mapping[entry["current_node"]]["message"]["content"]["parts"][0].startswith("echo: bananas?")
+
+    (created,) = _import(api, document).json()["conversations"]
+    copy = Conversation.objects.get(pk=created["id"])
+    conversation.refresh_from_db()
+    shown = [(v.bubble.role, v.bubble.content) for v in path_bubbles(conversation=copy)]
+    assert shown == [(v.bubble.role, v.bubble.content) for v in path_bubbles(conversation=conversation)]
+    other = [v for v in path_bubbles(conversation=copy) if v.bubble.role == "user"][0]
+    assert other.branch.count == 2
+    services.head_switch(conversation=copy, node_id=other.branch.siblings[0])
+    assert [v.bubble.content for v in path_bubbles(conversation=copy) if v.bubble.role == "user"] == [
+        "apples?", "and pears?"]
+
+
+def test_a_chatgpt_regeneration_becomes_a_sibling_turn(api):
+    """In ChatGPT a regenerated answer is a second child of the question; here it is a sibling turn (T7, T8)."""
+    def message(role, text):
+        return {"author": {"role": role}, "content": {"content_type": "text", "parts": [text]}}
+
+    document = {"title": "Imported", "current_node": "a2", "mapping": {
+        "root": {"message": None, "parent": None, "children": ["sys"]},
+        "sys": {"message": message("system", ""), "parent": "root", "children": ["q"]},
+        "q": {"message": message("user", "Hi?"), "parent": "sys", "children": ["a1", "a2"]},
+        "a1": {"message": message("assistant", "Hello."), "parent": "q", "children": []},
+        "a2": {"message": message("assistant", "Hey there."), "parent": "q", "children": []},
+    }}
+    (created,) = _import(api, document).json()["conversations"]
+    copy = Conversation.objects.get(pk=created["id"])
+    views = path_bubbles(conversation=copy)
+    assert [(v.bubble.role, v.bubble.content) for v in views] == [("user", "Hi?"), ("assistant", "Hey there.")]
+    assert (views[0].branch.index, views[0].branch.count) == (2, 2)
+    assert copy.title == "Imported"
+
+
+@pytest.mark.parametrize(("body", "status", "needle"), [
+    ("[" * 5000 + "]" * 5000, 400, "nests deeper"),
+    ("not json", 400, "not valid JSON"),
+    (json.dumps({"format": "arbor.tree", "version": 1, "conversation": {}, "nodes": [
+        {"id": 1, "parent": 2, "kind": "turn", "status": "succeeded"},
+        {"id": 2, "parent": 1, "kind": "turn", "status": "succeeded"}]}), 400, "cycle"),
+    (json.dumps({"format": "arbor.tree", "version": 1, "conversation": {"head": 9}, "nodes": [
+        {"id": 1, "parent": None, "kind": "turn", "status": "succeeded"}]}), 400, "not in the file"),
+    (json.dumps({"format": "arbor.tree", "version": 1, "conversation": {}, "nodes": [
+        {"id": 1, "parent": None, "kind": "turn", "status": "succeeded",
+         "sent": [{"type": "user", "text": "x" * 100_001}]}]}), 400, "longer than"),
+    (json.dumps({"format": "arbor.tree", "version": 1, "conversation": {}, "nodes": [
+        {"id": 1, "parent": None, "kind": "turn", "status": "failed"}]}), 400, "failure reason"),
+    (json.dumps([{"mapping": {"a": {"parent": None, "message": None}, "b": {"parent": "c", "message": None},
+                              "c": {"parent": "b", "message": None}}}]), 400, "cycle"),
+    (json.dumps({"something": "else"}), 400, "Unknown file"),
+])
+def test_hostile_or_malformed_files_are_refused_and_create_nothing(api, body, status, needle):
+    before = (Conversation.objects.count(), Node.objects.count(), Bubble.objects.count())
+    response = api.post("/api/conversations/import/", data=body, content_type="application/json")
+    assert response.status_code == status, response.content
+    assert needle in response.json()["error"]["message"]
+    assert (Conversation.objects.count(), Node.objects.count(), Bubble.objects.count()) == before
+
+
+def test_too_big_or_too_many_nodes_is_413(api, conversation, settings):
+    ask(conversation, "one")
+    ask(conversation, "two")
+    document = exports.export_tree(conversation)
+    settings.ARBOR_IMPORT_MAX_NODES = 1
+    assert _import(api, document).status_code == 413
+    settings.ARBOR_IMPORT_MAX_NODES = 100
+    settings.ARBOR_IMPORT_MAX_BYTES = 100
+    assert _import(api, document).status_code == 413
+    assert Conversation.objects.count() == 1
+
+
+def test_export_is_only_for_the_owner_and_names_its_formats(api, other_api, conversation):
+    assert other_api.get(f"/api/conversations/{conversation.pk}/export/").status_code == 404
+    response = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "pdf"})
+    assert response.status_code == 400 and "md, json, chatgpt" in response.json()["error"]["message"]
