@@ -21,10 +21,11 @@ from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from conversations import services, turns
+from conversations import imports, services, turns
 from conversations.apis.serializers import ConversationIn, PreferencesIn
+from conversations.apis.transfer import read_upload
 from conversations.apis.views import off_the_shared_thread
-from conversations.errors import ArborError, NotFound
+from conversations.errors import ArborError, BadInput, NotFound
 from conversations.models import Bubble, Conversation, Node
 from conversations.selectors import (
     BranchInfo,
@@ -248,6 +249,19 @@ def chat_delete(request: HttpRequest, conversation_id: int) -> HttpResponse:
     return redirect("chat")
 
 
+@page
+def chat_import(request: HttpRequest) -> HttpResponse:
+    """Upload Arbor's tree export or ChatGPT's conversations.json; a refused file creates nothing."""
+    if request.method == "POST":
+        upload = request.FILES.get("file")
+        if upload is None:
+            raise BadInput("Choose a file to import.")
+        created = imports.import_any(owner=request.user, document=imports.parse(read_upload(upload)))
+        messages.success(request, f"Imported {len(created)} conversation{'s' if len(created) != 1 else ''}.")
+        return redirect("chat-conversation", created[0].pk)
+    return render(request, "chat/import.html", chat_context(request, None))
+
+
 @require_GET
 @page
 def chat_seen(request: HttpRequest, node_id: int) -> HttpResponse:
@@ -325,6 +339,7 @@ urlpatterns = [
     path("", home, name="home"),
     path("chat/", chat, name="chat"),
     path("chat/new/", chat_new, name="chat-new"),
+    path("chat/import/", chat_import, name="chat-import"),
     path("chat/<int:conversation_id>/", chat_conversation, name="chat-conversation"),
     path("chat/<int:conversation_id>/messages/", chat_messages, name="chat-messages"),
     path("chat/<int:conversation_id>/switch/", chat_switch, name="chat-switch"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.urls import reverse
 
@@ -204,3 +205,20 @@ def test_compact_button_keeps_the_history_on_screen_and_locks_edits_before_it(pa
     assert reverse("chat-seen", args=[root.pk]) in html
     seen = page.get(reverse("chat-seen", args=[root.pk]), headers={"X-Fragment": "1"}).content.decode()
     assert "&lt;arbor-compaction:" in seen and "<pre>three</pre>" in seen, "the opaque summary, then the kept turn"
+
+
+def test_export_links_and_the_import_page_round_trip(page, conversation):
+    ask(conversation, "carry me over")
+    html = page.get(reverse("chat-conversation", args=[conversation.pk])).content.decode()
+    url = reverse("conversation-export", args=[conversation.pk])
+    assert f"{url}?format=md" in html and f"{url}?format=chatgpt" in html
+    exported = page.get(f"{url}?format=json")
+    assert exported.status_code == 200
+    upload = SimpleUploadedFile("tree.json", exported.content, content_type="application/json")
+    response = page.post(reverse("chat-import"), {"file": upload})
+    copy = Conversation.objects.exclude(pk=conversation.pk).get()
+    assert response.url == reverse("chat-conversation", args=[copy.pk])
+    assert [b.content for b in Bubble.objects.filter(conversation=copy).order_by("id")][0] == "carry me over"
+    bad = SimpleUploadedFile("bad.json", b"[[[", content_type="application/json")
+    response = page.post(reverse("chat-import"), {"file": bad}, follow=True)
+    assert "not valid JSON" in response.content.decode() and Conversation.objects.count() == 2
