@@ -47,7 +47,8 @@ def export_tree(conversation: Conversation) -> dict[str, Any]:
         "format": TREE_FORMAT,
         "version": TREE_VERSION,
         "conversation": {"title": conversation.title, "model": conversation.model,
-                         "instructions": conversation.instructions, "head": conversation.head_id},
+                         "instructions": conversation.instructions, "retrieval": conversation.retrieval,
+                         "keep_retrieved": conversation.keep_retrieved, "head": conversation.head_id},
         "nodes": [
             {"id": n.pk, "parent": n.parent_id, "compacted_from": n.compacted_from_id,
              "summary_call": n.summary_call_id, **{f: getattr(n, f) for f in NODE_FIELDS},

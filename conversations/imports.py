@@ -108,6 +108,8 @@ class Plan:
     instructions: str
     head: Any
     nodes: dict[Any, PlannedNode]
+    retrieval: bool = False
+    keep_retrieved: bool = False
 
 
 def _text(value: Any, where: str, *, limit: int | None = None, blank: bool = True) -> str:
@@ -167,7 +169,8 @@ def _tree_plan(document: dict[str, Any]) -> Plan:
     plan = Plan(title=_text(meta.get("title", ""), "conversation.title", limit=200),
                 model=_text(meta.get("model", ""), "conversation.model", limit=200) or settings.ARBOR_MODEL,
                 instructions=_text(meta.get("instructions", ""), "conversation.instructions", limit=20000),
-                head=meta.get("head"), nodes=nodes)
+                head=meta.get("head"), nodes=nodes, retrieval=meta.get("retrieval") is True,
+                keep_retrieved=meta.get("keep_retrieved") is True)
     _check_graph(plan)
     return plan
 
@@ -393,7 +396,8 @@ def _allocate_ids(count: int) -> Iterator[int]:
 
 def _write(*, owner, plan: Plan) -> Conversation:
     conversation = Conversation.objects.create(owner=owner, title=plan.title, model=plan.model,
-                                               instructions=plan.instructions)
+                                               instructions=plan.instructions, retrieval=plan.retrieval,
+                                               keep_retrieved=plan.keep_retrieved)
     ordered = _order(plan)
     # Ids follow the file's order, not the insert order: "latest" (the largest id) means the same here
     # as where the tree came from, so switching branches lands on the same tips (T8).

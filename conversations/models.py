@@ -16,6 +16,10 @@ class Conversation(models.Model):
     title = models.CharField(max_length=200, blank=True)
     model = models.CharField(max_length=200)
     instructions = models.TextField(blank=True)
+    # R2: search the owner's other conversations before each question and show the model the top hits,
+    # for that call only unless `keep_retrieved` keeps them in later calls' context too.
+    retrieval = models.BooleanField(default=False)
+    keep_retrieved = models.BooleanField(default=False)
     # T2: the only pointer into the tree; never a message list. PROTECT: a head is never deleted under us.
     head = models.ForeignKey("Node", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     # R3: every head move bumps the version; a running turn holds the lock until it ends or expires.

@@ -214,9 +214,9 @@ def _update(request: HttpRequest, conversation: Conversation, fields: tuple[str,
 @require_POST
 @page
 def chat_update(request: HttpRequest, conversation_id: int) -> HttpResponse:
-    """Rename, pick the model, set the conversation's instructions."""
+    """Rename, pick the model, set the conversation's instructions and retrieval policy (R2)."""
     conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-    _update(request, conversation, ("title", "model", "instructions"))
+    _update(request, conversation, ("title", "model", "instructions", "retrieval", "keep_retrieved"))
     return redirect("chat-conversation", conversation.pk)
 
 
@@ -267,7 +267,10 @@ def chat_import(request: HttpRequest) -> HttpResponse:
 def chat_seen(request: HttpRequest, node_id: int) -> HttpResponse:
     """What the model saw: the exact context of the call that made `node`, from the one assembly."""
     node = node_for_user(user=request.user, node_id=node_id)
-    context = {"node": node, "context": turns.call_context(node), "usage": node.usage or {}}
+    retrieved = {item.get("text") for item in node.sent if item.get("ephemeral")}
+    context = {"node": node, "usage": node.usage or {},
+               "context": [{**message, "retrieved": message.get("content") in retrieved}
+                           for message in turns.call_context(node)]}
     if request.headers.get("X-Fragment"):
         return render(request, "chat/_seen.html", context)
     return render(request, "chat/seen.html", context)

@@ -86,7 +86,7 @@ def conversation_create(*, owner, title: str = "", model: str = "", instructions
 
 
 def conversation_update(*, conversation: Conversation, **fields: Any) -> Conversation:
-    allowed = {"title", "model", "instructions"}
+    allowed = {"title", "model", "instructions", "retrieval", "keep_retrieved"}
     unknown = set(fields) - allowed
     if unknown:
         raise BadInput(f"Unknown fields: {', '.join(sorted(unknown))}.")

@@ -39,6 +39,7 @@ from conversations.errors import (
     TurnInProgress,
 )
 from conversations.models import Bubble, Conversation, Node, ToolApproval
+from conversations.retrieval import retrieved_items
 from conversations.selectors import (
     context_path,
     conversation_for_user,
@@ -106,7 +107,8 @@ def _locked(function):
         token = services.turn_lock_acquire(conversation=conversation)
         try:
             # Read the state again under the lock: a turn that ended in between may have moved the head.
-            conversation.refresh_from_db(fields=["head", "version", "model", "instructions"])
+            conversation.refresh_from_db(fields=["head", "version", "model", "instructions", "retrieval",
+                                                 "keep_retrieved"])
             return function(user=user, conversation=conversation, token=token, **kwargs)
         except BaseException:
             services.turn_lock_release(conversation=conversation, token=token)
@@ -262,7 +264,8 @@ def next_context(conversation: Conversation) -> list[dict[str, Any]]:
     path = context_path(node_path(conversation.head_id), provider)
     tip = path[-1] if path else None
     waiting = _resolve_calls(tip, run=False, note="pending: waiting for a person's decision") if tip else []
-    return assemble(path, waiting, instructions=instructions_for(conversation), provider=provider)
+    return assemble(path, waiting, instructions=instructions_for(conversation), provider=provider,
+                    keep_ephemeral=conversation.keep_retrieved)
 
 
 def call_context(node: Node) -> list[dict[str, Any]]:
@@ -273,8 +276,10 @@ def call_context(node: Node) -> list[dict[str, Any]]:
     provider = node.provider or None
     if node.parent_id is None and node.kind == Node.Kind.COMPACTION:
         return assemble([_path_node(node)], (), instructions=node.instructions, provider=provider)
+    keep = bool(node.conversation_id) and Conversation.objects.filter(pk=node.conversation_id,
+                                                                       keep_retrieved=True).exists()
     return assemble(context_path(node_path(node.parent_id), provider), node.sent, instructions=node.instructions,
-                    provider=provider)
+                    provider=provider, keep_ephemeral=keep)
 
 
 def turn_compact(*, user, conversation_id: Any) -> Node:
@@ -319,6 +324,9 @@ class Turn:
         self.model = conversation.model or settings.ARBOR_MODEL
         self.provider = llm.provider_of(self.model)
         self.instructions = instructions_for(conversation)
+        question = it.question_of(new_items)
+        if conversation.retrieval and question:  # R2: for this call; later ones drop them unless kept
+            self.new_items = [*retrieved_items(conversation, question), *new_items]
         self._path = path  # up to the first node's parent; each round's node is appended
         tip = path[-1] if path else None
         self._open: PathNode | None = tip if _open_calls(tip) else None  # calls still needing results
@@ -368,7 +376,8 @@ class Turn:
             tools = None if last_round else [t.spec() for t in all_tools()]
             path, compacted = self._compact_if_needed(path, sent, tools)
             parent = path[-1] if path else None
-            messages = assemble(path, sent, instructions=self.instructions, provider=self.provider)
+            messages = assemble(path, sent, instructions=self.instructions, provider=self.provider,
+                                keep_ephemeral=self.conversation.keep_retrieved)
             node = self._start_node(parent=parent, sent=sent)
             if compacted:
                 yield TurnEvent("compaction", {"node": compacted.root.id, "summary_call": compacted.summary_call,

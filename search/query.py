@@ -38,9 +38,14 @@ def _snippet(raw: str) -> SafeString:
     return mark_safe(escape(raw).replace(_START, "<mark>").replace(_STOP, "</mark>"))  # noqa: S308 - escaped first
 
 
-def _fts5_query(text: str) -> str:
+def _fts5_query(text: str, *, match_any: bool) -> str:
     """Each word as a quoted FTS5 string: a person's input is never FTS5 syntax."""
-    return " ".join('"' + word.replace('"', '""') + '"' for word in text.split())
+    return (" OR " if match_any else " ").join('"' + word.replace('"', '""') + '"' for word in text.split())
+
+
+def _any_word(text: str) -> str:
+    """websearch_to_tsquery input matching any of the words (retrieval asks with a whole question)."""
+    return " or ".join(word.strip('"-') for word in text.split() if word.strip('"-'))
 
 
 _POSTGRES_RANKED = """
@@ -49,7 +54,7 @@ FROM search_bubbledocument d
 JOIN conversations_bubble b ON b.id = d.bubble_id
 JOIN conversations_conversation c ON c.id = b.conversation_id,
      websearch_to_tsquery(%s::regconfig, %s) AS q(query)
-WHERE c.owner_id = %s AND d.vector @@ q.query
+WHERE c.owner_id = %s AND c.id IS DISTINCT FROM %s AND d.vector @@ q.query
 ORDER BY rank DESC, b.id DESC
 LIMIT %s
 """
@@ -65,14 +70,18 @@ SELECT b.id, b.node_id, b.role, c.id, c.title, -bm25(search_fts) AS rank,
 FROM search_fts
 JOIN conversations_bubble b ON b.id = search_fts.rowid
 JOIN conversations_conversation c ON c.id = b.conversation_id
-WHERE search_fts MATCH %s AND c.owner_id = %s
+WHERE search_fts MATCH %s AND c.owner_id = %s AND c.id IS NOT %s
 ORDER BY bm25(search_fts), b.id DESC
 LIMIT %s
 """
 
 
-def search_bubbles(*, user, query: str, limit: int = 20) -> list[Hit]:
-    """The caller's bubbles that match `query`, best first, each marked with whether it is on the current branch."""
+def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False,
+                   exclude_conversation: int | None = None) -> list[Hit]:
+    """The caller's bubbles that match `query`, best first, each marked with whether it is on the current branch.
+
+    `match_any` finds bubbles with any of the words instead of all of them.
+    """
     if not isinstance(query, str) or not query.strip():
         raise BadInput("`q` must be a non-empty search query.")
     if len(query) > MAX_QUERY_CHARS:
@@ -80,13 +89,15 @@ def search_bubbles(*, user, query: str, limit: int = 20) -> list[Hit]:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             config = settings.ARBOR_SEARCH_CONFIG
-            cursor.execute(_POSTGRES_RANKED, [config, query, user.pk, limit])
+            query = _any_word(query) if match_any else query
+            cursor.execute(_POSTGRES_RANKED, [config, query, user.pk, exclude_conversation, limit])
             rows = cursor.fetchall()
             cursor.execute(_POSTGRES_SNIPPETS, [config, config, query, [r[0] for r in rows]])
             snippets = dict(cursor.fetchall())
             rows = [(*row, snippets[row[0]]) for row in rows]
         else:
-            cursor.execute(_SQLITE_RANKED, [_fts5_query(query), user.pk, limit])
+            cursor.execute(_SQLITE_RANKED, [_fts5_query(query, match_any=match_any), user.pk, exclude_conversation,
+                                            limit])
             rows = cursor.fetchall()
     on_path = _current_paths({row[3] for row in rows})
     return [Hit(bubble=b, node=n, role=role, conversation=c, conversation_title=title or f"Conversation {c}",

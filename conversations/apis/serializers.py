@@ -36,6 +36,9 @@ class ConversationIn(serializers.Serializer):
     title = StrictCharField(max_length=200, required=False, allow_blank=True)
     model = StrictCharField(max_length=200, required=False, validators=[validate_model_name])
     instructions = StrictCharField(required=False, allow_blank=True, max_length=20000)
+    retrieval = serializers.BooleanField(required=False, help_text="R2: search my other conversations first")
+    keep_retrieved = serializers.BooleanField(required=False,
+                                              help_text="R2: keep retrieved items in later calls' context")
 
 
 class PreferencesIn(serializers.Serializer):
@@ -47,8 +50,8 @@ class ConversationOut(serializers.ModelSerializer):
 
     class Meta:
         model = Conversation
-        fields = ["id", "title", "model", "instructions", "head", "version", "turn_running", "created_at",
-                  "updated_at"]
+        fields = ["id", "title", "model", "instructions", "retrieval", "keep_retrieved", "head", "version",
+                  "turn_running", "created_at", "updated_at"]
 
 
 class NodeOut(serializers.ModelSerializer):

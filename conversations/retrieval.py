@@ -1,0 +1,31 @@
+"""Retrieval (R2): before a question goes out, the owner's other conversations are searched for it and the
+best hits go along as items marked ephemeral. The call that sends them reads them; later assemblies drop
+them unless the conversation keeps them (`keep_retrieved`). They are stored in the node's sent items like
+everything a call was sent, so "what the model saw" shows them.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from conversations import items as it
+from conversations.models import Bubble, Conversation
+
+RETRIEVED_CHARS = 800  # per hit: enough for the gist, never a whole other conversation
+
+
+def retrieved_items(conversation: Conversation, question: str) -> list[it.Item]:
+    from search.query import search_bubbles  # the search app builds on this one
+
+    hits = search_bubbles(user=conversation.owner, query=question, match_any=True,
+                          limit=settings.ARBOR_RETRIEVAL_RESULTS, exclude_conversation=conversation.pk)
+    if not hits:
+        return []
+    contents = dict(Bubble.objects.filter(pk__in=[h.bubble for h in hits]).values_list("pk", "content"))
+    items = []
+    for hit in hits:
+        text = contents.get(hit.bubble, "")[:RETRIEVED_CHARS]
+        who = "the person asked" if hit.role == "user" else "the answer was"
+        item = it.system(f"From the person's conversation “{hit.conversation_title}”, {who}: {text}")
+        items.append({**item, "ephemeral": True, "source": {"conversation": hit.conversation, "bubble": hit.bubble}})
+    return items

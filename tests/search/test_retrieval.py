@@ -1,0 +1,73 @@
+"""Retrieval (R2): the owner's other conversations are searched before a question; hits go in as ephemeral
+items the call reads; later calls drop them unless the conversation keeps them."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from conversations import services, turns, worker
+from tests.conversations.helpers import answer, ask, head
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def notes(user):
+    """Another conversation of the same person, indexed by the worker."""
+    other = services.conversation_create(owner=user, title="Pricing notes")
+    ask(other, "Our enterprise tier costs 900 dollars per seat")
+    worker.run_due()
+    return other
+
+
+def test_r2_hits_from_other_conversations_reach_this_call_only(user, notes):
+    conversation = services.conversation_create(owner=user)
+    services.conversation_update(conversation=conversation, retrieval=True)
+    first = answer(ask(conversation, "What does the enterprise tier cost?"))
+    assert "system:From the person's conversation" in first, "the model read the hit"
+    node = head(conversation)
+    retrieved = [i for i in node.sent if i.get("ephemeral")]
+    assert retrieved and retrieved[0]["source"]["conversation"] == notes.pk
+    assert node.sent[-1] == {"type": "user", "text": "What does the enterprise tier cost?"}
+
+    second = answer(ask(conversation, "unrelated zebra question"))
+    assert "From the person's conversation" not in second, "dropped from later assemblies by default"
+    assert "user:What does the enterprise tie" in second, "the question itself stays"
+
+
+def test_r2_the_keep_policy_keeps_them_in_later_calls(user, notes):
+    conversation = services.conversation_create(owner=user)
+    services.conversation_update(conversation=conversation, retrieval=True, keep_retrieved=True)
+    ask(conversation, "What does the enterprise tier cost?")
+    kept = len([i for i in head(conversation).sent if i.get("ephemeral")])
+    second = answer(ask(conversation, "unrelated zebra question"))
+    assert kept and second.count("system:From the person's conversation") == kept
+    assert not [i for i in head(conversation).sent if i.get("ephemeral")], "the new question found nothing new"
+
+
+def test_r2_without_retrieval_nothing_is_searched(user, notes):
+    conversation = services.conversation_create(owner=user)
+    ask(conversation, "What does the enterprise tier cost?")
+    assert not [i for i in head(conversation).sent if i.get("ephemeral")]
+
+
+def test_r2_only_the_owners_conversations_are_retrieved(user, other_user, notes):
+    theirs = services.conversation_create(owner=other_user)
+    services.conversation_update(conversation=theirs, retrieval=True)
+    ask(theirs, "What does the enterprise tier cost?")
+    assert not [i for i in head(theirs).sent if i.get("ephemeral")]
+
+
+def test_r2_what_the_model_saw_marks_the_retrieved_items(client, user, notes):
+    conversation = services.conversation_create(owner=user)
+    services.conversation_update(conversation=conversation, retrieval=True)
+    ask(conversation, "What does the enterprise tier cost?")
+    first = head(conversation)
+    ask(conversation, "next question")
+    client.force_login(user)
+    seen = client.get(reverse("chat-seen", args=[first.pk]), headers={"X-Fragment": "1"}).content.decode()
+    assert "retrieved for this call only (ephemeral)" in seen
+    later = client.get(reverse("chat-seen", args=[head(conversation).pk]), headers={"X-Fragment": "1"}).content.decode()
+    assert "retrieved for this call only" not in later and "900 dollars" not in later
+    assert turns.call_context(first)[1]["role"] == "system"
