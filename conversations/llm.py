@@ -6,7 +6,8 @@ budget (C1) needs. The offline provider `arbor/echo` is registered here.
 
 arbor/echo (DESIGN.md, "Offline model") reads directives from the last user message: `#tool NAME {json}`
 (one tool call per round), `#fail` (provider error), `#overflow` (context-window error), `#slow` (one word
-every 100 ms). Asked to summarise (`stream_call(..., compaction=True)`, what compaction does), it answers
+every 100 ms), `#title` at the start (a title call: it answers the conversation's first question's first six
+words). Asked to summarise (`stream_call(..., compaction=True)`, what compaction does), it answers
 `summary of N messages: <digest>` and also streams a provider-native *opaque* compaction item, like the
 encrypted compaction items of hosted providers: `{"type": "summary", "provider": "arbor", "text": "",
 "data": "<arbor-compaction:...>"}`. Only arbor/echo can read it back (its digest shows it as
@@ -363,6 +364,11 @@ def echo_plan(messages: list[dict], *, tools_offered: bool, compaction: bool = F
     directives = _tool_directives(question) if tools_offered else []
     if round_index < len(directives):
         return EchoPlan(words=[], tool_call=directives[round_index], slow=False, prompt_tokens=prompt_tokens)
+    if question.startswith("#title"):  # a title call: the conversation's first question, cut short
+        first = next((_text_of(m.get("content")) for m in messages if m.get("role") == "user"), "")
+        title = " ".join(first.split()[:6]) or "Untitled"
+        return EchoPlan(words=re.findall(r"\S+\s*|\s+", title), tool_call=None, slow=False,
+                        prompt_tokens=prompt_tokens)
     if "#fail" in question:
         raise litellm.InternalServerError(
             message="arbor/echo: #fail asked for a provider error", model="echo", llm_provider=ECHO_PROVIDER

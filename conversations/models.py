@@ -63,6 +63,7 @@ class Node(TreeNode):
         TURN = "turn"
         PLAYBOOK = "playbook"
         COMPACTION = "compaction"
+        TITLE = "title"  # a side call that names the conversation (R4); never a head
 
     class Status(models.TextChoices):
         PENDING = "pending"
@@ -121,7 +122,8 @@ class Node(TreeNode):
         ordering = ["id"]
         indexes = [models.Index(fields=["conversation", "id"])]
         constraints = [
-            models.CheckConstraint(condition=Q(kind__in=["turn", "playbook", "compaction"]), name="node_kind_known"),
+            models.CheckConstraint(condition=Q(kind__in=["turn", "playbook", "compaction", "title"]),
+                                   name="node_kind_known"),
             models.CheckConstraint(
                 condition=Q(status__in=["pending", "succeeded", "failed"]), name="node_status_known"
             ),

@@ -276,8 +276,7 @@ def call_context(node: Node) -> list[dict[str, Any]]:
     provider = node.provider or None
     if node.parent_id is None and node.kind == Node.Kind.COMPACTION:
         return assemble([_path_node(node)], (), instructions=node.instructions, provider=provider)
-    keep = bool(node.conversation_id) and Conversation.objects.filter(pk=node.conversation_id,
-                                                                       keep_retrieved=True).exists()
+    keep = node.conversation.keep_retrieved if node.conversation_id else False  # R2: the conversation's policy
     return assemble(context_path(node_path(node.parent_id), provider), node.sent, instructions=node.instructions,
                     provider=provider, keep_ephemeral=keep)
 

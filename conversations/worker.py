@@ -23,6 +23,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from conversations.models import OutboxJob
+from conversations.titles import title_conversation
 
 logger = logging.getLogger("arbor.worker")
 
@@ -32,7 +33,9 @@ BACKOFF_CAP_SECONDS = 3600
 def _turn_committed(payload: dict[str, Any]) -> None:
     from search.index import index_conversation  # the search app depends on this one, not the reverse
 
-    index_conversation(int(payload["conversation"]))
+    conversation_id = int(payload["conversation"])
+    index_conversation(conversation_id)
+    title_conversation(conversation_id)
 
 
 HANDLERS: dict[str, Callable[[dict[str, Any]], None]] = {

@@ -9,9 +9,11 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from conversations import services, worker
-from conversations.models import OutboxJob
+from conversations.models import Node, OutboxJob
+from conversations.selectors import path_bubbles
 from search.models import BubbleDocument
-from tests.conversations.helpers import ask
+from tests.conversations.helpers import ask, head
+from tests.support.openai_stub import Reply
 
 pytestmark = pytest.mark.django_db
 
@@ -71,3 +73,43 @@ def test_the_worker_command_runs_what_is_due(conversation, capsys):
     call_command("arbor_worker", "--once")
     assert "done 1, retried 0, failed 0" in capsys.readouterr().out
     assert OutboxJob.objects.get().status == "done"
+
+
+def test_r4_a_new_conversation_gets_a_title_from_a_recorded_side_call(conversation):
+    """The title call is a node of kind `title` below the head it read; the head never moves onto it."""
+    services.conversation_update(conversation=conversation, title="")
+    ask(conversation, "Quarterly revenue by region in Korea please")
+    head_before = head(conversation).pk
+    worker.run_due()
+    conversation.refresh_from_db()
+    assert conversation.title == "Quarterly revenue by region in Korea"
+    (call,) = Node.objects.filter(kind="title")
+    assert (call.parent_id, call.status, call.conversation_id) == (head_before, "succeeded", conversation.pk)
+    assert call.usage["prompt_tokens"] > 0 and call.sent[0]["text"].startswith("#title")
+    assert conversation.head_id == head_before
+    ask(conversation, "next")
+    assert head(conversation).parent_id == head_before, "the next turn hangs below the head, not the title call"
+    views = path_bubbles(conversation=conversation)
+    assert views[0].branch.count == 1, "a title call is no branch"
+
+
+def test_r4_a_title_set_by_the_person_is_kept(conversation):
+    ask(conversation, "something")
+    assert conversation.title == "t"
+    worker.run_due()
+    conversation.refresh_from_db()
+    assert conversation.title == "t" and not Node.objects.filter(kind="title").exists()
+
+
+def test_r4_a_failed_title_call_is_recorded_and_the_job_retried(user, stub):
+    conversation = services.conversation_create(owner=user, model="openai/stub-model")
+    stub.script(Reply.text("an answer"), Reply.server_error("down"), Reply.text("Sales by region"))
+    ask(conversation, "What were sales by region?")
+    assert worker.run_due().retried == 1
+    failed = Node.objects.get(kind="title")
+    assert failed.status == "failed" and failed.failure_reason
+    OutboxJob.objects.update(run_after=timezone.now())
+    assert worker.run_due().done == 1
+    conversation.refresh_from_db()
+    assert conversation.title == "Sales by region"
+    assert Node.objects.filter(kind="title").count() == 2, "both calls kept"

@@ -1,0 +1,68 @@
+"""A model call beside the conversation: recorded as a node like every call (T1, T3), never moving the head.
+
+Titles use it; its node hangs below the node whose context it read, so the admin shows it where it
+happened, and `can_be_head` keeps it off every branch a person can switch to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import connection
+from django.utils import timezone
+
+from conversations import budget, llm
+from conversations import items as it
+from conversations.context import PathNode
+from conversations.models import Conversation, Node
+
+
+@dataclass(frozen=True)
+class SideCall:
+    node: Node
+    result: llm.CallResult | None  # None: the call failed; `node` says why
+
+
+def run_side_call(*, conversation: Conversation, parent: PathNode | None, kind: str, sent: list[it.Item],
+                  messages: list[dict], model: str, instructions: str = "") -> SideCall:
+    """Record a pending node, make the call, record how it ended. Only the node's own row is written."""
+    provider = llm.provider_of(model)
+    tokens = budget.items_tokens(sent, model=model, provider=provider)
+    node = Node.objects.create(
+        parent_id=parent.id if parent else None, conversation=conversation, kind=kind, status=Node.Status.PENDING,
+        sent=sent, provider=provider, model=model, instructions=instructions, tokens=tokens,
+        path_tokens=(parent.stored_path_tokens if parent else 0) + tokens,
+    )
+    if not connection.in_atomic_block:
+        connection.close()  # no connection is held while the model thinks
+    try:
+        result = _consume(llm.stream_call(model=model, messages=messages))
+    except llm.LLMError as error:
+        _finish(node, status=Node.Status.FAILED, reason=error.reason, message=error.message, received=error.partial)
+        return SideCall(node=node, result=None)
+    except BaseException as error:
+        _finish(node, status=Node.Status.FAILED, reason=Node.FailureReason.INTERRUPTED, message=repr(error))
+        raise
+    received_tokens = budget.items_tokens(result.received, model=model, provider=result.provider)
+    node.tokens += received_tokens
+    node.path_tokens += received_tokens
+    node.usage = result.usage
+    _finish(node, status=Node.Status.SUCCEEDED, received=result.received,
+            extra=["usage", "tokens", "path_tokens"])
+    return SideCall(node=node, result=result)
+
+
+def _consume(stream) -> llm.CallResult:
+    while True:
+        try:
+            next(stream)
+        except StopIteration as stop:
+            return stop.value
+
+
+def _finish(node: Node, *, status: str, reason: str = "", message: str = "", received: list | None = None,
+            extra: list[str] | None = None) -> None:
+    node.status, node.failure_reason, node.failure_message = status, reason, message
+    node.received = received or []
+    node.finished_at = timezone.now()
+    node.save(update_fields=["status", "failure_reason", "failure_message", "received", "finished_at", *(extra or [])])

@@ -1,0 +1,49 @@
+"""Give a new conversation a title (R4: a worker job after the first committed turn).
+
+The title call reads the conversation through the one assembly, is recorded as a `title` node below
+the head it read (a side call, `side_calls.py`), and never moves the head. A title the person has
+set in the meantime is never overwritten.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from conversations import items as it
+from conversations import llm
+from conversations.context import assemble
+from conversations.models import Conversation, Node
+from conversations.selectors import context_path, node_path
+from conversations.side_calls import run_side_call
+
+# `#title` is also arbor/echo's directive for a title call (see llm.py).
+TITLE_PROMPT = "#title Give this conversation a short title: at most six words, no quotes, nothing else."
+MAX_TITLE_CHARS = 80
+
+
+def clean_title(text: str) -> str:
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line.strip("\"'“”‘’# ").removeprefix("Title:").strip()[:MAX_TITLE_CHARS]
+
+
+def title_conversation(conversation_id: int) -> str | None:
+    """Name the conversation from its current path; return the title set, or None if nothing was done."""
+    conversation = Conversation.objects.filter(pk=conversation_id).first()
+    if conversation is None or conversation.title or conversation.head_id is None:
+        return None
+    earlier = Node.objects.filter(conversation=conversation, kind=Node.Kind.TITLE, status=Node.Status.SUCCEEDED)
+    title = next((clean_title(it.answer_text(n.received)) for n in earlier.order_by("-id")[:1]), "")
+    if not title:  # a job that ran before and crashed after its call needs no second call
+        model = conversation.model or settings.ARBOR_MODEL
+        provider = llm.provider_of(model)
+        path = context_path(node_path(conversation.head_id), provider)
+        sent = [it.user(TITLE_PROMPT)]
+        call = run_side_call(conversation=conversation, parent=path[-1] if path else None, kind=Node.Kind.TITLE,
+                             sent=sent, messages=assemble(path, sent, provider=provider), model=model)
+        if call.result is None:
+            raise RuntimeError(f"the title call failed: {call.node.failure_message}")  # the worker retries
+        title = clean_title(it.answer_text(call.result.received))
+    if not title:
+        return None
+    updated = Conversation.objects.filter(pk=conversation.pk, title="").update(title=title)
+    return title if updated else None
