@@ -1,0 +1,28 @@
+"""bench_search_import_worker runs end to end at tiny sizes and prints its figure lines (nothing timing-based)."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import CommandError
+from django.db import connection
+
+from conversations.models import Conversation, Node
+from tests.conversations.helpers import command_output
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_prints_search_worker_and_import_figures():
+    output = command_output("bench_search_import_worker", "--bubbles", "400", "--queries", "8", "--jobs", "5",
+                            "--import-nodes", "60", "--allow-sqlite")
+    for line in ("== Search over 400 bubbles", "search median", "p95", "== Worker: 5 turn_committed jobs",
+                 "jobs/s  (5 done, 0 retried, 0 failed, 5 titled", "== Import of a 60-node export", "nodes/s"):
+        assert line in output, line
+    assert Conversation.objects.filter(title="bench7:import-source").count() == 2, "the source and its import"
+    assert Node.objects.filter(conversation__title="bench7:import-source").count() == 120
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="the refusal is about SQLite")
+def test_it_refuses_sqlite_without_the_flag():
+    with pytest.raises(CommandError, match="--allow-sqlite"):
+        command_output("bench_search_import_worker", "--bubbles", "10")
