@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "conversations",
+    "playbooks",
 ]
 
 MIDDLEWARE = [
@@ -142,6 +143,8 @@ ARBOR_TOOL_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_TOOL_TIMEOUT_SECONDS", 
 ARBOR_SALES_DB_PATH = BASE_DIR / "var" / "sales.sqlite3"
 ARBOR_SQL_ROW_CAP = int(os.environ.get("ARBOR_SQL_ROW_CAP", "200"))
 ARBOR_SQL_TIME_LIMIT_SECONDS = float(os.environ.get("ARBOR_SQL_TIME_LIMIT_SECONDS", "2"))
+# P1: how many drafts a playbook conversion may try before it gives up with the last errors.
+ARBOR_PLAYBOOK_TRIES = int(os.environ.get("ARBOR_PLAYBOOK_TRIES", "3"))
 
 LOGGING = {
     "version": 1,
