@@ -189,7 +189,7 @@ def value_problem(parameter: dict[str, Any], value: Any, *, check_enum: bool = T
     if check_enum and "enum" in parameter and value not in parameter["enum"]:
         return f"is not one of {', '.join(map(repr, parameter['enum']))}"
     if "pattern" in parameter and kind == "string" and not re.search(parameter["pattern"], value):
-        return f"does not match the pattern {parameter['pattern']!r}"
+        return f"does not match the pattern {parameter['pattern']}"
     return None
 
 
