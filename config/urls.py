@@ -7,6 +7,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include("conversations.apis.urls")),
+    path("api/", include("playbooks.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("conversations.pages")),
 ]
