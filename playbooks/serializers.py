@@ -50,7 +50,7 @@ class RunOut(serializers.Serializer):
     version = serializers.IntegerField()
     values = serializers.DictField()
     conversation = serializers.IntegerField(help_text="The new conversation the steps ran in.")
-    status = serializers.ChoiceField(choices=["done", "approval_required", "failed"])
+    status = serializers.CharField(help_text="done, approval_required (a tool waits for a person, F3) or failed")
     answer = serializers.CharField(allow_null=True)
     head = serializers.IntegerField(allow_null=True)
     nodes = NodeOut(many=True)
