@@ -9,5 +9,6 @@ urlpatterns = [
     path("api/", include("conversations.apis.urls")),
     path("api/", include("playbooks.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("playbooks/", include("playbooks.pages")),
     path("", include("conversations.pages")),
 ]
