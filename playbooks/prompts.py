@@ -44,7 +44,7 @@ def conversion_retry(errors: list[str]) -> it.Item:
 
 def run_question(definition: dict[str, Any], values: dict[str, Any]) -> str:
     """The question a run asks in its new conversation: the steps, rendered with `values`."""
-    lines = [f"Run the playbook {definition['name']!r}.", definition["description"]]
+    lines = [f"Run the playbook \"{definition['name']}\".", definition["description"]]
     if values:
         lines.append("Parameters: " + ", ".join(f"{name} = {json.dumps(value, ensure_ascii=False)}"
                                                 for name, value in values.items()))

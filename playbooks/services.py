@@ -25,7 +25,7 @@ from django.utils import timezone
 from conversations import items as it
 from conversations import llm, services, turns
 from conversations.context import PathNode, assemble
-from conversations.errors import ArborError, BadInput
+from conversations.errors import ApprovalPending, ArborError, BadInput, TooLarge
 from conversations.models import Conversation, Node
 from conversations.selectors import conversation_for_user, instructions_for, node_path
 from playbooks import prompts, schema
@@ -54,17 +54,20 @@ def _convert(conversation: Conversation) -> Conversion:
         conversation.refresh_from_db(fields=["head", "model", "instructions"])
         if conversation.head_id is None:
             raise BadInput("This conversation has no messages yet: there is nothing to turn into a playbook.")
-        return _draft_until_valid(conversation, token)
+        path = node_path(conversation.head_id)  # the whole context, read once (T5)
+        if path[-1].status == Node.Status.SUCCEEDED and it.tool_calls(path[-1].received):
+            # Like a turn (F3): a call waiting for a person has no result yet, so the context is unfinished.
+            raise ApprovalPending("A tool call is waiting for approval: approve or refuse it before converting.")
+        return _draft_until_valid(conversation, path, token)
     finally:
         services.turn_lock_release(conversation=conversation, token=token)
 
 
-def _draft_until_valid(conversation: Conversation, token: uuid.UUID) -> Conversion:
+def _draft_until_valid(conversation: Conversation, path: list[PathNode], token: uuid.UUID) -> Conversion:
     model = conversation.model or settings.ARBOR_MODEL
     provider = llm.provider_of(model)
     instructions = instructions_for(conversation)
     json_mode = {"type": "json_object"} if llm.supports_json_mode(model) else None
-    path = node_path(conversation.head_id)  # the whole context, read once (T5)
     sent = [prompts.conversion_request()]
     tries: list[int] = []
     errors: list[str] = []
@@ -210,6 +213,10 @@ def playbook_run(*, user, playbook_id: Any, values: Any) -> RunResult:
     bound, errors = schema.bind_values(playbook.definition["parameters"], values)
     if errors:
         raise BadInput("Bad parameter values: " + "; ".join(errors), errors=errors)
+    question = prompts.run_question(playbook.definition, bound)
+    if len(question) > settings.ARBOR_MAX_CONTENT_CHARS:
+        raise TooLarge(f"With these values the run's question is longer than {settings.ARBOR_MAX_CONTENT_CHARS} "
+                       "characters.")
     source = playbook.source_conversation
     model = source.model if source and source.model in settings.ARBOR_MODELS else settings.ARBOR_MODEL
     shown = ", ".join(f"{name}={value}" for name, value in bound.items())
@@ -218,7 +225,6 @@ def playbook_run(*, user, playbook_id: Any, values: Any) -> RunResult:
             owner=user, title=f"Run: {playbook.name}{f' ({shown})' if shown else ''}"[:200], model=model)
         run = PlaybookRun.objects.create(playbook=playbook, version=_current_version(playbook), values=bound,
                                          conversation=conversation)
-    question = prompts.run_question(playbook.definition, bound)
     events = turns.turn_ask(user=user, conversation_id=conversation.pk, content=question).run()
     return _run_result(run, events)
 

@@ -6,7 +6,7 @@ import pytest
 
 from conversations import services as conversation_services
 from conversations import turns
-from conversations.errors import ArborError, BadInput, TurnInProgress
+from conversations.errors import ApprovalPending, ArborError, BadInput, TurnInProgress
 from conversations.models import Node
 from playbooks import services
 from playbooks.errors import PlaybookInvalid
@@ -127,3 +127,11 @@ def test_a_provider_failure_is_recorded_on_the_try_and_answers_502(conversation,
     assert node.parent_id == conversation.head_id
     assert not Playbook.objects.exists()
     conversation_services.turn_lock_acquire(conversation=conversation)  # the lock was given back
+
+
+def test_f3_a_conversion_waits_for_a_pending_approval_to_be_decided(conversation):
+    """F3: a head whose email waits for a person has an unfinished context; converting is refused."""
+    ask(conversation, 'mail it #tool send_email {"to": "a@example.com", "subject": "s", "body": "b"}')
+    with pytest.raises(ApprovalPending):
+        _convert(conversation)
+    assert not Node.objects.filter(kind="playbook").exists()
