@@ -21,7 +21,6 @@ from conversations.errors import BadInput
 from conversations.pages import _chat_context, page
 from conversations.selectors import path_bubbles
 from playbooks import services
-from playbooks.errors import PlaybookInvalid
 from playbooks.models import PlaybookRun
 from playbooks.selectors import conversion_chain, playbook_for_user, playbook_list, playbook_versions
 
@@ -72,13 +71,11 @@ def playbook_detail_page(request: HttpRequest, playbook_id: int) -> HttpResponse
 @require_POST
 @page
 def playbook_convert_page(request: HttpRequest, conversation_id: int) -> HttpResponse:
-    """The chat page's "Convert to playbook" (P1, P2): the chat stays where it was."""
-    try:
-        playbook = services.playbook_convert(user=request.user, conversation_id=conversation_id)
-    except PlaybookInvalid as error:
-        messages.error(request, f"No playbook was made: the draft was still invalid after "
-                                f"{len(error.extra['nodes'])} tries. Last problems: {'; '.join(error.extra['errors'])}")
-        return redirect("chat-conversation", conversation_id)
+    """The chat page's "Convert to playbook" (P1, P2): the chat stays where it was.
+
+    Still invalid after the last try (PlaybookInvalid), `page` shows the last errors back on the chat.
+    """
+    playbook = services.playbook_convert(user=request.user, conversation_id=conversation_id)
     messages.success(request, f"Playbook “{playbook.name}” made from this conversation.")
     return redirect("playbook-page-detail", playbook.pk)
 
@@ -96,13 +93,8 @@ def playbook_edit_page(request: HttpRequest, playbook_id: int) -> HttpResponse:
 @require_POST
 @page
 def playbook_save_page(request: HttpRequest, playbook_id: int) -> HttpResponse:
-    """P3: convert the edit conversation into the next version."""
-    try:
-        playbook = services.playbook_save(user=request.user, playbook_id=playbook_id)
-    except PlaybookInvalid as error:
-        messages.error(request, f"Not saved: the draft was still invalid after {len(error.extra['nodes'])} tries. "
-                                f"Last problems: {'; '.join(error.extra['errors'])}")
-        return redirect("playbook-page-detail", playbook_id)
+    """P3: convert the edit conversation into the next version (errors come back as a message, by `page`)."""
+    playbook = services.playbook_save(user=request.user, playbook_id=playbook_id)
     messages.success(request, f"Saved as version {playbook.versions.count()}.")
     return redirect("playbook-page-detail", playbook.pk)
 

@@ -45,7 +45,9 @@ def test_p1_p2_convert_from_the_chat_page_makes_a_playbook_and_leaves_the_chat_a
 
 def test_p1_an_invalid_conversion_comes_back_to_the_chat_with_the_last_errors(page, conversation):
     sales_conversation(conversation, "#draft-invalid always")
-    response = page.post(reverse("playbook-page-convert", args=[conversation.pk]), follow=True)
+    back = reverse("chat-conversation", args=[conversation.pk])
+    response = page.post(reverse("playbook-page-convert", args=[conversation.pk]), HTTP_REFERER=back, follow=True)
+    assert response.redirect_chain[-1][0] == back
     html = response.content.decode()
     assert "still invalid after 3 tries" in html and "no such column: no_such_column" in html
     assert not Playbook.objects.exists()
