@@ -454,12 +454,18 @@ def echo_playbook_draft(messages: list[dict]) -> str:
     question = _plain_question(_text_of(messages[opener].get("content"))) if opener is not None else ""
     parameters: dict[str, dict[str, Any]] = {}
     steps: list[dict[str, Any]] = []
-    for message in messages[opener + 1 if opener is not None else 0:]:
-        for call in message.get("tool_calls") or [] if message.get("role") == "assistant" else []:
+    turn = messages[opener + 1 if opener is not None else 0:]
+    calls = [call for m in turn if m.get("role") == "assistant" for call in m.get("tool_calls") or []]
+    for call in calls:
+        try:
             arguments = json.loads(call["function"]["arguments"] or "{}")
-            if call["function"]["name"] == "sql_query" and isinstance(arguments.get("sql"), str):
-                arguments["sql"] = _parameterise_sql(arguments["sql"], parameters)
-            steps.append({"tool": call["function"]["name"], "arguments": arguments})
+        except json.JSONDecodeError:
+            arguments = {}  # the validator then says what is missing, as it would to a model
+        if not isinstance(arguments, dict):
+            arguments = {}
+        if call["function"]["name"] == "sql_query" and isinstance(arguments.get("sql"), str):
+            arguments["sql"] = _parameterise_sql(arguments["sql"], parameters)
+        steps.append({"tool": call["function"]["name"], "arguments": arguments})
     steps.append({"instruction": "Answer the question from the results above." if steps else
                   f"Answer: {question or 'the question'}"})
     tries = sum(1 for m in messages if m.get("role") == "user" and PLAYBOOK_DRAFT_MARKER in _text_of(m.get("content")))

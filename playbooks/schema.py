@@ -120,6 +120,7 @@ def validate(definition: Any) -> list[str]:
         return shape
     errors = _parameter_errors(definition["parameters"])
     names = [p["name"] for p in definition["parameters"]]
+    samples = sample_values(definition["parameters"])
     used: set[str] = set()
     for index, step in enumerate(definition["steps"]):
         where = f"steps[{index}]"
@@ -131,7 +132,7 @@ def validate(definition: Any) -> list[str]:
                            f"(declared: {', '.join(names) or 'none'})" for name in sorted(found - set(names)))
         errors.extend(unknown)
         if "tool" in step and not unknown:
-            errors.extend(_tool_step_errors(where, step, sample_values(definition["parameters"])))
+            errors.extend(_tool_step_errors(where, step, samples))
     errors.extend(f"parameters[{i}].name: parameter {name!r} is not used by any step; use it as {{{{{name}}}}} "
                   "or remove it" for i, name in enumerate(names) if name not in used)
     return errors
