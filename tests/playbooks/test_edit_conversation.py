@@ -99,3 +99,16 @@ def test_p3_save_converts_the_edit_conversation_into_the_next_version(conversati
     assert saved.conversion_node_id == second.conversion_node_id
     again = _edit(saved)  # a second edit round starts where the saved version came from
     assert again.head_id == edit_head
+
+
+def test_t11_deleting_a_saved_edit_conversation_keeps_the_versions_history(conversation, playbook):
+    """T11, P3: version 2 came from an edit conversation's own turn; deleting that conversation keeps the
+    turn (the version's conversion hangs below it), so the next edit conversation still starts there."""
+    edit = _edit(playbook)
+    ask(edit, "a change made while editing")
+    services.playbook_save(user=playbook.owner, playbook_id=playbook.pk)
+    version_head = playbook.versions.get(number=2).head_id
+    conversation_services.conversation_delete(conversation=edit)
+    again = _edit(playbook)
+    assert again.head_id == version_head
+    assert "a change made while editing" in _context(again) and "Top 5 domestic customers" in _context(again)
