@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from conversations import turns
 from conversations.models import Conversation, Node
 from playbooks.models import Playbook
 from tests.playbooks.helpers import sales_conversation
@@ -111,3 +112,15 @@ def test_the_openapi_schema_documents_the_playbook_endpoints(api):
     for path in ["/api/conversations/{conversation_id}/playbooks/", "/api/playbooks/", "/api/playbooks/{id}/",
                  "/api/playbooks/{id}/edit-conversation/", "/api/playbooks/{id}/save/", "/api/playbooks/{id}/runs/"]:
         assert path.replace("{id}", "{playbook_id}") in paths
+
+
+def test_t9_convert_while_a_turn_runs_is_a_409_and_records_nothing(api, conversation):
+    """T9, R3: the conversion needs the turn lock; a running turn holds it."""
+    sales_conversation(conversation)
+    turn = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="still running")
+    try:
+        response = _convert(api, conversation)
+    finally:
+        turn.abandon()
+    assert response.status_code == 409 and response.json()["error"]["code"] == "turn_in_progress"
+    assert not Node.objects.filter(kind="playbook").exists()
