@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "channels",
     "conversations",
     "search",
+    "playbooks",
 ]
 
 MIDDLEWARE = [
@@ -161,6 +162,8 @@ ARBOR_IMPORT_MAX_BYTES = int(os.environ.get("ARBOR_IMPORT_MAX_BYTES", str(50 * 1
 ARBOR_IMPORT_MAX_NODES = int(os.environ.get("ARBOR_IMPORT_MAX_NODES", "100000"))
 ARBOR_SQL_ROW_CAP = int(os.environ.get("ARBOR_SQL_ROW_CAP", "200"))
 ARBOR_SQL_TIME_LIMIT_SECONDS = float(os.environ.get("ARBOR_SQL_TIME_LIMIT_SECONDS", "2"))
+# P1: how many drafts a playbook conversion may try before it gives up with the last errors.
+ARBOR_PLAYBOOK_TRIES = int(os.environ.get("ARBOR_PLAYBOOK_TRIES", "3"))
 
 LOGGING = {
     "version": 1,

@@ -10,7 +10,9 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/search/", Search.as_view(), name="search-api"),
     path("api/", include("conversations.apis.urls")),
+    path("api/", include("playbooks.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("search.pages")),
+    path("playbooks/", include("playbooks.pages")),
     path("", include("conversations.pages")),
 ]

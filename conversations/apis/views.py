@@ -71,7 +71,7 @@ class ConversationListCreate(APIView):
 
     @extend_schema(request=s.ConversationIn, responses={201: s.ConversationOut})
     def post(self, request: Request) -> Response:
-        data = _valid(s.ConversationIn, request)
+        data = valid_input(s.ConversationIn, request)
         conversation = services.conversation_create(owner=request.user, **data)
         return Response(s.ConversationOut(conversation).data, status=status.HTTP_201_CREATED)
 
@@ -91,7 +91,7 @@ class ConversationDetail(APIView):
     @extend_schema(request=s.ConversationIn, responses=s.ConversationOut)
     def patch(self, request: Request, conversation_id: int) -> Response:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-        data = _valid(s.ConversationIn, request)
+        data = valid_input(s.ConversationIn, request)
         services.conversation_update(conversation=conversation, **data)
         return Response(s.ConversationOut(conversation).data)
 
@@ -102,7 +102,7 @@ class ConversationDetail(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-def _valid(serializer_class, request: Request) -> dict:
+def valid_input(serializer_class, request: Request) -> dict:
     if not isinstance(request.data, dict):
         from rest_framework.exceptions import ValidationError
 
@@ -203,7 +203,7 @@ class TurnCreate(TurnView):
                                "`token`, `tool_call`, `tool_result`, `approval_required`, `compaction` (the "
                                "context was compacted before this call, C2), `done`, `error`.")
     def post(self, request: Request, conversation_id: int):
-        data = _valid(s.TurnIn, request)
+        data = valid_input(s.TurnIn, request)
         turn = turns.turn_ask(user=request.user, conversation_id=conversation_id, content=data["content"])
         return _turn_response(request, turn)
 
@@ -211,7 +211,7 @@ class TurnCreate(TurnView):
 class TurnEdit(TurnView):
     @extend_schema(request=s.EditIn, responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
-        data = _valid(s.EditIn, request)
+        data = valid_input(s.EditIn, request)
         turn = turns.turn_edit(user=request.user, conversation_id=conversation_id, node_id=data["node"],
                                content=data["content"])
         return _turn_response(request, turn)
@@ -220,7 +220,7 @@ class TurnEdit(TurnView):
 class TurnRegenerate(TurnView):
     @extend_schema(request=s.RegenerateIn, responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
-        data = _valid(s.RegenerateIn, request)
+        data = valid_input(s.RegenerateIn, request)
         turn = turns.turn_regenerate(user=request.user, conversation_id=conversation_id, node_id=data.get("node"))
         return _turn_response(request, turn)
 
@@ -237,7 +237,7 @@ class TurnRetry(TurnView):
 class ToolApprovalCreate(TurnView):
     @extend_schema(request=s.ApprovalIn, responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
-        data = _valid(s.ApprovalIn, request)
+        data = valid_input(s.ApprovalIn, request)
         turn = turns.turn_decide(user=request.user, conversation_id=conversation_id,
                                  call_id=data["tool_call_id"], approve=data["approve"])
         return _turn_response(request, turn)
@@ -249,7 +249,7 @@ class ToolApprovalCreate(TurnView):
 class HeadSwitch(APIView):
     @extend_schema(request=s.SwitchIn, responses=s.ConversationOut)
     def post(self, request: Request, conversation_id: int) -> Response:
-        data = _valid(s.SwitchIn, request)
+        data = valid_input(s.SwitchIn, request)
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
         services.head_switch(conversation=conversation, node_id=data["node"])
         return Response(s.ConversationOut(conversation).data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
@@ -56,9 +57,9 @@ def describe_schema() -> str:
     )
 
 
-def sql_query(sql: str) -> dict[str, Any]:
-    """Run one read-only statement and return its columns and (capped) rows."""
-    row_cap = int(getattr(settings, "ARBOR_SQL_ROW_CAP", DEFAULT_ROW_CAP))
+@contextlib.contextmanager
+def _read_only_connection() -> Iterator[tuple[sqlite3.Connection, list[int], float]]:
+    """The sample database, read-only, behind the allow-list and the time limit; yields the refusals list."""
     time_limit = float(getattr(settings, "ARBOR_SQL_TIME_LIMIT_SECONDS", DEFAULT_TIME_LIMIT_SECONDS))
     path = ensure_sales_db()
 
@@ -78,6 +79,13 @@ def sql_query(sql: str) -> dict[str, Any]:
         deadline = time.monotonic() + time_limit
         # A non-zero return from the progress handler makes SQLite abort with "interrupted".
         conn.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_EVERY)
+        yield conn, denied, time_limit
+
+
+def sql_query(sql: str) -> dict[str, Any]:
+    """Run one read-only statement and return its columns and (capped) rows."""
+    row_cap = int(getattr(settings, "ARBOR_SQL_ROW_CAP", DEFAULT_ROW_CAP))
+    with _read_only_connection() as (conn, denied, time_limit):
         try:
             # The driver refuses a second statement at prepare time ("You can only execute
             # one statement at a time"), before anything runs.
@@ -95,6 +103,21 @@ def sql_query(sql: str) -> dict[str, Any]:
         "row_count": min(len(rows), row_cap),
         "truncated": len(rows) > row_cap,
     }
+
+
+def sql_check(sql: str) -> None:
+    """Raise the ToolError `sql_query` would give for `sql`, without running it or reading a row.
+
+    `EXPLAIN` compiles the statement through the same connection and allow-list, so unknown tables or
+    columns, syntax errors, writes and second statements are refused exactly as a run would refuse them.
+    """
+    if not sql.strip():
+        raise ToolError("the statement is empty: send a single SELECT query")
+    with _read_only_connection() as (conn, denied, time_limit):
+        try:
+            conn.execute(f"EXPLAIN {sql}")
+        except (sqlite3.Error, sqlite3.Warning) as exc:
+            raise _tool_error(exc, denied, time_limit) from exc
 
 
 def _tool_error(exc: Exception, denied: list[int], time_limit: float) -> ToolError:

@@ -1,0 +1,89 @@
+"""The playbook API: one small view per operation; views parse, call a service and shape the answer."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
+from rest_framework.views import APIView
+
+from conversations.apis.serializers import ConversationOut, NodeOut
+from conversations.apis.views import valid_input
+from conversations.models import Node
+from playbooks import serializers as s
+from playbooks import services
+from playbooks.selectors import playbook_for_user, playbook_list
+
+_CONVERSION_RESPONSES = {
+    201: s.PlaybookDetailOut,
+    400: OpenApiResponse(description="bad input, or a conversation with no head"),
+    404: OpenApiResponse(description="not found or not yours"),
+    409: OpenApiResponse(description="turn_in_progress: a turn holds the conversation"),
+    422: OpenApiResponse(description="playbook_invalid: still invalid after the last try; `errors` holds the "
+                                     "last validation errors and `nodes` every try, all recorded (P1)"),
+    502: OpenApiResponse(description="the model provider failed; the failed try is recorded"),
+    503: OpenApiResponse(description="the provider timed out or is rate limited"),
+}
+
+
+class PlaybookConvert(APIView):
+    @extend_schema(request=None, responses=_CONVERSION_RESPONSES,
+                   description="P1, P2: draft a playbook from the conversation's whole context, validate it, "
+                               "retry with the errors; the head never moves.")
+    def post(self, request: Request, conversation_id: int) -> Response:
+        playbook = services.playbook_convert(user=request.user, conversation_id=conversation_id)
+        return Response(s.PlaybookDetailOut(playbook).data, status=status.HTTP_201_CREATED)
+
+
+class PlaybookList(APIView):
+    @extend_schema(responses=s.PlaybookOut(many=True))
+    def get(self, request: Request) -> Response:
+        paginator = api_settings.DEFAULT_PAGINATION_CLASS()
+        page = paginator.paginate_queryset(playbook_list(user=request.user), request, view=self)
+        return paginator.get_paginated_response(s.PlaybookOut(page, many=True).data)
+
+
+class PlaybookDetail(APIView):
+    @extend_schema(responses={200: s.PlaybookDetailOut, 404: OpenApiResponse(description="not found or not yours")})
+    def get(self, request: Request, playbook_id: int) -> Response:
+        playbook = playbook_for_user(user=request.user, playbook_id=playbook_id)
+        return Response(s.PlaybookDetailOut(playbook).data)
+
+
+class PlaybookEditConversation(APIView):
+    @extend_schema(request=None, responses={201: ConversationOut,
+                                            404: OpenApiResponse(description="not found or not yours")},
+                   description="P3: a new conversation whose head is the head the current version came from "
+                               "(the source head at first); nothing is copied.")
+    def post(self, request: Request, playbook_id: int) -> Response:
+        conversation = services.playbook_edit_conversation(user=request.user, playbook_id=playbook_id)
+        return Response(ConversationOut(conversation).data, status=status.HTTP_201_CREATED)
+
+
+class PlaybookSave(APIView):
+    @extend_schema(request=None, responses={**_CONVERSION_RESPONSES, 201: s.PlaybookDetailOut},
+                   description="P3: convert the playbook's edit conversation into its next version.")
+    def post(self, request: Request, playbook_id: int) -> Response:
+        playbook = services.playbook_save(user=request.user, playbook_id=playbook_id)
+        return Response(s.PlaybookDetailOut(playbook).data, status=status.HTTP_201_CREATED)
+
+
+class PlaybookRunCreate(APIView):
+    @extend_schema(request=s.RunIn, responses={
+        201: s.RunOut,
+        400: OpenApiResponse(description="bad parameter values; the message names each parameter"),
+        404: OpenApiResponse(description="not found or not yours"),
+    }, description="Run the current version with parameter values in a new conversation, through the one turn "
+                   "runner. `status` is `done`, `approval_required` (a tool waits for a person, F3: decide in "
+                   "the run's conversation) or `failed` (its node is recorded, F1).")
+    def post(self, request: Request, playbook_id: int) -> Response:
+        data = valid_input(s.RunIn, request)
+        result = services.playbook_run(user=request.user, playbook_id=playbook_id, values=data["values"])
+        nodes = NodeOut(Node.objects.filter(pk__in=result.nodes).order_by("id"), many=True).data
+        body = {"run": result.run.pk, "playbook": result.run.playbook_id, "version": result.run.version,
+                "values": result.run.values, "conversation": result.run.conversation_id, "status": result.status,
+                "answer": result.answer, "head": result.head, "nodes": nodes,
+                "approval_required": result.approval_required, "error": result.error}
+        return Response(body, status=status.HTTP_201_CREATED)

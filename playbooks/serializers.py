@@ -1,0 +1,58 @@
+"""Input and output shapes of the playbook API. No business logic: the services decide."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from conversations.apis.serializers import NodeOut
+from playbooks.models import Playbook, PlaybookVersion
+from playbooks.selectors import conversion_chain
+
+
+class PlaybookVersionOut(serializers.ModelSerializer):
+    conversion_nodes = serializers.SerializerMethodField(help_text="The tries of this version's conversion, "
+                                                                   "first to last (P1).")
+
+    class Meta:
+        model = PlaybookVersion
+        fields = ["number", "definition", "conversion_node", "conversation", "head", "created_at",
+                  "conversion_nodes"]
+
+    def get_conversion_nodes(self, version: PlaybookVersion) -> list[dict]:
+        return NodeOut(conversion_chain(version.conversion_node_id), many=True).data
+
+
+class PlaybookOut(serializers.ModelSerializer):
+    class Meta:
+        model = Playbook
+        fields = ["id", "name", "description", "definition", "source_conversation", "source_head",
+                  "conversion_node", "edit_conversation", "created_at", "updated_at"]
+
+
+class PlaybookDetailOut(PlaybookOut):
+    versions = serializers.SerializerMethodField()
+
+    class Meta(PlaybookOut.Meta):
+        fields = [*PlaybookOut.Meta.fields, "versions"]
+
+    def get_versions(self, playbook: Playbook) -> list[dict]:
+        return PlaybookVersionOut(playbook.versions.order_by("-number"), many=True).data
+
+
+class RunIn(serializers.Serializer):
+    values = serializers.DictField(required=False, default=dict,
+                                   help_text="Parameter values by name; a missing one takes its default.")
+
+
+class RunOut(serializers.Serializer):
+    run = serializers.IntegerField()
+    playbook = serializers.IntegerField()
+    version = serializers.IntegerField()
+    values = serializers.DictField()
+    conversation = serializers.IntegerField(help_text="The new conversation the steps ran in.")
+    status = serializers.CharField(help_text="done, approval_required (a tool waits for a person, F3) or failed")
+    answer = serializers.CharField(allow_null=True)
+    head = serializers.IntegerField(allow_null=True)
+    nodes = NodeOut(many=True)
+    approval_required = serializers.ListField(child=serializers.DictField())
+    error = serializers.DictField(allow_null=True)

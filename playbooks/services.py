@@ -1,0 +1,241 @@
+"""Writes for playbooks: conversion with retries (P1, P2), edit conversations (P3), runs.
+
+Where the nodes go (DESIGN.md's two questions):
+- A conversion's first try hangs below the conversation's head; each later try below the previous
+  try, and sends the previous draft's validation errors (P1). Tries are kind `playbook` and belong
+  to no conversation (see playbooks.models).
+- The head never moves (P2): no try is ever on a path, so the next question never sees a draft or
+  an error. The conversion holds the turn lock, so no turn moves the head under it either (T9).
+- An edit conversation is a new conversation whose head is set, through `head_move`, to the head the
+  current version was converted from; nothing is copied (P3).
+- A run asks one question in a new conversation through the one turn runner (R1).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from conversations import items as it
+from conversations import llm, services, turns
+from conversations.context import PathNode, assemble
+from conversations.errors import ApprovalPending, ArborError, BadInput, TooLarge
+from conversations.models import Conversation, Node
+from conversations.selectors import conversation_for_user, instructions_for, node_path
+from playbooks import prompts, schema
+from playbooks.errors import PlaybookInvalid
+from playbooks.models import Playbook, PlaybookRun, PlaybookVersion
+from playbooks.selectors import playbook_for_user
+
+_FAILURE_STATUS = {"rate_limit": 503, "timeout": 503}
+
+
+@dataclass(frozen=True)
+class Conversion:
+    definition: dict[str, Any]
+    node: Node  # the try whose draft is valid
+    head_id: int  # the head it was converted from
+    nodes: list[int]  # every try, first to last
+
+
+# --- conversion (P1, P2) ----------------------------------------------------------------------------
+
+
+def _convert(conversation: Conversation) -> Conversion:
+    """Draft, validate and retry under the conversation's turn lock; the head stays where it is (P2)."""
+    token = services.turn_lock_acquire(conversation=conversation)
+    try:
+        conversation.refresh_from_db(fields=["head", "model", "instructions"])
+        if conversation.head_id is None:
+            raise BadInput("This conversation has no messages yet: there is nothing to turn into a playbook.")
+        path = node_path(conversation.head_id)  # the whole context, read once (T5)
+        if path[-1].status == Node.Status.SUCCEEDED and it.tool_calls(path[-1].received):
+            # Like a turn (F3): a call waiting for a person has no result yet, so the context is unfinished.
+            raise ApprovalPending("A tool call is waiting for approval: approve or refuse it before converting.")
+        return _draft_until_valid(conversation, path, token)
+    finally:
+        services.turn_lock_release(conversation=conversation, token=token)
+
+
+def _draft_until_valid(conversation: Conversation, path: list[PathNode], token: uuid.UUID) -> Conversion:
+    model = conversation.model or settings.ARBOR_MODEL
+    provider = llm.provider_of(model)
+    instructions = instructions_for(conversation)
+    json_mode = {"type": "json_object"} if llm.supports_json_mode(model) else None
+    sent = [prompts.conversion_request()]
+    tries: list[int] = []
+    errors: list[str] = []
+    for _ in range(max(1, settings.ARBOR_PLAYBOOK_TRIES)):
+        messages = assemble(path, sent, instructions=instructions, provider=provider)
+        node = Node.objects.create(parent_id=path[-1].id, conversation=None, kind=Node.Kind.PLAYBOOK,
+                                   status=Node.Status.PENDING, sent=sent, provider=provider, model=model,
+                                   instructions=instructions)
+        tries.append(node.pk)
+        result = _call(node, model=model, messages=messages, response_format=json_mode)
+        definition, errors = schema.parse(it.answer_text(result.received))
+        if definition is not None:
+            errors = schema.validate(definition)
+        if not errors:
+            return Conversion(definition=definition, node=node, head_id=conversation.head_id, nodes=tries)
+        path = [*path, PathNode(node.pk, node.parent_id, node.kind, node.status, node.sent, node.received,
+                                node.provider, node.model)]
+        sent = [prompts.conversion_retry(errors)]
+        services.turn_lock_renew(conversation=conversation, token=token)
+    raise PlaybookInvalid(f"The playbook is still invalid after {len(tries)} tries: {'; '.join(errors)}",
+                          errors=errors, nodes=tries)
+
+
+def _call(node: Node, *, model: str, messages: list[dict], response_format: dict | None) -> llm.CallResult:
+    """One recorded call (T1, T3): the node ends succeeded with what came back, or failed with why."""
+    call = llm.stream_call(model=model, messages=messages, response_format=response_format)
+    try:
+        while True:
+            next(call)
+    except StopIteration as stop:
+        result: llm.CallResult = stop.value
+    except llm.LLMError as error:
+        _fail(node, error)
+        raise ArborError(f"The model failed while drafting the playbook: {error.message}", code=error.reason,
+                         status=_FAILURE_STATUS.get(error.reason, 502), node=node.pk) from error
+    except BaseException as error:
+        _fail(node, llm.LLMError("interrupted", f"the conversion stopped: {error!r}"))
+        raise
+    node.status = Node.Status.SUCCEEDED
+    node.received, node.usage = result.received, result.usage
+    node.provider, node.model = result.provider, result.model
+    node.finished_at = timezone.now()
+    node.save(update_fields=["status", "received", "usage", "provider", "model", "finished_at"])
+    return result
+
+
+def _fail(node: Node, error: llm.LLMError) -> None:
+    node.status, node.failure_reason, node.failure_message = Node.Status.FAILED, error.reason, error.message
+    node.received, node.finished_at = error.partial, timezone.now()
+    node.save(update_fields=["status", "failure_reason", "failure_message", "received", "finished_at"])
+
+
+def _current_version(playbook: Playbook) -> int:
+    return playbook.versions.aggregate(last=Max("number"))["last"] or 0
+
+
+def _add_version(playbook: Playbook, conversion: Conversion, conversation: Conversation) -> PlaybookVersion:
+    number = _current_version(playbook) + 1
+    return PlaybookVersion.objects.create(playbook=playbook, number=number, definition=conversion.definition,
+                                          conversion_node=conversion.node, conversation=conversation,
+                                          head_id=conversion.head_id)
+
+
+def playbook_convert(*, user, conversation_id: Any) -> Playbook:
+    """P1, P2: a new playbook from the conversation's whole context; its head does not move."""
+    conversation = conversation_for_user(user=user, conversation_id=conversation_id)
+    conversion = _convert(conversation)
+    with transaction.atomic():
+        playbook = Playbook.objects.create(
+            owner=user, name=conversion.definition["name"], description=conversion.definition["description"],
+            source_conversation=conversation, source_head_id=conversion.head_id, conversion_node=conversion.node,
+            definition=conversion.definition,
+        )
+        _add_version(playbook, conversion, conversation)
+    return playbook
+
+
+def playbook_save(*, user, playbook_id: Any) -> Playbook:
+    """P3: convert the edit conversation again, into the playbook's next version."""
+    playbook = playbook_for_user(user=user, playbook_id=playbook_id)
+    conversation = playbook.edit_conversation
+    if conversation is None:
+        raise BadInput("This playbook has no edit conversation: open one, change the playbook by chatting, "
+                       "then save.")
+    conversion = _convert(conversation)
+    with transaction.atomic():
+        playbook = Playbook.objects.select_for_update().get(pk=playbook.pk)
+        playbook.name = conversion.definition["name"]
+        playbook.description = conversion.definition["description"]
+        playbook.definition = conversion.definition
+        playbook.conversion_node = conversion.node
+        playbook.save(update_fields=["name", "description", "definition", "conversion_node", "updated_at"])
+        _add_version(playbook, conversion, conversation)
+    return playbook
+
+
+# --- the edit conversation (P3) ------------------------------------------------------------------------
+
+
+@transaction.atomic
+def playbook_edit_conversation(*, user, playbook_id: Any) -> Conversation:
+    """P3: a new conversation whose head is the head the current version came from; nothing is copied.
+
+    The first edit conversation starts at the source head, as P3 says. After a save it starts at the
+    head that version came from, so a second round of edits does not lose the first.
+    """
+    playbook = playbook_for_user(user=user, playbook_id=playbook_id)
+    current = playbook.versions.order_by("-number").first()
+    source = playbook.source_conversation
+    conversation = services.conversation_create(
+        owner=user, title=f"Edit playbook: {playbook.name}"[:200], model=source.model if source else "",
+        instructions=source.instructions if source else "",
+    )
+    services.head_move(conversation=conversation, to=current.head_id if current else playbook.source_head_id)
+    playbook.edit_conversation = conversation
+    playbook.save(update_fields=["edit_conversation", "updated_at"])
+    return conversation
+
+
+# --- runs ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    run: PlaybookRun
+    status: str  # done | approval_required | failed
+    answer: str | None = None
+    head: int | None = None
+    nodes: list[int] = field(default_factory=list)
+    approval_required: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+
+
+def playbook_run(*, user, playbook_id: Any, values: Any) -> RunResult:
+    """Run the current version with `values` in a new conversation, through the one turn runner (R1).
+
+    Bad values are refused before anything is created. A tool that needs approval (F3) pauses the run
+    as it pauses any turn; the person decides in the run's conversation.
+    """
+    playbook = playbook_for_user(user=user, playbook_id=playbook_id)
+    if not isinstance(values, dict):
+        raise BadInput("`values` must be an object of parameter values.")
+    bound, errors = schema.bind_values(playbook.definition["parameters"], values)
+    if errors:
+        raise BadInput("Bad parameter values: " + "; ".join(errors), errors=errors)
+    question = prompts.run_question(playbook.definition, bound)
+    if len(question) > settings.ARBOR_MAX_CONTENT_CHARS:
+        raise TooLarge(f"With these values the run's question is longer than {settings.ARBOR_MAX_CONTENT_CHARS} "
+                       "characters.")
+    source = playbook.source_conversation
+    model = source.model if source and source.model in settings.ARBOR_MODELS else settings.ARBOR_MODEL
+    shown = ", ".join(f"{name}={value}" for name, value in bound.items())
+    with transaction.atomic():
+        conversation = services.conversation_create(
+            owner=user, title=f"Run: {playbook.name}{f' ({shown})' if shown else ''}"[:200], model=model)
+        run = PlaybookRun.objects.create(playbook=playbook, version=_current_version(playbook), values=bound,
+                                         conversation=conversation)
+    events = turns.turn_ask(user=user, conversation_id=conversation.pk, content=question).run()
+    return _run_result(run, events)
+
+
+def _run_result(run: PlaybookRun, events: list[turns.TurnEvent]) -> RunResult:
+    last = events[-1] if events else turns.TurnEvent("error", {"code": "server_error", "message": "no events"})
+    nodes = sorted({e.data["node"] for e in events if "node" in e.data} | set(last.data.get("nodes", [])))
+    if last.type == "done":
+        return RunResult(run=run, status="done", answer=last.data["answer"], head=last.data["head"], nodes=nodes)
+    if last.type == "approval_required":
+        return RunResult(run=run, status="approval_required", head=last.data["node"], nodes=nodes,
+                         approval_required=last.data["calls"])
+    return RunResult(run=run, status="failed", head=last.data.get("head"), nodes=nodes,
+                     error={"code": last.data.get("code"), "message": last.data.get("message")})

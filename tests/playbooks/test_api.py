@@ -1,0 +1,126 @@
+"""The playbook API over HTTP: status codes, the error shape, and access (P1-P3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conversations import turns
+from conversations.models import Conversation, Node
+from playbooks.models import Playbook
+from tests.playbooks.helpers import sales_conversation
+
+pytestmark = pytest.mark.django_db
+
+
+def _convert(api, conversation):
+    return api.post(f"/api/conversations/{conversation.pk}/playbooks/", format="json")
+
+
+def test_p1_convert_answers_201_with_the_playbook_and_its_conversion_chain(api, conversation):
+    sales_conversation(conversation, "#draft-invalid 1")
+    response = _convert(api, conversation)
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["source_conversation"] == conversation.pk and body["source_head"] == conversation.head_id
+    (version,) = body["versions"]
+    tries = version["conversion_nodes"]
+    assert [n["kind"] for n in tries] == ["playbook", "playbook"]
+    assert [n["parent"] for n in tries] == [conversation.head_id, tries[0]["id"]]
+    assert tries[-1]["id"] == body["conversion_node"] == version["conversion_node"]
+    listed = api.get("/api/playbooks/").json()
+    assert [p["id"] for p in listed["results"]] == [body["id"]]
+    assert api.get(f"/api/playbooks/{body['id']}/").json()["versions"][0]["number"] == 1
+
+
+def test_p1_still_invalid_is_a_422_in_the_error_shape_with_the_last_errors(api, conversation):
+    sales_conversation(conversation, "#draft-invalid always")
+    response = _convert(api, conversation)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "playbook_invalid"
+    assert error["errors"] == ["steps[0].arguments.sql: SQL error: no such column: no_such_column"]
+    assert len(error["nodes"]) == 3 and Node.objects.filter(pk__in=error["nodes"], kind="playbook").count() == 3
+    assert not Playbook.objects.exists()
+
+
+def test_a_conversation_without_a_head_is_a_clear_400(api, conversation):
+    response = _convert(api, conversation)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "bad_input" and "no messages yet" in response.json()["error"]["message"]
+
+
+def test_p3_edit_conversation_then_save_makes_version_2(api, conversation):
+    sales_conversation(conversation)
+    playbook = _convert(api, conversation).json()
+    response = api.post(f"/api/playbooks/{playbook['id']}/edit-conversation/", format="json")
+    assert response.status_code == 201
+    edit = response.json()
+    assert edit["head"] == conversation.head_id and edit["id"] != conversation.pk
+    api.post(f"/api/conversations/{edit['id']}/turns/", {"content": "tweak it"}, format="json")
+    saved = api.post(f"/api/playbooks/{playbook['id']}/save/", format="json")
+    assert saved.status_code == 201
+    assert [v["number"] for v in saved.json()["versions"]] == [2, 1]
+    assert saved.json()["versions"][0]["conversation"] == edit["id"]
+
+
+def test_save_without_an_edit_conversation_is_a_400(api, conversation):
+    sales_conversation(conversation)
+    playbook = _convert(api, conversation).json()
+    response = api.post(f"/api/playbooks/{playbook['id']}/save/", format="json")
+    assert response.status_code == 400 and "edit conversation" in response.json()["error"]["message"]
+
+
+def test_run_answers_201_with_the_new_conversation_answer_and_head(api, conversation):
+    sales_conversation(conversation)
+    playbook = _convert(api, conversation).json()
+    response = api.post(f"/api/playbooks/{playbook['id']}/runs/", {"values": {"month": "2026-08"}}, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["status"] == "done" and body["answer"].startswith("echo: Run the playbook")
+    run_conversation = Conversation.objects.get(pk=body["conversation"])
+    assert run_conversation.head_id == body["head"] == body["nodes"][-1]["id"]
+    assert body["values"] == {"month": "2026-08", "limit": 5, "include_overseas": False}
+
+
+@pytest.mark.parametrize("body", [{"values": {"month": 202608}}, {"values": "2026-08"}, ["2026-08"]])
+def test_run_with_bad_values_is_a_400_and_creates_nothing(api, conversation, body):
+    sales_conversation(conversation)
+    playbook = _convert(api, conversation).json()
+    conversations = Conversation.objects.count()
+    response = api.post(f"/api/playbooks/{playbook['id']}/runs/", body, format="json")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "bad_input"
+    assert Conversation.objects.count() == conversations
+
+
+def test_another_users_playbook_is_a_404_everywhere(api, other_api, conversation):
+    """Only the caller's own playbooks: anyone else's is a 404, like a missing one; nothing changes."""
+    sales_conversation(conversation)
+    playbook = _convert(api, conversation).json()
+    pid = playbook["id"]
+    assert other_api.get("/api/playbooks/").json()["results"] == []
+    for method, url in [("get", f"/api/playbooks/{pid}/"), ("post", f"/api/playbooks/{pid}/edit-conversation/"),
+                        ("post", f"/api/playbooks/{pid}/save/"), ("post", f"/api/playbooks/{pid}/runs/"),
+                        ("post", f"/api/conversations/{conversation.pk}/playbooks/")]:
+        response = getattr(other_api, method)(url, {}, format="json")
+        assert response.status_code == 404, url
+        assert response.json()["error"]["code"] == "not_found"
+    assert Playbook.objects.count() == 1 and Conversation.objects.count() == 1
+
+
+def test_the_openapi_schema_documents_the_playbook_endpoints(api):
+    paths = api.get("/api/schema/", HTTP_ACCEPT="application/json").json()["paths"]
+    for path in ["/api/conversations/{conversation_id}/playbooks/", "/api/playbooks/", "/api/playbooks/{id}/",
+                 "/api/playbooks/{id}/edit-conversation/", "/api/playbooks/{id}/save/", "/api/playbooks/{id}/runs/"]:
+        assert path.replace("{id}", "{playbook_id}") in paths
+
+
+def test_t9_convert_while_a_turn_runs_is_a_409_and_records_nothing(api, conversation):
+    """T9, R3: the conversion needs the turn lock; a running turn holds it."""
+    sales_conversation(conversation)
+    turn = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="still running")
+    try:
+        response = _convert(api, conversation)
+    finally:
+        turn.abandon()
+    assert response.status_code == 409 and response.json()["error"]["code"] == "turn_in_progress"
+    assert not Node.objects.filter(kind="playbook").exists()

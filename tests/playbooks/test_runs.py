@@ -1,0 +1,92 @@
+"""Running a playbook: its steps as tool calls in a new conversation, through the one turn runner (R1, F3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core import mail
+
+from conversations import turns
+from conversations.errors import BadInput
+from conversations.models import Conversation, Node
+from conversations.tools.sql_query import sql_query
+from playbooks import services
+from playbooks.models import PlaybookRun
+from tests.playbooks.helpers import sales_conversation
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def playbook(conversation):
+    sales_conversation(conversation)
+    return services.playbook_convert(user=conversation.owner, conversation_id=conversation.pk)
+
+
+def _run(playbook, **values):
+    return services.playbook_run(user=playbook.owner, playbook_id=playbook.pk, values=values)
+
+
+def _query_rows(result) -> list[list]:
+    """The rows the run's sql_query call returned, as the tool result the model was sent."""
+    node = Node.objects.get(pk=result.head)
+    tool_result = next(i for i in node.sent if i["type"] == "tool_result")
+    return json.loads(tool_result["content"])["rows"]
+
+
+def _expected(month: str, *, overseas: bool, limit: int = 5) -> list[list]:
+    where = "" if overseas else " AND is_overseas = 0"
+    return sql_query(f"SELECT customer_name, total FROM monthly_sales WHERE month = '{month}'{where} "
+                     f"ORDER BY total DESC LIMIT {limit}")["rows"]
+
+
+def test_a_converted_playbook_answers_the_sales_question_for_another_month(conversation, playbook):
+    """The seeds' question, converted from October and run for September: the SQL ran as a tool call in a
+    new conversation, and its rows are September's (right against the sales database, not October's)."""
+    result = _run(playbook, month="2026-09")
+    assert result.status == "done" and result.answer.startswith("echo: Run the playbook")
+    run_conversation = Conversation.objects.get(pk=result.run.conversation_id)
+    assert run_conversation.pk != conversation.pk and run_conversation.head_id == result.head
+    calls = Node.objects.filter(pk__in=result.nodes).order_by("id")
+    assert [c.kind for c in calls] == ["turn", "turn"] and calls[0].received[0]["name"] == "sql_query"
+    assert "month = '2026-09'" in json.loads(calls[0].received[0]["arguments"])["sql"]
+    september, october = _query_rows(result), _expected("2026-10", overseas=False)
+    assert september == _expected("2026-09", overseas=False) and september != october
+    assert len(september) == 5
+    assert result.run.values == {"month": "2026-09", "limit": 5, "include_overseas": False}
+
+
+def test_a_run_with_overseas_included_counts_overseas_customers(playbook):
+    """The seeds' 'with or without overseas': the boolean parameter switches the filter."""
+    result = _run(playbook, month="2026-09", include_overseas=True, limit=10)
+    assert _query_rows(result) == _expected("2026-09", overseas=True, limit=10)
+    assert _query_rows(result) != _expected("2026-09", overseas=False, limit=10)
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"month": "September"}, "month: 'September' does not match the pattern"),
+    ({"limit": "ten"}, "limit: 'ten' is not an integer"),
+    ({"region": "EU"}, "region: there is no such parameter"),
+])
+def test_bad_values_are_refused_naming_the_parameter_and_nothing_is_created(playbook, values, message):
+    conversations = Conversation.objects.count()
+    with pytest.raises(BadInput, match=message):
+        _run(playbook, **values)
+    assert Conversation.objects.count() == conversations and not PlaybookRun.objects.exists()
+
+
+def test_f3_a_send_email_step_waits_for_approval_like_any_turn(playbook):
+    """F3: the run pauses at the email; nothing is sent until the person approves it in the run."""
+    definition = playbook.definition
+    definition["steps"].insert(1, {"tool": "send_email", "arguments": {
+        "to": "boss@example.com", "subject": "Sales for {{month}}", "body": "Top customers attached."}})
+    playbook.definition = definition
+    playbook.save()
+    result = _run(playbook, month="2026-09")
+    assert result.status == "approval_required" and mail.outbox == []
+    call = result.approval_required[0]
+    assert call["name"] == "send_email" and json.loads(call["arguments"])["subject"] == "Sales for 2026-09"
+    turns.turn_decide(user=playbook.owner, conversation_id=result.run.conversation_id, call_id=call["call_id"],
+                      approve=True).run()
+    assert [m.subject for m in mail.outbox] == ["Sales for 2026-09"]
