@@ -1,7 +1,7 @@
 """A model call beside the conversation: recorded as a node like every call (T1, T3), never moving the head.
 
-Titles use it; its node hangs below the node whose context it read, so the admin shows it where it
-happened, and `can_be_head` keeps it off every branch a person can switch to.
+Titles and playbook conversions use it; its node hangs below the node whose context it read, so the
+admin shows it where it happened, and `can_be_head` keeps it off every branch a person can switch to.
 """
 
 from __future__ import annotations
@@ -22,10 +22,20 @@ class SideCall:
     node: Node
     result: llm.CallResult | None  # None: the call failed; `node` says why
 
+    def path_node(self) -> PathNode:
+        """The call as the last node of a path, so a follow-up call can hang below it."""
+        n = self.node
+        return PathNode(id=n.pk, parent_id=n.parent_id, kind=n.kind, status=n.status, sent=n.sent,
+                        received=n.received, provider=n.provider, model=n.model, tokens=n.tokens,
+                        path_tokens=n.path_tokens)
 
-def run_side_call(*, conversation: Conversation, parent: PathNode | None, kind: str, sent: list[it.Item],
-                  messages: list[dict], model: str, instructions: str = "") -> SideCall:
-    """Record a pending node, make the call, record how it ended. Only the node's own row is written."""
+
+def run_side_call(*, conversation: Conversation | None, parent: PathNode | None, kind: str, sent: list[it.Item],
+                  messages: list[dict], model: str, instructions: str = "", **call_options) -> SideCall:
+    """Record a pending node, make the call (`call_options` go to `llm.stream_call`), record how it ended.
+
+    Only the node's own row is written.
+    """
     provider = llm.provider_of(model)
     tokens = budget.items_tokens(sent, model=model, provider=provider)
     node = Node.objects.create(
@@ -36,7 +46,7 @@ def run_side_call(*, conversation: Conversation, parent: PathNode | None, kind: 
     if not connection.in_atomic_block:
         connection.close()  # no connection is held while the model thinks
     try:
-        result = _consume(llm.stream_call(model=model, messages=messages))
+        result = _consume(llm.stream_call(model=model, messages=messages, **call_options))
     except llm.LLMError as error:
         _finish(node, status=Node.Status.FAILED, reason=error.reason, message=error.message, received=error.partial)
         return SideCall(node=node, result=None)
@@ -47,8 +57,9 @@ def run_side_call(*, conversation: Conversation, parent: PathNode | None, kind: 
     node.tokens += received_tokens
     node.path_tokens += received_tokens
     node.usage = result.usage
+    node.provider, node.model = result.provider, result.model
     _finish(node, status=Node.Status.SUCCEEDED, received=result.received,
-            extra=["usage", "tokens", "path_tokens"])
+            extra=["usage", "tokens", "path_tokens", "provider", "model"])
     return SideCall(node=node, result=result)
 
 

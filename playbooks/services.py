@@ -20,20 +20,18 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
-from django.utils import timezone
 
 from conversations import items as it
 from conversations import llm, services, turns
 from conversations.context import PathNode, assemble
-from conversations.errors import ApprovalPending, ArborError, BadInput, TooLarge
+from conversations.errors import FAILURE_STATUS, ApprovalPending, ArborError, BadInput, TooLarge
 from conversations.models import Conversation, Node
-from conversations.selectors import conversation_for_user, instructions_for, node_path
+from conversations.selectors import context_path, conversation_for_user, instructions_for, node_path
+from conversations.side_calls import run_side_call
 from playbooks import prompts, schema
 from playbooks.errors import PlaybookInvalid
 from playbooks.models import Playbook, PlaybookRun, PlaybookVersion
 from playbooks.selectors import playbook_for_user
-
-_FAILURE_STATUS = {"rate_limit": 503, "timeout": 503}
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,9 @@ def _convert(conversation: Conversation) -> Conversion:
         conversation.refresh_from_db(fields=["head", "model", "instructions"])
         if conversation.head_id is None:
             raise BadInput("This conversation has no messages yet: there is nothing to turn into a playbook.")
-        path = node_path(conversation.head_id)  # the whole context, read once (T5)
+        # The whole context, read once (T5); a compaction this model cannot read is expanded (C3).
+        provider = llm.provider_of(conversation.model or settings.ARBOR_MODEL)
+        path = context_path(node_path(conversation.head_id), provider)
         if path[-1].status == Node.Status.SUCCEEDED and it.tool_calls(path[-1].received):
             # Like a turn (F3): a call waiting for a person has no result yet, so the context is unfinished.
             raise ApprovalPending("A tool call is waiting for approval: approve or refuse it before converting.")
@@ -73,51 +73,24 @@ def _draft_until_valid(conversation: Conversation, path: list[PathNode], token: 
     errors: list[str] = []
     for _ in range(max(1, settings.ARBOR_PLAYBOOK_TRIES)):
         messages = assemble(path, sent, instructions=instructions, provider=provider)
-        node = Node.objects.create(parent_id=path[-1].id, conversation=None, kind=Node.Kind.PLAYBOOK,
-                                   status=Node.Status.PENDING, sent=sent, provider=provider, model=model,
-                                   instructions=instructions)
+        call = run_side_call(conversation=None, parent=path[-1], kind=Node.Kind.PLAYBOOK, sent=sent,
+                             messages=messages, model=model, instructions=instructions, response_format=json_mode)
+        node = call.node
         tries.append(node.pk)
-        result = _call(node, model=model, messages=messages, response_format=json_mode)
-        definition, errors = schema.parse(it.answer_text(result.received))
+        if call.result is None:
+            raise ArborError(f"The model failed while drafting the playbook: {node.failure_message}",
+                             code=node.failure_reason, status=FAILURE_STATUS.get(node.failure_reason, 502),
+                             node=node.pk)
+        definition, errors = schema.parse(it.answer_text(call.result.received))
         if definition is not None:
             errors = schema.validate(definition)
         if not errors:
             return Conversion(definition=definition, node=node, head_id=conversation.head_id, nodes=tries)
-        path = [*path, PathNode(node.pk, node.parent_id, node.kind, node.status, node.sent, node.received,
-                                node.provider, node.model)]
+        path = [*path, call.path_node()]
         sent = [prompts.conversion_retry(errors)]
         services.turn_lock_renew(conversation=conversation, token=token)
     raise PlaybookInvalid(f"The playbook is still invalid after {len(tries)} tries: {'; '.join(errors)}",
                           errors=errors, nodes=tries)
-
-
-def _call(node: Node, *, model: str, messages: list[dict], response_format: dict | None) -> llm.CallResult:
-    """One recorded call (T1, T3): the node ends succeeded with what came back, or failed with why."""
-    call = llm.stream_call(model=model, messages=messages, response_format=response_format)
-    try:
-        while True:
-            next(call)
-    except StopIteration as stop:
-        result: llm.CallResult = stop.value
-    except llm.LLMError as error:
-        _fail(node, error)
-        raise ArborError(f"The model failed while drafting the playbook: {error.message}", code=error.reason,
-                         status=_FAILURE_STATUS.get(error.reason, 502), node=node.pk) from error
-    except BaseException as error:
-        _fail(node, llm.LLMError("interrupted", f"the conversion stopped: {error!r}"))
-        raise
-    node.status = Node.Status.SUCCEEDED
-    node.received, node.usage = result.received, result.usage
-    node.provider, node.model = result.provider, result.model
-    node.finished_at = timezone.now()
-    node.save(update_fields=["status", "received", "usage", "provider", "model", "finished_at"])
-    return result
-
-
-def _fail(node: Node, error: llm.LLMError) -> None:
-    node.status, node.failure_reason, node.failure_message = Node.Status.FAILED, error.reason, error.message
-    node.received, node.finished_at = error.partial, timezone.now()
-    node.save(update_fields=["status", "failure_reason", "failure_message", "received", "finished_at"])
 
 
 def _current_version(playbook: Playbook) -> int:
