@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -36,6 +37,14 @@ def api(user) -> APIClient:
 @pytest.fixture
 def other_api(other_user) -> APIClient:
     return _client_for(other_user)
+
+
+@pytest.fixture
+def page(user) -> Client:
+    """The pages' client: `user` signed in with a session."""
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import json
 import time
 
 import pytest
-from django.test import Client
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -20,18 +19,11 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from conversations import services
 from conversations.models import Node, ToolApproval
-from tests.support.browser import screenshot
+from tests.support.browser import screenshot, sign_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 WAIT = 30
-
-
-def _sign_in(browser, server, user) -> None:
-    client = Client()
-    client.force_login(user)
-    browser.get(server.url + "/accounts/login/")
-    browser.add_cookie({"name": "sessionid", "value": client.cookies["sessionid"].value, "path": "/"})
 
 
 def _open(browser, server, conversation) -> None:
@@ -99,7 +91,7 @@ def test_sign_in_send_and_see_tokens_arrive_in_several_steps(browser, asgi_serve
 def test_edit_shows_arrows_and_switching_back_finds_the_old_answer_whole(browser, asgi_server, user, conversation):
     """T7, T8: ✎ turns the question into a textarea; saving runs a new branch; 2/2 arrows appear; ◀ shows
     the old branch with its answer intact. Regenerate (↻) adds a third version."""
-    _sign_in(browser, asgi_server, user)
+    sign_in(browser, asgi_server, user)
     _open(browser, asgi_server, conversation)
     _send(browser, "How many customers are there?")
     _wait_for_answer_count(browser, 1)
@@ -138,7 +130,7 @@ def test_edit_shows_arrows_and_switching_back_finds_the_old_answer_whole(browser
 def test_stop_mid_answer_keeps_the_node_and_the_conversation_goes_on(browser, asgi_server, user, conversation):
     """Stop cancels the generation: the node is kept failed/cancelled, its partial text shown but never
     sent again (T5), and the next question runs at once."""
-    _sign_in(browser, asgi_server, user)
+    sign_in(browser, asgi_server, user)
     _open(browser, asgi_server, conversation)
     _send(browser, "#slow " + " ".join(f"w{i}" for i in range(80)))
     WebDriverWait(browser, WAIT).until(lambda d: d.execute_script(
@@ -160,7 +152,7 @@ def test_stop_mid_answer_keeps_the_node_and_the_conversation_goes_on(browser, as
 
 def test_approve_one_email_and_refuse_another(browser, asgi_server, user, conversation):
     """F3: a send_email call waits with Approve and Refuse; approving runs it once, refusing never does."""
-    _sign_in(browser, asgi_server, user)
+    sign_in(browser, asgi_server, user)
     _open(browser, asgi_server, conversation)
     mail = {"to": "ops@example.com", "subject": "Report", "body": "Sales are up."}
     _send(browser, f"#tool send_email {json.dumps(mail)}")
@@ -189,7 +181,7 @@ def test_model_html_shows_as_text_and_what_the_model_saw(browser, asgi_server, u
     """An answer holding <img onerror> and <script> renders as text (sanitised Markdown); the panel shows the
     exact context of the call that produced the answer (T5)."""
     services.conversation_update(conversation=conversation, instructions="Answer briefly.")
-    _sign_in(browser, asgi_server, user)
+    sign_in(browser, asgi_server, user)
     _open(browser, asgi_server, conversation)
     hostile = "<img src=x onerror=alert(1)> and <script>window.pwned = 1</script>"
     _send(browser, hostile)
@@ -213,7 +205,7 @@ def test_model_html_shows_as_text_and_what_the_model_saw(browser, asgi_server, u
 def test_another_users_conversation_is_not_found_over_http_and_websocket(browser, asgi_server, user, other_user):
     """Access: anyone else's conversation is a 404 page and a socket closed with 4404."""
     theirs = services.conversation_create(owner=other_user, title="private")
-    _sign_in(browser, asgi_server, user)
+    sign_in(browser, asgi_server, user)
     browser.get(f"{asgi_server.url}/chat/{theirs.pk}/")
     assert "Not Found" in browser.page_source
     code = browser.execute_async_script("""
@@ -228,7 +220,7 @@ def test_another_users_conversation_is_not_found_over_http_and_websocket(browser
 def test_palette_jumps_to_a_conversation_and_the_page_works_at_phone_width(browser, asgi_server, user, conversation):
     """Ctrl-K opens the palette; typing filters; Enter jumps. At phone width the composer and a menu button show."""
     other = services.conversation_create(owner=user, title="Quarterly sales")
-    _sign_in(browser, asgi_server, user)
+    sign_in(browser, asgi_server, user)
     _open(browser, asgi_server, conversation)
     browser.find_element(By.TAG_NAME, "body").send_keys(Keys.CONTROL, "k")
     search = WebDriverWait(browser, WAIT).until(ec.visibility_of_element_located((By.ID, "palette-input")))

@@ -15,13 +15,6 @@ from tests.conversations.helpers import ask, head
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def page(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def _conversation_urls(conversation_id: int) -> list[tuple[str, str]]:
     return [
         ("get", reverse("chat-conversation", args=[conversation_id])),

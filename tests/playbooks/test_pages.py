@@ -15,13 +15,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def page(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
 def playbook(conversation):
     sales_conversation(conversation)
     return services.playbook_convert(user=conversation.owner, conversation_id=conversation.pk)

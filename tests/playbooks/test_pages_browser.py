@@ -6,30 +6,22 @@ Screenshots (playbook-detail, playbook-run-form, playbook-run-result) go to var/
 from __future__ import annotations
 
 import pytest
-from django.test import Client
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from playbooks.models import Playbook, PlaybookRun
 from tests.playbooks.helpers import sales_conversation
-from tests.support.browser import screenshot
+from tests.support.browser import screenshot, sign_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 WAIT = 30
 
 
-def _sign_in(browser, server, user) -> None:
-    client = Client()
-    client.force_login(user)
-    browser.get(server.url + "/accounts/login/")
-    browser.add_cookie({"name": "sessionid", "value": client.cookies["sessionid"].value, "path": "/"})
-
-
 def test_convert_from_the_chat_then_run_for_another_month(browser, asgi_server, user, conversation):
     """P1, P2 and a run, as a person does them: the chat's button, the detail page, the run form, the result."""
     sales_conversation(conversation)
-    _sign_in(browser, asgi_server, user)
+    sign_in(browser, asgi_server, user)
     browser.get(f"{asgi_server.url}/chat/{conversation.pk}/")
     browser.find_element(By.XPATH, "//button[normalize-space()='Convert to playbook']").click()
     WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".playbook-page h1"))

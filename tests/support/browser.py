@@ -62,6 +62,21 @@ def screenshot(driver: webdriver.Chrome, name: str) -> Path:
     return shot
 
 
+@dataclass(frozen=True)
+class AsgiServer:
+    url: str
+
+
+def sign_in(browser: webdriver.Chrome, server: AsgiServer, user) -> None:
+    """Give the browser a session for `user` (the sign-in form itself is tested once, in the chat tests)."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    browser.get(server.url + "/accounts/login/")
+    browser.add_cookie({"name": "sessionid", "value": client.cookies["sessionid"].value, "path": "/"})
+
+
 def _application(overrides: dict):
     """Build the app in the server process, on the test database (runs there, after a spawn)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -87,11 +102,6 @@ class _SpawnedDaphne(DaphneProcess):
         self.port = spawn.Value("i", 0)
         self.ready = spawn.Event()
         self.errors = spawn.Queue()
-
-
-@dataclass(frozen=True)
-class AsgiServer:
-    url: str
 
 
 @pytest.fixture(scope="session")
