@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -120,18 +120,35 @@ def _release_bubbles(conversation: Conversation, keep: set[int]) -> None:
     Bubble.objects.filter(conversation=conversation, node_id__in=keep).update(conversation=None)
 
 
+def _protected_references(conversation: Conversation) -> list[int]:
+    """This conversation's nodes that a record elsewhere protects (a playbook version's conversion
+    chain and source head, say): found from the foreign keys, so this app never imports that one."""
+    ids: list[int] = []
+    for relation in Node._meta.get_fields(include_hidden=True):  # hidden: `related_name="+"` relations too
+        if (relation.auto_created and not relation.concrete and relation.one_to_many
+                and relation.on_delete is models.PROTECT and relation.related_model not in (Conversation, Node)):
+            field = relation.field
+            ids += relation.related_model.objects.filter(
+                **{f"{field.name}__conversation": conversation}).values_list(field.attname, flat=True)
+    return ids
+
+
 def _nodes_others_need(conversation: Conversation) -> set[int]:
-    """Nodes of this conversation that another conversation's tree still passes through (T11, P3).
+    """Nodes of this conversation that another conversation's tree or a protecting record still needs (T11, P3).
 
     Start where another conversation touches this one's nodes (its head on one, a node of its own hung
-    below one, a compaction of its own made from one), then walk up parents, compaction originals (C3)
-    and the roots' summarising calls (kept for audit). Every step is an indexed look-up: the cost follows
-    this conversation, not the table.
+    below one, a compaction of its own made from one) or a record protects one, then walk up parents,
+    compaction originals (C3) and the roots' summarising calls (kept for audit). Every step is an indexed
+    look-up: the cost follows this conversation, not the table.
     """
+    protected = _protected_references(conversation)
+    protected_seeds = (f"UNION SELECT id FROM {_NODE} WHERE id IN ({', '.join(['%s'] * len(protected))})"
+                       if protected else "")
     sql = f"""
     WITH RECURSIVE seeds(id) AS (
         SELECT c.head_id FROM {Conversation._meta.db_table} c JOIN {_NODE} h ON h.id = c.head_id
         WHERE h.conversation_id = %s AND c.id != %s
+        {protected_seeds}
         UNION
         SELECT n.parent_id FROM {_NODE} n JOIN {_NODE} p ON p.id = n.parent_id
         WHERE p.conversation_id = %s AND (n.conversation_id IS NULL OR n.conversation_id != %s)
@@ -151,7 +168,7 @@ def _nodes_others_need(conversation: Conversation) -> set[int]:
     SELECT n.id FROM {_NODE} n JOIN needed ON n.id = needed.id WHERE n.conversation_id = %s
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [conversation.pk] * 7)
+        cursor.execute(sql, [conversation.pk] * 2 + protected + [conversation.pk] * 5)
         return {row[0] for row in cursor.fetchall()}
 
 

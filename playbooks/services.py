@@ -73,7 +73,7 @@ def _draft_until_valid(conversation: Conversation, path: list[PathNode], token: 
     errors: list[str] = []
     for _ in range(max(1, settings.ARBOR_PLAYBOOK_TRIES)):
         messages = assemble(path, sent, instructions=instructions, provider=provider)
-        call = run_side_call(conversation=None, parent=path[-1], kind=Node.Kind.PLAYBOOK, sent=sent,
+        call = run_side_call(conversation=conversation, parent=path[-1], kind=Node.Kind.PLAYBOOK, sent=sent,
                              messages=messages, model=model, instructions=instructions, response_format=json_mode)
         node = call.node
         tries.append(node.pk)

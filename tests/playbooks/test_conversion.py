@@ -8,6 +8,7 @@ from conversations import services as conversation_services
 from conversations import turns
 from conversations.errors import ApprovalPending, ArborError, BadInput, TurnInProgress
 from conversations.models import Node
+from conversations.selectors import node_path
 from playbooks import services
 from playbooks.errors import PlaybookInvalid
 from playbooks.models import Playbook
@@ -29,7 +30,7 @@ def test_p1_a_valid_first_draft_is_one_playbook_node_below_the_head(conversation
     playbook = _convert(conversation)
     node = playbook.conversion_node
     assert node.kind == Node.Kind.PLAYBOOK and node.status == Node.Status.SUCCEEDED
-    assert node.parent_id == source_head and node.conversation_id is None
+    assert node.parent_id == source_head and node.conversation_id == conversation.pk, "in its tree, never a head"
     assert node.usage["prompt_tokens"] > 0 and node.model == "arbor/echo"
     assert playbook.source_head_id == source_head and playbook.source_conversation_id == conversation.pk
     assert [p["name"] for p in playbook.definition["parameters"]] == ["month", "limit", "include_overseas"]
@@ -135,3 +136,24 @@ def test_f3_a_conversion_waits_for_a_pending_approval_to_be_decided(conversation
     with pytest.raises(ApprovalPending):
         _convert(conversation)
     assert not Node.objects.filter(kind="playbook").exists()
+
+
+def test_t11_deleting_a_conversation_after_a_refused_conversion_leaves_nothing_behind(conversation):
+    """T11: the tries of a conversion that never became a playbook go with their conversation; no record
+    protects them and no other path passes through them."""
+    sales_conversation(conversation, directives="#draft-invalid always")
+    with pytest.raises(PlaybookInvalid):
+        _convert(conversation)
+    tries = list(Node.objects.filter(kind=Node.Kind.PLAYBOOK).values_list("pk", flat=True))
+    assert len(tries) == 3 and Node.objects.filter(pk__in=tries, conversation=conversation).count() == 3
+    conversation_services.conversation_delete(conversation=conversation)
+    assert not Node.objects.exists()
+
+
+def test_t11_a_saved_playbook_keeps_its_conversion_chain_and_source_path(conversation):
+    """T11, P3: the version's chain and the path it stands on outlive the source conversation."""
+    sales_conversation(conversation)
+    playbook = _convert(conversation)
+    chain = {playbook.conversion_node_id, *(p.id for p in node_path(playbook.conversion_node_id))}
+    conversation_services.conversation_delete(conversation=conversation)
+    assert set(Node.objects.values_list("pk", flat=True)) == chain
