@@ -95,11 +95,19 @@ def _message(message_id: str, role: str, text: str, *, created: float | None, na
 
 
 def _node_messages(node: Node) -> list[dict[str, Any]]:
-    """One Arbor node as ChatGPT messages: what it sent, then (if it succeeded) what it received (T5)."""
+    """One Arbor node as ChatGPT messages: what it sent, then (if it succeeded) what it received (T5).
+
+    Side calls (titles, summarising calls, playbook drafts) are no part of the conversation a person had,
+    and a compaction root contributes only its summary: its kept turns are already there, as themselves.
+    """
+    if node.kind != Node.Kind.TURN and not (node.kind == Node.Kind.COMPACTION and node.parent_id is None):
+        return []
     created = node.created_at.timestamp() if node.created_at else None
     meta = {"arbor_node": node.pk, "arbor_status": node.status}
     out = []
     items = [*node.sent, *(node.received if node.status == Node.Status.SUCCEEDED else [])]
+    if node.kind == Node.Kind.COMPACTION:
+        items = [i for i in items if i.get("type") == "summary"]
     for index, item in enumerate(items):
         message_id = f"arbor-{node.pk}-{index}"
         kind = item.get("type")

@@ -26,7 +26,13 @@ from conversations.exports import TREE_FORMAT, TREE_VERSION
 from conversations.models import Bubble, Conversation, Node, ToolApproval
 
 MAX_DEPTH = 32  # JSON nesting; Arbor's own files nest about 8 deep
-ITEM_TYPES = frozenset({"user", "system", "text", "tool_call", "tool_result", "reasoning", "summary"})
+# Each item type and the fields assembly reads from it (conversations.items).
+ITEM_FIELDS: dict[str, dict[str, type]] = {
+    "user": {"text": str}, "system": {"text": str}, "text": {"text": str}, "summary": {"text": str},
+    "tool_call": {"id": str, "name": str, "arguments": str},
+    "tool_result": {"call_id": str, "name": str, "content": str, "is_error": bool},
+    "reasoning": {},
+}
 _BATCH = 1000
 
 
@@ -125,8 +131,11 @@ def _items(value: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise ImportRefused(f"{where}: expected a list of items.")
     for index, item in enumerate(value):
-        if not isinstance(item, dict) or item.get("type") not in ITEM_TYPES:
+        if not isinstance(item, dict) or item.get("type") not in ITEM_FIELDS:
             raise ImportRefused(f"{where}[{index}]: not an item (unknown or missing type).")
+        for key, kind in ITEM_FIELDS[item["type"]].items():
+            if not isinstance(item.get(key), kind):
+                raise ImportRefused(f"{where}[{index}].{key}: missing, or not {kind.__name__}.")
         for key, text in item.items():
             if isinstance(text, str):
                 _text(text, f"{where}[{index}].{key}")
@@ -167,7 +176,7 @@ def _tree_plan(document: dict[str, Any]) -> Plan:
         nodes[node.key] = node
     _attach_bubbles_and_approvals(document, nodes)
     plan = Plan(title=_text(meta.get("title", ""), "conversation.title", limit=200),
-                model=_text(meta.get("model", ""), "conversation.model", limit=200) or settings.ARBOR_MODEL,
+                model=_allowed_model(_text(meta.get("model", ""), "conversation.model", limit=200)),
                 instructions=_text(meta.get("instructions", ""), "conversation.instructions", limit=20000),
                 head=meta.get("head"), nodes=nodes, retrieval=meta.get("retrieval") is True,
                 keep_retrieved=meta.get("keep_retrieved") is True)
@@ -211,7 +220,7 @@ def _tree_node(raw: Any, where: str) -> PlannedNode:
 def _attach_bubbles_and_approvals(document: dict[str, Any], nodes: dict[Any, PlannedNode]) -> None:
     for index, raw in enumerate(document.get("bubbles") or []):
         where = f"bubbles[{index}]"
-        if not isinstance(raw, dict) or raw.get("node") not in nodes:
+        if not isinstance(raw, dict) or not _is_reference(raw.get("node")) or raw["node"] not in nodes:
             raise ImportRefused(f"{where}: its node is not in the file.")
         data = raw.get("data") or {}
         if not isinstance(data, dict):
@@ -221,11 +230,17 @@ def _attach_bubbles_and_approvals(document: dict[str, Any], nodes: dict[Any, Pla
                                            "data": data})
     for index, raw in enumerate(document.get("approvals") or []):
         where = f"approvals[{index}]"
-        if not isinstance(raw, dict) or raw.get("node") not in nodes or not isinstance(raw.get("approved"), bool):
+        if (not isinstance(raw, dict) or not _is_reference(raw.get("node")) or raw["node"] not in nodes
+                or not isinstance(raw.get("approved"), bool)):
             raise ImportRefused(f"{where}: needs a node in the file and `approved` true or false.")
         call_id = _text(raw.get("call_id"), f"{where}.call_id", limit=200, blank=False)
         nodes[raw["node"]].approvals.append({"call_id": call_id, "approved": raw["approved"],
                                              "result": raw.get("result")})
+
+
+def _allowed_model(model: str) -> str:
+    """A file may name any model; a conversation only gets one this server offers (else the default)."""
+    return model if model in settings.ARBOR_MODELS else settings.ARBOR_MODEL
 
 
 def _check_count(count: int) -> None:
@@ -239,18 +254,49 @@ def _check_graph(plan: Plan) -> None:
     for node in nodes.values():
         for name in ("parent", "compacted_from", "summary_call"):
             ref = getattr(node, name)
-            if ref is not None and ref not in nodes:
+            if ref is not None and (not _is_reference(ref) or ref not in nodes):
                 raise ImportRefused(f"node {node.key!r}: its {name} {ref!r} is not in the file.")
         root = node.fields["kind"] == Node.Kind.COMPACTION and node.parent is None
         if root != (node.compacted_from is not None) or (node.summary_call is not None and not root):
             raise ImportRefused(f"node {node.key!r}: only a parentless compaction node points at an original.")
-    _order(plan)  # raises on a cycle
+    _order(plan)  # raises on a cycle of parents
+    _check_acyclic(plan)  # and of parents, originals and summarising calls together (C3)
     if plan.head is not None:
-        head = nodes.get(plan.head)
-        if head is None:
+        if not _is_reference(plan.head) or plan.head not in nodes:
             raise ImportRefused(f"conversation.head {plan.head!r} is not in the file.")
-        if head.fields["status"] == Node.Status.PENDING:
-            raise ImportRefused("conversation.head is a call still under way.")
+        head = nodes[plan.head].fields
+        root = head["kind"] == Node.Kind.COMPACTION and nodes[plan.head].parent is None
+        overflowed = head["failure_reason"] == Node.FailureReason.CONTEXT_OVERFLOW
+        if not (head["kind"] == Node.Kind.TURN or root) or head["status"] == Node.Status.PENDING or overflowed:
+            # The same rule as NodeQuerySet.can_be_head: no side call, call under way or overflow (F2).
+            raise ImportRefused("conversation.head must be a turn or a compaction node that a head can rest on.")
+
+
+def _is_reference(value: Any) -> bool:
+    return isinstance(value, int | str) and not isinstance(value, bool)
+
+
+def _check_acyclic(plan: Plan) -> None:
+    """Following parents, compaction originals and summarising calls from any node must end (iteratively)."""
+    state: dict[Any, int] = {}  # 1: on the current walk, 2: known to end
+    for start in plan.nodes:
+        stack = [start]
+        while stack:
+            key = stack[-1]
+            if state.get(key) == 2:
+                stack.pop()
+                continue
+            state[key] = 1
+            node = plan.nodes[key]
+            nexts = [ref for ref in (node.parent, node.compacted_from, node.summary_call)
+                     if ref is not None and state.get(ref) != 2]
+            if any(state.get(ref) == 1 for ref in nexts):
+                raise ImportRefused(f"node {key!r}: its parents and originals lead back to it (a cycle).")
+            if nexts:
+                stack.extend(nexts)
+            else:
+                state[key] = 2
+                stack.pop()
 
 
 def _order(plan: Plan) -> list[PlannedNode]:
@@ -421,4 +467,6 @@ def _write(*, owner, plan: Plan) -> Conversation:
         batch_size=_BATCH)
     if plan.head is not None:
         services.head_move(conversation=conversation, to=ids[plan.head])
+    # R4: indexed for search (and titled if it has none) by the worker, after the commit.
+    services.outbox_add(kind="turn_committed", payload={"conversation": conversation.pk, "head": conversation.head_id})
     return conversation

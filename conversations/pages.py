@@ -121,7 +121,7 @@ def _bubbles(conversation: Conversation) -> list[Message]:
 
 def _overflow_notice(conversation: Conversation) -> Node | None:
     """F2 leaves an overflowed call off the path; if it is the newest thing tried, the page says so."""
-    newest = (Node.objects.filter(conversation=conversation, parent_id=conversation.head_id)
+    newest = (Node.objects.filter(conversation=conversation, parent_id=conversation.head_id, kind=Node.Kind.TURN)
               .order_by("-id").only("id", "status", "failure_reason", "sent").first())
     if newest and newest.failure_reason == Node.FailureReason.CONTEXT_OVERFLOW:
         return newest
@@ -249,6 +249,7 @@ def chat_delete(request: HttpRequest, conversation_id: int) -> HttpResponse:
     return redirect("chat")
 
 
+@off_the_shared_thread  # checking a large file takes seconds: not on the thread every request shares
 @page
 def chat_import(request: HttpRequest) -> HttpResponse:
     """Upload Arbor's tree export or ChatGPT's conversations.json; a refused file creates nothing."""
@@ -269,11 +270,19 @@ def chat_seen(request: HttpRequest, node_id: int) -> HttpResponse:
     node = node_for_user(user=request.user, node_id=node_id)
     retrieved = {item.get("text") for item in node.sent if item.get("ephemeral")}
     context = {"node": node, "usage": node.usage or {},
-               "context": [{**message, "retrieved": message.get("content") in retrieved}
-                           for message in turns.call_context(node)]}
+               "context": [_shown_message(message, retrieved) for message in turns.call_context(node)]}
     if request.headers.get("X-Fragment"):
         return render(request, "chat/_seen.html", context)
     return render(request, "chat/seen.html", context)
+
+
+def _shown_message(message: dict[str, Any], retrieved: set[str]) -> dict[str, Any]:
+    """A sent message as the panel shows it: its text (content may be a list of parts, e.g. with Anthropic's
+    cache marker) and whether it is a retrieved, ephemeral item (R2)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return {**message, "text": content or "", "retrieved": bool(content) and content in retrieved}
 
 
 @dataclass(frozen=True)

@@ -55,10 +55,17 @@ class RunStats:
 
 
 def claim(*, limit: int) -> list[OutboxJob]:
-    """Claim up to `limit` due jobs for one lease; a job another worker claimed first is skipped."""
+    """Claim up to `limit` due jobs for one lease; a job another worker claimed first is skipped.
+
+    A due job that has used up its attempts was claimed and never finished: its workers died with it
+    (a job that kills its worker). It is marked failed instead of being run again for ever.
+    """
     now = timezone.now()
     lease_until = now + timedelta(seconds=settings.ARBOR_WORKER_LEASE_SECONDS)
-    due = OutboxJob.objects.filter(status=OutboxJob.Status.PENDING, run_after__lte=now).order_by("run_after", "id")
+    pending = OutboxJob.objects.filter(status=OutboxJob.Status.PENDING, run_after__lte=now)
+    pending.filter(attempts__gte=settings.ARBOR_WORKER_MAX_ATTEMPTS).update(
+        status=OutboxJob.Status.FAILED, last_error="its lease ran out on every attempt: the worker died running it")
+    due = pending.order_by("run_after", "id")
     with transaction.atomic():
         if connection.features.has_select_for_update_skip_locked:
             due = due.select_for_update(skip_locked=True)
@@ -85,12 +92,13 @@ def run_job(job: OutboxJob) -> str:
     except Exception as error:  # a job's failure is recorded on the job, never raised into the loop
         final = handler is None or job.attempts >= settings.ARBOR_WORKER_MAX_ATTEMPTS
         logger.warning("job %s (%s) failed on attempt %s: %r", job.pk, job.kind, job.attempts, error)
-        OutboxJob.objects.filter(pk=job.pk).update(
+        # Guarded by the attempt: a worker whose lease ran out must not overwrite a newer claim's record.
+        OutboxJob.objects.filter(pk=job.pk, attempts=job.attempts).update(
             status=OutboxJob.Status.FAILED if final else OutboxJob.Status.PENDING,
             run_after=timezone.now() + _backoff(job.attempts), last_error=repr(error)[:2000],
         )
         return "failed" if final else "retried"
-    OutboxJob.objects.filter(pk=job.pk).update(status=OutboxJob.Status.DONE, last_error="")
+    OutboxJob.objects.filter(pk=job.pk, attempts=job.attempts).update(status=OutboxJob.Status.DONE, last_error="")
     return "done"
 
 

@@ -86,6 +86,8 @@ def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False
         raise BadInput("`q` must be a non-empty search query.")
     if len(query) > MAX_QUERY_CHARS:
         raise BadInput(f"`q` is longer than {MAX_QUERY_CHARS} characters.")
+    if any(ord(char) < 32 for char in query):
+        raise BadInput("`q` may not hold control characters.")
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             config = settings.ARBOR_SEARCH_CONFIG

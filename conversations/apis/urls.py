@@ -7,7 +7,7 @@ _turn_view = v.off_the_shared_thread
 
 urlpatterns = [
     path("conversations/", v.ConversationListCreate.as_view(), name="conversation-list"),
-    path("conversations/import/", transfer.ConversationImport.as_view(), name="conversation-import"),
+    path("conversations/import/", _turn_view(transfer.ConversationImport.as_view()), name="conversation-import"),
     path("conversations/<int:conversation_id>/", v.ConversationDetail.as_view(), name="conversation-detail"),
     path("conversations/<int:conversation_id>/turns/", _turn_view(v.TurnCreate.as_view()), name="turn-create"),
     path("conversations/<int:conversation_id>/edit/", _turn_view(v.TurnEdit.as_view()), name="turn-edit"),
@@ -23,7 +23,7 @@ urlpatterns = [
     path("conversations/<int:conversation_id>/context/", v.ContextDetail.as_view(), name="conversation-context"),
     path("conversations/<int:conversation_id>/bubbles/", v.BubbleList.as_view(), name="conversation-bubbles"),
     path("conversations/<int:conversation_id>/nodes/", v.NodeList.as_view(), name="conversation-nodes"),
-    path("conversations/<int:conversation_id>/export/", transfer.ConversationExport.as_view(),
+    path("conversations/<int:conversation_id>/export/", _turn_view(transfer.ConversationExport.as_view()),
          name="conversation-export"),
     path("nodes/<int:node_id>/", v.NodeDetail.as_view(), name="node-detail"),
 ]

@@ -215,3 +215,15 @@ def test_export_links_and_the_import_page_round_trip(page, conversation):
     bad = SimpleUploadedFile("bad.json", b"[[[", content_type="application/json")
     response = page.post(reverse("chat-import"), {"file": bad}, follow=True)
     assert "not valid JSON" in response.content.decode() and Conversation.objects.count() == 2
+
+
+def test_what_the_model_saw_for_an_anthropic_call_shows_text_parts(page, conversation):
+    """C4: Anthropic's cache marker turns a message's content into a list of parts; the panel shows their text."""
+    ask(conversation, "first")
+    node = Node.objects.create(parent=head(conversation), conversation=conversation, kind="turn", status="succeeded",
+                               sent=[{"type": "user", "text": "second"}], provider="anthropic",
+                               model="anthropic/claude-sonnet-4-5")
+    response = page.get(reverse("chat-seen", args=[node.pk]), headers={"X-Fragment": "1"})
+    html = response.content.decode()
+    assert response.status_code == 200 and "<pre>first</pre>" in html and "<pre>second</pre>" in html
+    assert "cache_control" not in html

@@ -149,6 +149,21 @@ def test_a_chatgpt_regeneration_becomes_a_sibling_turn(api):
     (json.dumps([{"mapping": {"a": {"parent": None, "message": None}, "b": {"parent": "c", "message": None},
                               "c": {"parent": "b", "message": None}}}]), 400, "cycle"),
     (json.dumps({"something": "else"}), 400, "Unknown file"),
+    (json.dumps({"format": "arbor.tree", "version": 1, "conversation": {"head": 3}, "nodes": [
+        {"id": 1, "parent": None, "kind": "turn", "status": "succeeded"},
+        {"id": 2, "parent": None, "kind": "compaction", "status": "succeeded", "compacted_from": 3},
+        {"id": 3, "parent": 2, "kind": "turn", "status": "succeeded"}]}), 400, "lead back to it"),
+    (json.dumps({"format": "arbor.tree", "version": 1, "conversation": {}, "nodes": [
+        {"id": 1, "parent": None, "kind": "turn", "status": "succeeded", "received": [{"type": "tool_call"}]}]}),
+     400, "received[0].id: missing"),
+    (json.dumps({"format": "arbor.tree", "version": 1, "conversation": {"head": {}}, "nodes": [
+        {"id": 1, "parent": [1], "kind": "turn", "status": "succeeded"}]}), 400, "not in the file"),
+    (json.dumps({"format": "arbor.tree", "version": 1, "conversation": {"head": 2}, "nodes": [
+        {"id": 1, "parent": None, "kind": "turn", "status": "succeeded"},
+        {"id": 2, "parent": 1, "kind": "title", "status": "succeeded"}]}), 400, "a head can rest on"),
+    (json.dumps({"format": "arbor.tree", "version": 1, "conversation": {}, "nodes": [
+        {"id": 1, "parent": None, "kind": "turn", "status": "succeeded"}],
+        "bubbles": [{"node": [1], "role": "user", "content": "x"}]}), 400, "not in the file"),
 ])
 def test_hostile_or_malformed_files_are_refused_and_create_nothing(api, body, status, needle):
     before = (Conversation.objects.count(), Node.objects.count(), Bubble.objects.count())
@@ -174,3 +189,32 @@ def test_export_is_only_for_the_owner_and_names_its_formats(api, other_api, conv
     assert other_api.get(f"/api/conversations/{conversation.pk}/export/").status_code == 404
     response = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "pdf"})
     assert response.status_code == 400 and "md, json, chatgpt" in response.json()["error"]["message"]
+
+
+def test_an_import_names_only_an_offered_model_and_is_queued_for_search(api, user, conversation, settings):
+    ask(conversation, "findable words")
+    document = exports.export_tree(conversation)
+    document["conversation"]["model"] = "openai/o1-pro"
+    (created,) = _import(api, document).json()["conversations"]
+    assert created["model"] == settings.ARBOR_MODEL, "a file cannot pick a model this server does not offer"
+    from conversations import worker
+    from search.query import search_bubbles
+
+    worker.run_due()
+    assert {h.conversation for h in search_bubbles(user=user, query="findable")} == {conversation.pk, created["id"]}
+
+
+def test_the_chatgpt_export_leaves_side_calls_out(api, user, conversation):
+    """A title call (R4) is no turn: it must not come back from a round trip as a sibling question."""
+    from conversations import worker
+
+    services.conversation_update(conversation=conversation, title="")
+    ask(conversation, "first question")
+    worker.run_due()
+    ask(conversation, "second question")
+    document = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "chatgpt"}).json()
+    texts = [e["message"]["content"]["parts"][0] for e in document[0]["mapping"].values() if e["message"]]
+    assert not any(t.startswith("#title") for t in texts)
+    (created,) = _import(api, document).json()["conversations"]
+    copy = Conversation.objects.get(pk=created["id"])
+    assert all(v.branch.count == 1 for v in path_bubbles(conversation=copy) if v.bubble.role == "user")

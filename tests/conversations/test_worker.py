@@ -50,6 +50,31 @@ def test_r4_a_crashed_job_is_claimed_again_when_its_lease_runs_out(conversation,
     assert stats.done == 1 and (claimed.status, claimed.attempts) == ("done", 2)
 
 
+def test_r4_a_job_whose_worker_dies_every_time_ends_failed_not_retried_for_ever(conversation, settings):
+    settings.ARBOR_WORKER_MAX_ATTEMPTS = 2
+    ask(conversation, "hello")
+    for _ in range(2):  # claimed, then its worker dies: the lease runs out
+        (job,) = worker.claim(limit=10)
+        OutboxJob.objects.filter(pk=job.pk).update(run_after=timezone.now() - timedelta(seconds=1))
+    assert worker.claim(limit=10) == []
+    job.refresh_from_db()
+    assert job.status == "failed" and "lease ran out" in job.last_error
+
+
+def test_r4_a_worker_whose_lease_ran_out_does_not_overwrite_the_newer_claim(conversation):
+    ask(conversation, "hello")
+    (stale,) = worker.claim(limit=10)
+    OutboxJob.objects.filter(pk=stale.pk).update(run_after=timezone.now() - timedelta(seconds=1))
+    (fresh,) = worker.claim(limit=10)
+    assert fresh.attempts == stale.attempts + 1
+    assert worker.run_job(stale) == "done"  # it did the (idempotent) work, but the record is the new claim's
+    fresh.refresh_from_db()
+    assert fresh.status == "pending"
+    assert worker.run_job(fresh) == "done"
+    fresh.refresh_from_db()
+    assert fresh.status == "done"
+
+
 def test_r4_failures_are_retried_with_backoff_then_kept_as_failed(settings, monkeypatch):
     settings.ARBOR_WORKER_MAX_ATTEMPTS = 2
     job = services.outbox_add(kind="turn_committed", payload={"conversation": "not a number"})

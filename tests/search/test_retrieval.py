@@ -71,3 +71,13 @@ def test_r2_what_the_model_saw_marks_the_retrieved_items(client, user, notes):
     later = client.get(reverse("chat-seen", args=[head(conversation).pk]), headers={"X-Fragment": "1"}).content.decode()
     assert "retrieved for this call only" not in later and "900 dollars" not in later
     assert turns.call_context(first)[1]["role"] == "system"
+
+
+def test_r2_a_long_question_is_retrieved_for_with_a_bounded_query(user, notes):
+    """A question longer than the search box allows still goes out, with hits, and is never refused."""
+    conversation = services.conversation_create(owner=user)
+    services.conversation_update(conversation=conversation, retrieval=True)
+    question = "What does the enterprise tier cost? " + " ".join(f"detail{n}" for n in range(80))
+    assert len(question) > 500
+    answer(ask(conversation, question))
+    assert [i for i in head(conversation).sent if i.get("ephemeral")]

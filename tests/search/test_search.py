@@ -57,6 +57,7 @@ def test_search_api_and_bad_queries(api, user, conversation):
     assert hit["conversation"] == conversation.pk and "<mark>" in hit["snippet"] and hit["on_current_path"]
     assert api.get("/api/search/", {"q": " "}).json()["error"]["code"] == "bad_input"
     assert api.get("/api/search/", {"q": "x" * 201}).status_code == 400
+    assert api.get("/api/search/", {"q": "a\x00b"}).json()["error"]["code"] == "bad_input"
     assert api.get("/api/search/", {"q": 'unbalanced " quote AND ('}).status_code == 200, "input is never syntax"
 
 

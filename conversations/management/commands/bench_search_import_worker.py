@@ -143,7 +143,9 @@ class Command(BaseCommand):
 
     def _worker(self, user, rng: random.Random, *, jobs: int) -> None:
         """Queue `jobs` turn_committed jobs for fresh conversations of 4 bubbles each, then run them."""
-        OutboxJob.objects.filter(status=OutboxJob.Status.PENDING).delete()
+        others = OutboxJob.objects.filter(status=OutboxJob.Status.PENDING).count()
+        if others:
+            raise CommandError(f"{others} pending jobs are someone else's: run the benchmark on its own database.")
         fresh = Conversation.objects.bulk_create(
             [Conversation(owner=user, title="", model="arbor/echo") for _ in range(jobs)])
         nodes = Node.objects.bulk_create([
