@@ -43,6 +43,17 @@ _PATH_SQL = _up_sql("path.parent_id")
 _HISTORY_SQL = _up_sql("COALESCE(path.parent_id, path.compacted_from_id)")
 
 
+_HISTORY_IDS_SQL = f"""
+WITH RECURSIVE path AS (
+    SELECT id, parent_id, compacted_from_id, 0 AS depth FROM {_NODE} WHERE id = %s
+    UNION ALL
+    SELECT n.id, n.parent_id, n.compacted_from_id, path.depth + 1
+    FROM {_NODE} n JOIN path ON n.id = COALESCE(path.parent_id, path.compacted_from_id)
+    WHERE path.depth < %s
+)
+SELECT id FROM path ORDER BY depth"""
+
+
 def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
@@ -68,6 +79,20 @@ def history_path(head_id: int | None) -> list[PathNode]:
     """Return everything the conversation went through to reach `head_id`, in one query: the path, and
     behind each compaction root its original path (C3). The roots stay in the list, where they happened."""
     return _read_up(_HISTORY_SQL, head_id)
+
+
+def history_ids(head_id: int | None) -> list[int]:
+    """The ids of `history_path(head_id)`, head first, without reading any items: for membership checks
+    (T10, switching) that would otherwise read the whole history's JSON."""
+    if head_id is None:
+        return []
+    limit = settings.ARBOR_PATH_DEPTH_LIMIT
+    with connection.cursor() as cursor:
+        cursor.execute(_HISTORY_IDS_SQL, [head_id, limit])
+        ids = [row[0] for row in cursor.fetchall()]
+    if len(ids) > limit:
+        raise CorruptTree(f"the history from node {head_id} is deeper than {limit} nodes: the tree has a loop")
+    return ids
 
 
 def context_path(path: list[PathNode], provider: str | None) -> list[PathNode]:
@@ -142,8 +167,9 @@ def tree_scope(conversation: Conversation, path_ids: Iterable[int]) -> Q:
 
 
 def conversation_has_node(*, conversation: Conversation, node_id: int) -> bool:
-    """Is `node_id` in the conversation's tree (created by it, or shared history on its path)?"""
-    path_ids = [p.id for p in node_path(conversation.head_id)]
+    """Is `node_id` in the conversation's tree (created by it, or shared history on its path, behind
+    compactions too: C3)?"""
+    path_ids = history_ids(conversation.head_id)
     return Node.objects.filter(tree_scope(conversation, path_ids), pk=node_id).exists()
 
 
@@ -174,23 +200,39 @@ class BranchInfo:
 
 
 def branch_infos(*, conversation: Conversation, path: list[PathNode]) -> dict[int, BranchInfo]:
-    """For every turn-opening node on the path, its place among the turns that share its parent (T8)."""
+    """For every turn-opening node on the path, its place among the turns that share its parent (T8).
+
+    A turn whose parent is a compaction root counts as a child of the root's original (C3): an edit or a
+    question that compacted first hangs below a new root, yet it is another version of the turns below
+    that original, so both stay siblings on the screen (T7).
+    """
     openers = [p for p in path if opens_turn(p)]
     if not openers:
         return {}
-    path_ids = {p.id for p in path}
-    parents = {p.parent_id for p in openers if p.parent_id is not None}
-    candidates = Node.objects.can_be_head().filter(tree_scope(conversation, path_ids), kind=Node.Kind.TURN).filter(
-        Q(parent_id__in=parents) | Q(parent__isnull=True, conversation=conversation)
-        if any(p.parent_id is None for p in openers) else Q(parent_id__in=parents)
-    ).values_list("id", "parent_id", "sent")
-    by_parent: dict[int | None, list[int]] = {}
+    on_path = {p.id: p for p in path}
+
+    def key_of(parent_id: int | None) -> int | None:
+        parent = on_path.get(parent_id)
+        return parent.compacted_from_id if parent is not None and is_compaction_root(parent) else parent_id
+
+    scope = tree_scope(conversation, on_path.keys())
+    keys = {key_of(p.parent_id) for p in openers} - {None}
+    # The roots made from those originals: the turns below them are siblings too.
+    roots = dict(Node.objects.filter(scope, kind=Node.Kind.COMPACTION, parent__isnull=True,
+                                     compacted_from_id__in=keys).values_list("id", "compacted_from_id"))
+    parents = keys | roots.keys()
+    below = Q(parent_id__in=parents)
+    if any(p.parent_id is None for p in openers):
+        below |= Q(parent__isnull=True, conversation=conversation)
+    candidates = Node.objects.can_be_head().filter(scope, below, kind=Node.Kind.TURN).values_list(
+        "id", "parent_id", "sent")
+    by_key: dict[int | None, list[int]] = {}
     for node_id, parent_id, sent in candidates.order_by("id"):
         if question_of(_json(sent)) is not None:
-            by_parent.setdefault(parent_id, []).append(node_id)
+            by_key.setdefault(roots.get(parent_id, parent_id), []).append(node_id)
     infos = {}
     for opener in openers:
-        siblings = by_parent.get(opener.parent_id) or [opener.id]
+        siblings = by_key.get(key_of(opener.parent_id)) or [opener.id]
         if opener.id not in siblings:
             siblings = sorted([*siblings, opener.id])
         infos[opener.id] = BranchInfo(index=siblings.index(opener.id) + 1, count=len(siblings), siblings=siblings)
@@ -245,12 +287,17 @@ def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = No
 
 
 def latest_tip(*, conversation: Conversation, node_id: int) -> int | None:
-    """Return the latest node a head can rest on in the branch from `node_id` down, if there is one (T8)."""
+    """Return the latest node a head can rest on in the branch from `node_id` down, if there is one (T8).
+
+    Down means through children and through compactions (C3): a compaction root has no parent, so the
+    branch goes on below the roots whose original lies in it, or a compacted branch could not be reached.
+    """
     below = RawSQL(
         f"""WITH RECURSIVE below AS (
             SELECT id FROM {_NODE} WHERE id = %s
-            UNION ALL
-            SELECT n.id FROM {_NODE} n JOIN below ON n.parent_id = below.id WHERE n.conversation_id = %s
+            UNION
+            SELECT n.id FROM {_NODE} n JOIN below ON n.parent_id = below.id OR n.compacted_from_id = below.id
+            WHERE n.conversation_id = %s
         ) SELECT id FROM below""",
         [node_id, conversation.pk],
     )

@@ -388,3 +388,62 @@ def test_t10_regenerate_right_after_a_compaction_is_refused(conversation, api, s
     refused = api.post(_url("turn-regenerate", conversation), {}, format="json")
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "before_compaction"
     assert Node.objects.count() == count and head(conversation).pk == root.pk
+
+
+# --- branches across a compaction (T7, T8: nothing is ever lost) ----------------------------------
+
+
+def _switch(api, conversation, node_id: int) -> None:
+    response = api.post(_url("head-switch", conversation), {"node": node_id}, format="json")
+    assert response.status_code == 200, response.json()
+
+
+def _edit(api, conversation, node_id: int, content: str) -> None:
+    response = api.post(_url("turn-edit", conversation), {"node": node_id, "content": content}, format="json")
+    assert response.status_code == 201, response.json()
+
+
+def test_t8_switching_back_reaches_a_branch_tip_beyond_its_compaction(conversation, small_echo, api):
+    """T8, C3: a branch compacted after it was left is reached through the root's original pointer:
+    switching to its question lands on its latest tip, not on the pre-compaction original."""
+    ask(conversation, "q0")
+    ask(conversation, "q1A")
+    q1a = head(conversation).pk
+    _edit(api, conversation, q1a, "q1B")
+    q1b = head(conversation).pk
+    _switch(api, conversation, q1a)
+    assert head(conversation).pk == q1a
+    root = _ask_until_compacted(conversation)
+    ask(conversation, "once more on A")
+    a_tip = head(conversation).pk
+    assert node_path(a_tip)[0].id == root.pk
+    _switch(api, conversation, q1b)
+    assert head(conversation).pk == q1b
+    _switch(api, conversation, q1a)
+    assert head(conversation).pk == a_tip
+
+
+def test_t7_t8_an_edit_that_compacts_keeps_both_questions_as_siblings(conversation, small_echo, api, settings):
+    """T7, T8: an edit long enough to trigger compaction hangs the new question below a new root; the old
+    and the new question are still siblings (2/2) on the screen, and switching between them works."""
+    settings.ARBOR_ECHO_MAX_INPUT_TOKENS = 100_000  # no compaction while warming up
+    for i in range(4):
+        ask(conversation, f"warm-up {i} " + "words " * 20)
+    old = head(conversation)
+    ask(conversation, "after the warm-up")
+    assert not is_compaction_root(node_path(head(conversation).pk)[0])
+    settings.ARBOR_ECHO_MAX_INPUT_TOKENS = 1200
+    _edit(api, conversation, old.pk, "edited " + "long words " * 150)
+    edited = head(conversation)
+    root = node_path(edited.pk)[0]
+    assert is_compaction_root(root) and root.compacted_from_id == old.parent_id, "the edit compacted"
+    bubbles = api.get(_url("conversation-bubbles", conversation)).json()
+    edited_bubble = next(b for b in bubbles if b["node"] == edited.pk and b["role"] == "user")
+    assert edited_bubble["branch"] == {"index": 2, "count": 2, "siblings": [old.pk, edited.pk]}
+    _switch(api, conversation, old.pk)
+    assert head(conversation).parent_id == old.pk, "back on the old branch's tip"
+    bubbles = api.get(_url("conversation-bubbles", conversation)).json()
+    old_bubble = next(b for b in bubbles if b["node"] == old.pk and b["role"] == "user")
+    assert old_bubble["branch"] == {"index": 1, "count": 2, "siblings": [old.pk, edited.pk]}
+    _switch(api, conversation, edited.pk)
+    assert head(conversation).pk == edited.pk
