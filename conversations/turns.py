@@ -43,7 +43,7 @@ from conversations.retrieval import retrieved_items
 from conversations.selectors import (
     context_path,
     conversation_for_user,
-    history_path,
+    history_ids,
     instructions_for,
     node_path,
     opens_turn,
@@ -149,8 +149,12 @@ def _question_index(conversation: Conversation, path: list[PathNode], node_id: A
 
 
 def _before_compaction(root: PathNode, node_id: int) -> bool:
-    """T10: is `node_id` the root itself, or anywhere on the history behind it (through every earlier root)?"""
-    return node_id == root.id or any(p.id == node_id for p in history_path(root.compacted_from_id))
+    """T10: is `node_id` the root itself, or anywhere on the history behind it (through every earlier root)?
+
+    Ids only: the history behind a long conversation's roots is thousands of nodes, and their items are
+    not needed to compare ids.
+    """
+    return node_id == root.id or node_id in history_ids(root.compacted_from_id)
 
 
 def _reposition(*, user, conversation: Conversation, token: uuid.UUID, node_id: Any, content: str | None) -> Turn:
