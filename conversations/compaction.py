@@ -16,13 +16,20 @@ Where the nodes go, and where the head moves:
   split from its result and open calls stay with their turn. It is `succeeded` with nothing received.
   The next call's parent is the root, so assembly stops there; the instructions are not stored in it,
   every call sends the current ones.
-- The head moves to the root through `services.head_move` when the tip is the conversation's head
-  (compaction by hand, or before a new question); otherwise (an edit's turn, a later round) the turn
-  moves it at its end, as always.
+- `compact` never moves the head: it returns the root, and the caller moves the head through
+  `services.head_move` like every move (the one head mover) — at once when the tip is the head
+  (compaction by hand, or before a new question), otherwise (an edit's turn, a later round) at the
+  turn's end, as always.
+- T10 follows from where the root is: a question asked in a turn that compacted mid-turn (between two
+  rounds) lies before that turn's root, so it cannot be edited or regenerated any more; the answer it
+  got is below the root and is kept, and a new question can be asked.
 
-If the summarising call fails, its node is recorded as failed and nothing else changes: no root, the
-head where it was. A provider that answers with an opaque item of its own (arbor/echo) gets it back
-verbatim; any other provider gets the original path expanded instead (`selectors.context_path`).
+If the summarising call fails (a provider error, or any other exception: failed/interrupted, or
+cancelled when its turn is closed), its node is recorded as failed and nothing else changes: no root,
+the head where it was. The turn runner tries once per turn.
+
+A provider that answers with an opaque item of its own (arbor/echo) gets it back verbatim; any other
+provider gets the original path expanded instead (`selectors.context_path`).
 """
 
 from __future__ import annotations
@@ -32,13 +39,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection
 from django.utils import timezone
 
-from conversations import budget, llm, services
+from conversations import budget, llm
 from conversations import items as it
 from conversations.context import PathNode, assemble, is_compaction_root, path_items
-from conversations.errors import ArborError, TurnInProgress
+from conversations.errors import ArborError
 from conversations.models import Conversation, Node
 from conversations.selectors import opens_turn
 
@@ -70,7 +77,6 @@ class SummaryFailed(Exception):
 class Compaction:
     root: PathNode
     summary_call: int
-    head_moved: bool
 
 
 def needed(path: list[PathNode], new_items: list[it.Item], *, model: str, provider: str | None,
@@ -111,11 +117,12 @@ def kept_from(path: list[PathNode], *, threshold: int) -> int:
 
 
 def compact(*, conversation: Conversation, path: list[PathNode], model: str, instructions: str,
-            pending_results: Sequence[it.Item] = (), turn_token=None, keep_alive: Callable[[], None] = lambda: None
-            ) -> Compaction:
-    """Summarise `path` with `model` and start a new path at a compaction root (C2, C3).
+            pending_results: Sequence[it.Item] = (), keep_alive: Callable[[], None] = lambda: None) -> Compaction:
+    """Summarise `path` with `model` and start a new path at a compaction root (C2, C3); the head does
+    not move (the caller moves it).
 
-    `path` is what a call to `model` assembles from (already expanded for its provider). Raise
+    `path` is what a call to `model` assembles from (already expanded for its provider). `keep_alive`
+    is called while the summary streams (the turn lock's renewer). Raise
     `NothingToCompact` (nothing written) when everything on it would be kept verbatim anyway, and
     `SummaryFailed` (the failed summarising call recorded) when the model fails.
     """
@@ -133,8 +140,7 @@ def compact(*, conversation: Conversation, path: list[PathNode], model: str, ins
     result = _summarise(call, model=model, messages=messages, keep_alive=keep_alive)
     root = _create_root(conversation=conversation, call=call, tip=tip, model=model, provider=provider,
                         kept=path_items(path[start:]), received=result.received)
-    moved = tip.id == conversation.head_id and _move_head(conversation, root.id, turn_token)
-    return Compaction(root=root, summary_call=call.pk, head_moved=moved)
+    return Compaction(root=root, summary_call=call.pk)
 
 
 def _summarised_part(path: list[PathNode], start: int, pending_results: Sequence[it.Item], *, model: str,
@@ -162,7 +168,14 @@ def _start_summary(*, conversation: Conversation, parent: PathNode, sent: list[i
     )
 
 
+def release_connection() -> None:
+    """No database connection is held while a model thinks: back to the pool, checked out again later."""
+    if not connection.in_atomic_block:
+        connection.close()
+
+
 def _summarise(call: Node, *, model: str, messages: list[dict], keep_alive: Callable[[], None]) -> llm.CallResult:
+    release_connection()
     stream = llm.stream_call(model=model, messages=messages, compaction=True)
     try:
         while True:
@@ -173,11 +186,13 @@ def _summarise(call: Node, *, model: str, messages: list[dict], keep_alive: Call
                 break
             keep_alive()
     except llm.LLMError as error:
-        call.status, call.failure_reason, call.failure_message = Node.Status.FAILED, error.reason, error.message
-        call.received, call.finished_at = error.partial, timezone.now()
-        call.save(update_fields=["status", "failure_reason", "failure_message", "received", "finished_at"])
-        logger.warning("the summarising call %s failed (%s): %s", call.pk, error.reason, error.message)
+        _record_failure(call, error)
         raise SummaryFailed(error, call.pk) from error
+    except BaseException as error:  # never leave the node pending (T3): a bug, an interrupt, a closed turn
+        stream.close()
+        reason = "cancelled" if isinstance(error, GeneratorExit) else "interrupted"
+        _record_failure(call, llm.LLMError(reason, f"the summarising call stopped: {error!r}"))
+        raise
     received_tokens = budget.items_tokens(result.received, model=model, provider=result.provider)
     call.status, call.received, call.usage, call.finished_at = (Node.Status.SUCCEEDED, result.received,
                                                                result.usage, timezone.now())
@@ -185,6 +200,13 @@ def _summarise(call: Node, *, model: str, messages: list[dict], keep_alive: Call
     call.path_tokens += received_tokens
     call.save(update_fields=["status", "received", "usage", "finished_at", "tokens", "path_tokens"])
     return result
+
+
+def _record_failure(call: Node, error: llm.LLMError) -> None:
+    call.status, call.failure_reason, call.failure_message = Node.Status.FAILED, error.reason, error.message
+    call.received, call.finished_at = error.partial, timezone.now()
+    call.save(update_fields=["status", "failure_reason", "failure_message", "received", "finished_at"])
+    logger.warning("the summarising call %s failed (%s): %s", call.pk, error.reason, error.message)
 
 
 def summary_item(received: list[it.Item]) -> it.Item:
@@ -204,13 +226,3 @@ def _create_root(*, conversation: Conversation, call: Node, tip: PathNode, model
     )
     return PathNode(id=root.pk, parent_id=None, kind=root.kind, status=root.status, sent=sent, received=[],
                     provider=provider, model=model, tokens=tokens, path_tokens=tokens, compacted_from_id=tip.id)
-
-
-def _move_head(conversation: Conversation, root_id: int, turn_token) -> bool:
-    """C2: the head rests on the root. A refused move (the lock was lost, R3) keeps the root all the same."""
-    try:
-        with transaction.atomic():  # a savepoint inside a caller's transaction: the root survives a refusal
-            services.head_move(conversation=conversation, to=root_id, turn_token=turn_token)
-    except TurnInProgress:
-        return False
-    return True

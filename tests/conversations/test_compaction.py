@@ -7,7 +7,7 @@ import logging
 import pytest
 from django.urls import reverse
 
-from conversations import budget, services, turns
+from conversations import budget, llm, services, turns
 from conversations.compaction import COMPACTION_PROMPT
 from conversations.context import SUMMARY_PREFIX, is_compaction_root
 from conversations.models import Bubble, Node
@@ -137,7 +137,7 @@ def test_c2_the_summarising_call_is_recorded_and_never_a_head_nor_in_a_context(c
     assert COMPACTION_PROMPT not in str(turns.call_context(head(conversation)))
 
 
-def test_c2_compaction_keeps_the_last_turns_verbatim_and_its_prompt_asks_for_sources(conversation, small_echo):
+def test_c2_compaction_keeps_the_last_turns_verbatim(conversation, small_echo):
     """C2: the root holds the summary item, then the last turns word for word (two here)."""
     root = _ask_until_compacted(conversation)
     assert root.sent[0]["type"] == "summary"
@@ -145,8 +145,6 @@ def test_c2_compaction_keeps_the_last_turns_verbatim_and_its_prompt_asks_for_sou
     assert len(kept_questions) == 2
     original_path = node_path(root.compacted_from_id)
     assert kept_questions[-1] == original_path[-1].sent[-1]["text"]
-    for word in ("facts", "decisions", "open questions", "number", "source"):
-        assert word in COMPACTION_PROMPT
 
 
 def test_c2_compact_by_hand_moves_the_head_to_a_new_root(conversation, small_echo, api):
@@ -226,6 +224,24 @@ def test_c2_a_failed_summarising_call_inside_a_turn_lets_the_turn_go_on(conversa
     assert answer(events) == "answered anyway"
     failed = Node.objects.get(kind="compaction", status="failed")
     assert failed.parent_id == old_head and head(conversation).parent_id == old_head
+
+
+def test_c2_a_failed_summary_is_tried_once_per_turn(conversation, stub, settings):
+    """C2: after a failed summarising call, the turn's later rounds go out uncompacted without asking
+    for another summary (one failed compaction node, and the scripted replies go to the turn's calls)."""
+    services.conversation_update(conversation=conversation, model=STUB)
+    for i in range(3):
+        ask(conversation, f"question number {i} with some words in it")
+    settings.ARBOR_MAX_INPUT_TOKENS = {STUB: 300}
+    settings.ARBOR_ANSWER_RESERVE_TOKENS = 20
+    settings.ARBOR_COMPACTION_THRESHOLD = 0.1
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    stub.script(Reply.server_error("no summary today"),
+                Reply.tool_calls([("call_1", "sql_query", '{"sql": "select 1 as n"}')]),
+                Reply.text("answered after the tool"))
+    events = ask(conversation, "and now?")
+    assert answer(events) == "answered after the tool"
+    assert Node.objects.filter(kind="compaction").count() == 1
 
 
 # --- T10 ------------------------------------------------------------------------------------------
@@ -376,6 +392,10 @@ def test_c2_compaction_inside_a_tool_turn_keeps_call_and_result_together(convers
     assert events[-1].type == "done"
     assert any(e.type == "compaction" for e in events)
     assert not [r for r in caplog.records if "no partner" in r.getMessage()]
+    # S1: the tool bubble belongs to the node that made the call, which the root is not: it still gets
+    # its result instead of staying "running".
+    tool = Bubble.objects.get(conversation=conversation, role=Bubble.Role.TOOL)
+    assert tool.data["status"] == "done" and "7" in tool.data["result"]
 
 
 def test_t10_regenerate_right_after_a_compaction_is_refused(conversation, api, settings):
@@ -447,3 +467,47 @@ def test_t7_t8_an_edit_that_compacts_keeps_both_questions_as_siblings(conversati
     assert old_bubble["branch"] == {"index": 1, "count": 2, "siblings": [old.pk, edited.pk]}
     _switch(api, conversation, edited.pk)
     assert head(conversation).pk == edited.pk
+
+
+# --- the summarising call's own failures and lock (S3) ---------------------------------------------
+
+
+def _failing_summary(monkeypatch, error: BaseException) -> None:
+    real = llm.stream_call
+
+    def stream_call(*args, compaction=False, **kwargs):
+        if not compaction:
+            return (yield from real(*args, **kwargs))
+        yield "a few words"
+        raise error
+
+    monkeypatch.setattr(llm, "stream_call", stream_call)
+
+
+def test_c2_a_summarising_call_that_crashes_is_recorded_as_failed(conversation, settings, monkeypatch):
+    """F1, C2: an exception other than a provider error still ends the summarising node (failed,
+    interrupted): never left pending; no root, the head where it was, the lock given back."""
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    for i in range(3):
+        ask(conversation, f"question {i}")
+    old_head = head(conversation).pk
+    _failing_summary(monkeypatch, RuntimeError("a bug in the middle of the stream"))
+    with pytest.raises(RuntimeError):
+        turns.turn_compact(user=conversation.owner, conversation_id=conversation.pk)
+    call = Node.objects.get(kind=Node.Kind.COMPACTION)
+    assert (call.status, call.failure_reason, call.parent_id) == ("failed", "interrupted", old_head)
+    assert "a bug in the middle" in call.failure_message
+    assert head(conversation).pk == old_head and conversation.turn_token is None
+
+
+def test_t9_compacting_by_hand_renews_its_lock_while_the_model_summarises(conversation, settings, monkeypatch):
+    """T9, R3: a long summary by hand keeps the turn lock alive like a turn's call does."""
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    for i in range(3):
+        ask(conversation, f"question {i}")
+    settings.ARBOR_TURN_LOCK_SECONDS = 0  # every streamed piece is due for a renewal
+    renewals = []
+    real = services.turn_lock_renew
+    monkeypatch.setattr(services, "turn_lock_renew", lambda **kw: renewals.append(1) or real(**kw))
+    turns.turn_compact(user=conversation.owner, conversation_id=conversation.pk)
+    assert renewals, "the lock was renewed during the summarising call"
