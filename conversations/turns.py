@@ -464,11 +464,14 @@ class Turn:
                                       keep_alive=self._renew_lock_if_due)
         except compaction.NothingToCompact:
             return path, None
+        except compaction.CannotCompact:
+            self._summary_failed = True
+            return path, None
         except compaction.SummaryFailed as failed:
             self.nodes.append(failed.node_id)
             self._summary_failed = True
             return path, None
-        self.nodes.extend([done.summary_call, done.root.id])
+        self.nodes.extend(done.written)
         if done.root.compacted_from_id == self.conversation.head_id:
             self._move_head(done.root.id)
         return [done.root], done

@@ -350,10 +350,12 @@ def test_c3_expanded_and_still_over_budget_compacts_again_for_the_new_model(conv
     (a text summary any provider reads); switching back to echo then reads the stub's summary as text."""
     root = _ask_until_compacted(conversation)
     services.conversation_update(conversation=conversation, model=STUB)
-    settings.ARBOR_MAX_INPUT_TOKENS = {STUB: 400}
+    settings.ARBOR_MAX_INPUT_TOKENS = {STUB: 700}
     stub.script(Reply.text("stub summary: regions 0 to 3 asked about [user]"), Reply.text("the stub answers"))
-    assert answer(ask(conversation, "now on another provider")) == "the stub answers"
-    summarising, turn = stub.requests[-2:]
+    assert answer(ask(conversation, "now on another provider")) == "the stub answers", [
+        budget.llm.count_tokens(STUB, r["messages"]) for r in stub.requests]
+    summarising, turn = stub.requests
+    assert budget.llm.count_tokens(STUB, summarising["messages"]) <= 700, "C1: the summary fits the new model"
     assert summarising["messages"][-1]["content"] == COMPACTION_PROMPT
     assert "<arbor-compaction" not in str(summarising["messages"])
     second = Node.objects.filter(compacted_from__isnull=False).exclude(pk=root.pk).get()
@@ -511,3 +513,50 @@ def test_t9_compacting_by_hand_renews_its_lock_while_the_model_summarises(conver
     monkeypatch.setattr(services, "turn_lock_renew", lambda **kw: renewals.append(1) or real(**kw))
     turns.turn_compact(user=conversation.owner, conversation_id=conversation.pk)
     assert renewals, "the lock was renewed during the summarising call"
+
+
+# --- a provider switch onto a smaller model (C1, C3) ------------------------------------------------
+
+
+def test_c1_c3_after_a_switch_every_summarising_call_fits_the_new_models_limit(conversation, small_echo, stub,
+                                                                              settings):
+    """C1, C3: several echo compactions, then a switch to a provider that cannot read them and has a small
+    input limit: the whole history is expanded, then summarised in windows that each fit (oldest first,
+    each window's summary carried into the next), every window a recorded call; no request to the new
+    model passes its limit, and the conversation goes on."""
+    root = _ask_until_compacted(conversation)
+    root = _ask_until_compacted(conversation, past=root)
+    _ask_until_compacted(conversation, past=root)
+    limit = 400
+    services.conversation_update(conversation=conversation, model=STUB)
+    settings.ARBOR_MAX_INPUT_TOKENS = {STUB: limit}
+    expanded = context_path(node_path(head(conversation).pk), "openai")
+    assert budget.llm.count_tokens(STUB, budget.to_messages(
+        [i for p in expanded for i in (*p.sent, *p.received)], provider="openai")) > 2 * limit, "much to summarise"
+    before = set(Node.objects.values_list("id", flat=True))
+    events = ask(conversation, "now on a small model")
+    assert answer(events) == "stub: ok", events[-1]
+    assert stub.requests, "the stub was called"
+    sizes = [budget.llm.count_tokens(STUB, request["messages"]) for request in stub.requests]
+    assert max(sizes) <= limit, sizes
+    new = Node.objects.exclude(id__in=before)
+    summaries = new.filter(kind=Node.Kind.COMPACTION, parent__isnull=False)
+    assert summaries.count() >= 2 and set(summaries.values_list("status", flat=True)) == {"succeeded"}
+    assert new.exclude(kind=Node.Kind.COMPACTION, parent__isnull=True).count() == len(stub.requests), \
+        "every request is a recorded call"
+    assert answer(ask(conversation, "and again")) == "stub: ok"
+    assert max(budget.llm.count_tokens(STUB, r["messages"]) for r in stub.requests) <= limit
+
+
+def test_c1_a_node_too_large_for_the_model_is_refused_without_an_oversized_call(conversation, stub, api, settings):
+    """C1: when even one node with the prompt cannot fit the model, compaction refuses clearly (400
+    cannot_compact) and sends nothing: no call over the limit, no node, the head where it was."""
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    services.conversation_update(conversation=conversation, model=STUB)
+    for i in range(3):
+        ask(conversation, f"question {i} " + "with many words " * 40)
+    settings.ARBOR_MAX_INPUT_TOKENS = {STUB: 120}
+    before = (Node.objects.count(), head(conversation).pk, len(stub.requests))
+    response = api.post(_url("conversation-compact", conversation))
+    assert response.status_code == 400 and response.json()["error"]["code"] == "cannot_compact"
+    assert (Node.objects.count(), head(conversation).pk, len(stub.requests)) == before
