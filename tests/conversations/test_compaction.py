@@ -11,7 +11,7 @@ from conversations import budget, llm, services, turns
 from conversations.compaction import COMPACTION_PROMPT
 from conversations.context import SUMMARY_PREFIX, is_compaction_root
 from conversations.models import Bubble, Node
-from conversations.selectors import context_path, history_path, node_path
+from conversations.selectors import context_path, history_path, node_path, path_bubbles
 from tests.conversations.helpers import answer, ask, head
 from tests.support.openai_stub import Reply
 
@@ -560,3 +560,15 @@ def test_c1_a_node_too_large_for_the_model_is_refused_without_an_oversized_call(
     response = api.post(_url("conversation-compact", conversation))
     assert response.status_code == 400 and response.json()["error"]["code"] == "cannot_compact"
     assert (Node.objects.count(), head(conversation).pk, len(stub.requests)) == before
+
+
+def test_c3_the_screen_history_costs_four_queries_however_long(conversation, small_echo, django_assert_num_queries):
+    """C3, T8: behind several compactions the screen's history is one history query, the roots, the
+    sibling questions and the bubbles: four queries, whatever the history's length."""
+    root = _ask_until_compacted(conversation)
+    _ask_until_compacted(conversation, past=root)
+    conversation.refresh_from_db()
+    with django_assert_num_queries(4):
+        views = path_bubbles(conversation=conversation)
+    assert [v.bubble.content for v in views if v.bubble.role == "user"] == list(
+        Bubble.objects.filter(conversation=conversation, role="user").order_by("id").values_list("content", flat=True))
