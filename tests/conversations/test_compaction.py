@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from django.test import Client
 from django.urls import reverse
 
 from conversations import budget, llm, services, turns
@@ -443,6 +444,12 @@ def test_t8_switching_back_reaches_a_branch_tip_beyond_its_compaction(conversati
     assert head(conversation).pk == q1b
     _switch(api, conversation, q1a)
     assert head(conversation).pk == a_tip
+    # The compare page shows each branch down to its latest tip, behind the compaction too.
+    page = Client()
+    page.force_login(conversation.owner)
+    compare = page.get(reverse("chat-compare", args=[conversation.pk]) + f"?a={q1a}&b={q1b}")
+    assert compare.status_code == 200
+    assert "once more on A" in compare.content.decode()
 
 
 def test_t7_t8_an_edit_that_compacts_keeps_both_questions_as_siblings(conversation, small_echo, api, settings):
