@@ -68,7 +68,8 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
-def _read_up(sql: str, head_id: int | None) -> list[PathNode]:
+def _rows_up(sql: str, head_id: int | None) -> list[tuple]:
+    """Run an upward recursive query from `head_id` with its depth guard; a loop is a corrupt tree."""
     if head_id is None:
         return []
     limit = settings.ARBOR_PATH_DEPTH_LIMIT
@@ -77,6 +78,11 @@ def _read_up(sql: str, head_id: int | None) -> list[PathNode]:
         rows = cursor.fetchall()
     if len(rows) > limit:
         raise CorruptTree(f"the path from node {head_id} is deeper than {limit} nodes: the tree has a loop")
+    return rows
+
+
+def _read_up(sql: str, head_id: int | None) -> list[PathNode]:
+    rows = _rows_up(sql, head_id)
     return [PathNode(r[0], r[1], r[2], r[3], _json(r[4]), _json(r[5]), r[6], r[7], r[8], r[9], r[10]) for r in rows]
 
 
@@ -94,28 +100,13 @@ def history_path(head_id: int | None) -> list[PathNode]:
 def history_ids(head_id: int | None) -> list[int]:
     """The ids of `history_path(head_id)`, head first, without reading any items: for membership checks
     (T10, switching) that would otherwise read the whole history's JSON."""
-    if head_id is None:
-        return []
-    limit = settings.ARBOR_PATH_DEPTH_LIMIT
-    with connection.cursor() as cursor:
-        cursor.execute(_HISTORY_IDS_SQL, [head_id, limit])
-        ids = [row[0] for row in cursor.fetchall()]
-    if len(ids) > limit:
-        raise CorruptTree(f"the history from node {head_id} is deeper than {limit} nodes: the tree has a loop")
-    return ids
+    return [row[0] for row in _rows_up(_HISTORY_IDS_SQL, head_id)]
 
 
 def screen_history(head_id: int | None) -> list[PathNode]:
     """`history_path` for the screen, in one query: ids, links, kind and status, and only a turn's sent
     items (to tell questions, T8); no received items, nothing of a compaction root's kept turns."""
-    if head_id is None:
-        return []
-    limit = settings.ARBOR_PATH_DEPTH_LIMIT
-    with connection.cursor() as cursor:
-        cursor.execute(_SCREEN_SQL, [head_id, limit])
-        rows = cursor.fetchall()
-    if len(rows) > limit:
-        raise CorruptTree(f"the history from node {head_id} is deeper than {limit} nodes: the tree has a loop")
+    rows = _rows_up(_SCREEN_SQL, head_id)
     return [PathNode(r[0], r[1], r[2], r[3], _json(r[4]) or [], [], compacted_from_id=r[5]) for r in rows]
 
 

@@ -210,15 +210,20 @@ def test_c2_a_failed_summarising_call_loses_nothing_and_leaves_the_head(conversa
     assert answer(ask(conversation, "still here?")) == "stub: ok"
 
 
-def test_c2_a_failed_summarising_call_inside_a_turn_lets_the_turn_go_on(conversation, stub, settings):
-    """C2: in the turn runner a failed summary is recorded and the call goes out uncompacted (it fits)."""
+def _stub_compacting_soon(conversation, settings, *, limit: int) -> None:
+    """Three turns on the stub, then a limit whose threshold the next call passes."""
     services.conversation_update(conversation=conversation, model=STUB)
     for i in range(3):
         ask(conversation, f"question number {i} with some words in it")
-    settings.ARBOR_MAX_INPUT_TOKENS = {STUB: 200}
+    settings.ARBOR_MAX_INPUT_TOKENS = {STUB: limit}
     settings.ARBOR_ANSWER_RESERVE_TOKENS = 20
     settings.ARBOR_COMPACTION_THRESHOLD = 0.1
     settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+
+
+def test_c2_a_failed_summarising_call_inside_a_turn_lets_the_turn_go_on(conversation, stub, settings):
+    """C2: in the turn runner a failed summary is recorded and the call goes out uncompacted (it fits)."""
+    _stub_compacting_soon(conversation, settings, limit=200)
     old_head = head(conversation).pk
     stub.script(Reply.server_error("no summary today"), Reply.text("answered anyway"))
     events = ask(conversation, "and now?")
@@ -230,13 +235,7 @@ def test_c2_a_failed_summarising_call_inside_a_turn_lets_the_turn_go_on(conversa
 def test_c2_a_failed_summary_is_tried_once_per_turn(conversation, stub, settings):
     """C2: after a failed summarising call, the turn's later rounds go out uncompacted without asking
     for another summary (one failed compaction node, and the scripted replies go to the turn's calls)."""
-    services.conversation_update(conversation=conversation, model=STUB)
-    for i in range(3):
-        ask(conversation, f"question number {i} with some words in it")
-    settings.ARBOR_MAX_INPUT_TOKENS = {STUB: 300}
-    settings.ARBOR_ANSWER_RESERVE_TOKENS = 20
-    settings.ARBOR_COMPACTION_THRESHOLD = 0.1
-    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    _stub_compacting_soon(conversation, settings, limit=300)
     stub.script(Reply.server_error("no summary today"),
                 Reply.tool_calls([("call_1", "sql_query", '{"sql": "select 1 as n"}')]),
                 Reply.text("answered after the tool"))
