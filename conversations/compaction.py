@@ -16,6 +16,11 @@ Where the nodes go, and where the head moves:
   split from its result and open calls stay with their turn. It is `succeeded` with nothing received.
   The next call's parent is the root, so assembly stops there; the instructions are not stored in it,
   every call sends the current ones.
+- When the model cannot take the part before the kept turns in one call (a switch to a smaller model
+  that must read the whole expanded history, C3), that part is summarised in windows, oldest first,
+  each a recorded call that fits; each later window hangs below an intermediate compaction root
+  holding the previous window's summary (see `_Summariser`). Nothing is ever sent over the limit: a
+  single node too large for the model is refused (`CannotCompact`).
 - `compact` never moves the head: it returns the root, and the caller moves the head through
   `services.head_move` like every move (the one head mover) — at once when the tip is the head
   (compaction by hand, or before a new question), otherwise (an edit's turn, a later round) at the
