@@ -30,9 +30,13 @@ class Budget:
 
 
 def budget_for(model: str) -> Budget:
-    """Read at call time: settings may change between calls (and do, in tests)."""
+    """Read at call time: settings may change between calls (and do, in tests).
+
+    The reserve is `ARBOR_ANSWER_RESERVE_TOKENS`, capped at a quarter of the limit: the default 4096
+    would leave a small model (arbor/echo's 4000, a local 8192) little or nothing for its input. The cap
+    is deliberate and visible in `Budget.reserve`; a configured reserve below it is used as is.
+    """
     limit = llm.max_input_tokens(model)
-    # A reserve above a quarter of the limit would leave small models (arbor/echo) nothing to work with.
     reserve = min(settings.ARBOR_ANSWER_RESERVE_TOKENS, limit // 4)
     return Budget(limit=limit, reserve=reserve, threshold=int((limit - reserve) * settings.ARBOR_COMPACTION_THRESHOLD))
 

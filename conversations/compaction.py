@@ -16,29 +16,41 @@ Where the nodes go, and where the head moves:
   split from its result and open calls stay with their turn. It is `succeeded` with nothing received.
   The next call's parent is the root, so assembly stops there; the instructions are not stored in it,
   every call sends the current ones.
-- The head moves to the root through `services.head_move` when the tip is the conversation's head
-  (compaction by hand, or before a new question); otherwise (an edit's turn, a later round) the turn
-  moves it at its end, as always.
+- When the model cannot take the part before the kept turns in one call (a switch to a smaller model
+  that must read the whole expanded history, C3), that part is summarised in windows, oldest first,
+  each a recorded call that fits; each later window hangs below an intermediate compaction root
+  holding the previous window's summary (see `_Summariser`). Nothing is ever sent over the limit: a
+  single node too large for the model is refused (`CannotCompact`).
+- `compact` never moves the head: it returns the root, and the caller moves the head through
+  `services.head_move` like every move (the one head mover) — at once when the tip is the head
+  (compaction by hand, or before a new question), otherwise (an edit's turn, a later round) at the
+  turn's end, as always.
+- T10 follows from where the root is: a question asked in a turn that compacted mid-turn (between two
+  rounds) lies before that turn's root, so it cannot be edited or regenerated any more; the answer it
+  got is below the root and is kept, and a new question can be asked.
 
-If the summarising call fails, its node is recorded as failed and nothing else changes: no root, the
-head where it was. A provider that answers with an opaque item of its own (arbor/echo) gets it back
-verbatim; any other provider gets the original path expanded instead (`selectors.context_path`).
+If the summarising call fails (a provider error, or any other exception: failed/interrupted, or
+cancelled when its turn is closed), its node is recorded as failed and nothing else changes: no root,
+the head where it was. The turn runner tries once per turn.
+
+A provider that answers with an opaque item of its own (arbor/echo) gets it back verbatim; any other
+provider gets the original path expanded instead (`selectors.context_path`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection
 from django.utils import timezone
 
-from conversations import budget, llm, services
+from conversations import budget, llm
 from conversations import items as it
 from conversations.context import PathNode, assemble, is_compaction_root, path_items
-from conversations.errors import ArborError, TurnInProgress
+from conversations.errors import ArborError
 from conversations.models import Conversation, Node
 from conversations.selectors import opens_turn
 
@@ -70,7 +82,7 @@ class SummaryFailed(Exception):
 class Compaction:
     root: PathNode
     summary_call: int
-    head_moved: bool
+    written: tuple[int, ...] = ()  # every node written, oldest first: windows' calls and roots, the call, the root
 
 
 def needed(path: list[PathNode], new_items: list[it.Item], *, model: str, provider: str | None,
@@ -111,13 +123,15 @@ def kept_from(path: list[PathNode], *, threshold: int) -> int:
 
 
 def compact(*, conversation: Conversation, path: list[PathNode], model: str, instructions: str,
-            pending_results: Sequence[it.Item] = (), turn_token=None, keep_alive: Callable[[], None] = lambda: None
-            ) -> Compaction:
-    """Summarise `path` with `model` and start a new path at a compaction root (C2, C3).
+            pending_results: Sequence[it.Item] = (), keep_alive: Callable[[], None] = lambda: None) -> Compaction:
+    """Summarise `path` with `model` and start a new path at a compaction root (C2, C3); the head does
+    not move (the caller moves it).
 
-    `path` is what a call to `model` assembles from (already expanded for its provider). Raise
-    `NothingToCompact` (nothing written) when everything on it would be kept verbatim anyway, and
-    `SummaryFailed` (the failed summarising call recorded) when the model fails.
+    `path` is what a call to `model` assembles from (already expanded for its provider). `keep_alive`
+    is called while the summary streams (the turn lock's renewer). Raise `NothingToCompact` (nothing
+    written) when everything on it would be kept verbatim anyway, `SummaryFailed` (the failed
+    summarising call recorded) when the model fails, and `CannotCompact` when a single node is too
+    large to summarise within the model's limit (no call is sent that would exceed it).
     """
     provider = llm.provider_of(model)
     limits = budget.budget_for(model)
@@ -125,31 +139,106 @@ def compact(*, conversation: Conversation, path: list[PathNode], model: str, ins
     if all(is_compaction_root(p) for p in path[:start]):
         raise NothingToCompact("Nothing to compact yet: the last turns are always kept word for word, and "
                                "there is nothing before them.")
-    tip = path[-1]
-    upto, sent = _summarised_part(path, start, pending_results, model=model, provider=provider, limits=limits)
-    messages = assemble(path[: upto + 1], sent, instructions=instructions, provider=provider)
-    call = _start_summary(conversation=conversation, parent=path[upto], sent=sent, model=model, provider=provider,
-                          instructions=instructions)
-    result = _summarise(call, model=model, messages=messages, keep_alive=keep_alive)
-    root = _create_root(conversation=conversation, call=call, tip=tip, model=model, provider=provider,
-                        kept=path_items(path[start:]), received=result.received)
-    moved = tip.id == conversation.head_id and _move_head(conversation, root.id, turn_token)
-    return Compaction(root=root, summary_call=call.pk, head_moved=moved)
+    summariser = _Summariser(conversation=conversation, model=model, provider=provider, instructions=instructions,
+                             allowed=limits.allowed, keep_alive=keep_alive)
+    call, received = summariser.run(path, start, pending_results)
+    root = _create_root(conversation=conversation, call=call, compacted_from=path[-1].id, model=model,
+                        provider=provider, kept=path_items(path[start:]), received=received)
+    return Compaction(root=root, summary_call=call.pk, written=(*summariser.written, root.id))
 
 
-def _summarised_part(path: list[PathNode], start: int, pending_results: Sequence[it.Item], *, model: str,
-                     provider: str, limits: budget.Budget) -> tuple[int, list[it.Item]]:
-    """Where the summarising call hangs, and what it sends.
+class CannotCompact(ArborError):
+    code = "cannot_compact"
+    status = 400
+
+
+@dataclass
+class _Summariser:
+    """Where the summarising calls hang and what each sends; every call checked against `allowed` first.
 
     Below the tip, normally: its context is then the prefix the conversation's last call already sent
-    (cheap with prompt caches) and the summary sees the kept turns as context. When that would not fit
-    the model's input, below the last node it summarises instead: the kept turns stay verbatim anyway.
+    (cheap with prompt caches) and the summary sees the kept turns as context. When that would not fit,
+    the part before the kept turns is summarised instead (the kept turns stay verbatim anyway) — in
+    *windows* when even that does not fit, e.g. after a switch to a model with a smaller limit that must
+    read the whole expanded history (C3): the first window's call hangs below the window's last node; each
+    later one hangs below an intermediate compaction root holding the previous window's summary (made
+    from that window's last node, C3) and sends its own window's items, then the prompt. Every window is
+    a recorded call whose context ("what the model saw") is exactly what it was sent, and its summary is
+    carried into the next, oldest first; the last window's summary goes into the real root.
     """
-    prompt = [it.user(COMPACTION_PROMPT)]
-    with_results = [*pending_results, *prompt]
-    if path[-1].path_tokens + budget.items_tokens(with_results, model=model, provider=provider) <= limits.allowed:
-        return len(path) - 1, with_results
-    return start - 1, prompt
+
+    conversation: Conversation
+    model: str
+    provider: str
+    instructions: str
+    allowed: int
+    keep_alive: Callable[[], None]
+    written: list[int] = field(default_factory=list)
+
+    def run(self, path: list[PathNode], start: int, pending_results: Sequence[it.Item]
+            ) -> tuple[Node, list[it.Item]]:
+        prompt = [it.user(COMPACTION_PROMPT)]
+        with_results = [*pending_results, *prompt]
+        messages = self._messages(path, with_results)
+        if self._fits(messages):
+            return self._call(path[-1], with_results, messages)
+        carried: PathNode | None = None  # the intermediate root holding the previous window's summary
+        costs = [budget.items_tokens(path_items([p]), model=self.model, provider=self.provider)
+                 for p in path[:start]]
+        begin = 0
+        while True:
+            end = self._window_end(path, costs, begin, start, carried, prompt)
+            if carried is None:
+                sent, parent, messages = prompt, path[end - 1], self._messages(path[:end], prompt)
+            else:
+                sent = [*path_items(path[begin:end]), *prompt]
+                parent, messages = carried, self._messages([carried], sent)
+            call, received = self._call(parent, sent, messages)
+            if end == start:
+                return call, received
+            carried = _create_root(conversation=self.conversation, call=call, compacted_from=path[end - 1].id,
+                                   model=self.model, provider=self.provider, kept=[], received=received)
+            self.written.append(carried.id)
+            begin = end
+
+    def _window_end(self, path: list[PathNode], costs: list[int], begin: int, start: int,
+                    carried: PathNode | None, prompt: list[it.Item]) -> int:
+        """The end of the longest window from `begin` that fits; a cut where no tool result follows, if
+        one fits, so no call is split from its result (T4, T6)."""
+        fixed = self._count(self._messages([carried] if carried else [], prompt))
+        end, total = begin, fixed
+        while end < start and total + costs[end] <= self.allowed:
+            total += costs[end]
+            end += 1
+        while end > begin:
+            clean = [e for e in range(end, begin, -1) if e == start or not _sends_results(path[e])]
+            candidate = clean[0] if clean else end
+            window = path[:candidate] if carried is None else [carried]
+            sent = prompt if carried is None else [*path_items(path[begin:candidate]), *prompt]
+            if self._fits(self._messages(window, sent)):
+                return candidate
+            end = candidate - 1
+        raise CannotCompact(f"Node {path[begin].id} alone is more than {self.model} accepts ({self.allowed} "
+                            "tokens with the summary before it); it cannot be summarised by this model.")
+
+    def _messages(self, path: Sequence[PathNode], sent: list[it.Item]) -> list[dict]:
+        return assemble(path, sent, instructions=self.instructions, provider=self.provider)
+
+    def _count(self, messages: list[dict]) -> int:
+        return llm.count_tokens(self.model, messages)
+
+    def _fits(self, messages: list[dict]) -> bool:
+        return self._count(messages) <= self.allowed
+
+    def _call(self, parent: PathNode, sent: list[it.Item], messages: list[dict]) -> tuple[Node, list[it.Item]]:
+        call = _start_summary(conversation=self.conversation, parent=parent, sent=sent, model=self.model,
+                              provider=self.provider, instructions=self.instructions)
+        self.written.append(call.pk)
+        return call, _summarise(call, model=self.model, messages=messages, keep_alive=self.keep_alive).received
+
+
+def _sends_results(node: PathNode) -> bool:
+    return any(item.get("type") == "tool_result" for item in node.sent)
 
 
 def _start_summary(*, conversation: Conversation, parent: PathNode, sent: list[it.Item], model: str,
@@ -162,7 +251,14 @@ def _start_summary(*, conversation: Conversation, parent: PathNode, sent: list[i
     )
 
 
+def release_connection() -> None:
+    """No database connection is held while a model thinks: back to the pool, checked out again later."""
+    if not connection.in_atomic_block:
+        connection.close()
+
+
 def _summarise(call: Node, *, model: str, messages: list[dict], keep_alive: Callable[[], None]) -> llm.CallResult:
+    release_connection()
     stream = llm.stream_call(model=model, messages=messages, compaction=True)
     try:
         while True:
@@ -173,11 +269,13 @@ def _summarise(call: Node, *, model: str, messages: list[dict], keep_alive: Call
                 break
             keep_alive()
     except llm.LLMError as error:
-        call.status, call.failure_reason, call.failure_message = Node.Status.FAILED, error.reason, error.message
-        call.received, call.finished_at = error.partial, timezone.now()
-        call.save(update_fields=["status", "failure_reason", "failure_message", "received", "finished_at"])
-        logger.warning("the summarising call %s failed (%s): %s", call.pk, error.reason, error.message)
+        _record_failure(call, error)
         raise SummaryFailed(error, call.pk) from error
+    except BaseException as error:  # never leave the node pending (T3): a bug, an interrupt, a closed turn
+        stream.close()
+        reason = "cancelled" if isinstance(error, GeneratorExit) else "interrupted"
+        _record_failure(call, llm.LLMError(reason, f"the summarising call stopped: {error!r}"))
+        raise
     received_tokens = budget.items_tokens(result.received, model=model, provider=result.provider)
     call.status, call.received, call.usage, call.finished_at = (Node.Status.SUCCEEDED, result.received,
                                                                result.usage, timezone.now())
@@ -187,30 +285,29 @@ def _summarise(call: Node, *, model: str, messages: list[dict], keep_alive: Call
     return result
 
 
+def _record_failure(call: Node, error: llm.LLMError) -> None:
+    call.status, call.failure_reason, call.failure_message = Node.Status.FAILED, error.reason, error.message
+    call.received, call.finished_at = error.partial, timezone.now()
+    call.save(update_fields=["status", "failure_reason", "failure_message", "received", "finished_at"])
+    logger.warning("the summarising call %s failed (%s): %s", call.pk, error.reason, error.message)
+
+
 def summary_item(received: list[it.Item]) -> it.Item:
     """The provider's own opaque compaction result if it sent one (C3), else the summary text."""
     opaque = next((i for i in received if i.get("type") == "summary" and i.get("provider")), None)
     return opaque or it.summary(it.answer_text(received))
 
 
-def _create_root(*, conversation: Conversation, call: Node, tip: PathNode, model: str, provider: str,
+def _create_root(*, conversation: Conversation, call: Node, compacted_from: int, model: str, provider: str,
                  kept: list[it.Item], received: list[it.Item]) -> PathNode:
     sent = [summary_item(received), *kept]
     tokens = budget.items_tokens(sent, model=model, provider=provider)
     root = Node.objects.create(
         parent=None, conversation=conversation, kind=Node.Kind.COMPACTION, status=Node.Status.SUCCEEDED,
-        sent=sent, provider=provider, model=model, instructions=call.instructions, compacted_from_id=tip.id,
-        summary_call=call, tokens=tokens, path_tokens=tokens, finished_at=timezone.now(),
+        sent=sent, provider=provider, model=model, instructions=call.instructions,
+        compacted_from_id=compacted_from, summary_call=call, tokens=tokens, path_tokens=tokens,
+        finished_at=timezone.now(),
     )
     return PathNode(id=root.pk, parent_id=None, kind=root.kind, status=root.status, sent=sent, received=[],
-                    provider=provider, model=model, tokens=tokens, path_tokens=tokens, compacted_from_id=tip.id)
-
-
-def _move_head(conversation: Conversation, root_id: int, turn_token) -> bool:
-    """C2: the head rests on the root. A refused move (the lock was lost, R3) keeps the root all the same."""
-    try:
-        with transaction.atomic():  # a savepoint inside a caller's transaction: the root survives a refusal
-            services.head_move(conversation=conversation, to=root_id, turn_token=turn_token)
-    except TurnInProgress:
-        return False
-    return True
+                    provider=provider, model=model, tokens=tokens, path_tokens=tokens,
+                    compacted_from_id=compacted_from)

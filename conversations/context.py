@@ -53,7 +53,8 @@ class PathNode(NamedTuple):
 SUMMARY_PREFIX = "Summary of the earlier conversation (compacted):\n"
 
 
-def is_compaction_root(node: PathNode) -> bool:
+def is_compaction_root(node: PathNode | Any) -> bool:
+    """The one test for a compaction root (C2): a parentless compaction node. Takes a PathNode or a Node."""
     return node.kind == "compaction" and node.parent_id is None
 
 

@@ -170,10 +170,6 @@ class Node(TreeNode):
     def __str__(self) -> str:
         return f"{self.kind} node {self.pk} ({self.status})"
 
-    @property
-    def is_compaction_root(self) -> bool:
-        return self.kind == Node.Kind.COMPACTION and self.parent_id is None
-
 
 class Preferences(models.Model):
     """A person's own settings: instructions that go before every conversation's own."""

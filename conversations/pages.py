@@ -36,6 +36,7 @@ from conversations.selectors import (
     node_for_user,
     node_path,
     path_bubbles,
+    screen_history,
     user_instructions,
 )
 
@@ -295,7 +296,7 @@ class Branch:
 def _branch(conversation: Conversation, opener: int, siblings: list[int]) -> Branch:
     """The bubbles of one branch, from its question down to the latest tip of that branch (T8)."""
     tip = latest_tip(conversation=conversation, node_id=opener) or opener
-    path = node_path(tip)
+    path = screen_history(tip)  # the tip may lie beyond a compaction of the branch (C3)
     start = next(i for i, p in enumerate(path) if p.id == opener)
     views = path_bubbles(conversation=conversation, path=path)
     below = {p.id for p in path[start:]}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Max, Q, QuerySet
+from django.db.models import BooleanField, Max, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
 from conversations.context import PathNode, is_compaction_root, readable_by
@@ -43,11 +43,33 @@ _PATH_SQL = _up_sql("path.parent_id")
 _HISTORY_SQL = _up_sql("COALESCE(path.parent_id, path.compacted_from_id)")
 
 
+# The history's ids alone, and the few columns the screen needs (no items but a turn's sent items, to
+# tell questions): membership checks and the screen read thousands of nodes behind the roots.
+_HISTORY_CTE = f"""
+WITH RECURSIVE path AS (
+    SELECT id, parent_id, compacted_from_id, 0 AS depth FROM {_NODE} WHERE id = %s
+    UNION ALL
+    SELECT n.id, n.parent_id, n.compacted_from_id, path.depth + 1
+    FROM {_NODE} n JOIN path ON n.id = COALESCE(path.parent_id, path.compacted_from_id)
+    WHERE path.depth < %s
+)"""
+_HISTORY_IDS_SQL = f"{_HISTORY_CTE} SELECT id FROM path ORDER BY depth"
+_SCREEN_SQL = f"""{_HISTORY_CTE}
+SELECT n.id, n.parent_id, n.kind, n.status, CASE WHEN n.kind = 'turn' THEN n.sent END, n.compacted_from_id
+FROM path JOIN {_NODE} n ON n.id = path.id ORDER BY path.depth DESC"""
+
+
+def _history_subquery(head_id: int) -> RawSQL:
+    """The history's ids as a subquery (`id__in=`): no id list travels to the database and back."""
+    return RawSQL(f"{_HISTORY_CTE} SELECT id FROM path", [head_id, settings.ARBOR_PATH_DEPTH_LIMIT])
+
+
 def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
-def _read_up(sql: str, head_id: int | None) -> list[PathNode]:
+def _rows_up(sql: str, head_id: int | None) -> list[tuple]:
+    """Run an upward recursive query from `head_id` with its depth guard; a loop is a corrupt tree."""
     if head_id is None:
         return []
     limit = settings.ARBOR_PATH_DEPTH_LIMIT
@@ -56,6 +78,11 @@ def _read_up(sql: str, head_id: int | None) -> list[PathNode]:
         rows = cursor.fetchall()
     if len(rows) > limit:
         raise CorruptTree(f"the path from node {head_id} is deeper than {limit} nodes: the tree has a loop")
+    return rows
+
+
+def _read_up(sql: str, head_id: int | None) -> list[PathNode]:
+    rows = _rows_up(sql, head_id)
     return [PathNode(r[0], r[1], r[2], r[3], _json(r[4]), _json(r[5]), r[6], r[7], r[8], r[9], r[10]) for r in rows]
 
 
@@ -68,6 +95,19 @@ def history_path(head_id: int | None) -> list[PathNode]:
     """Return everything the conversation went through to reach `head_id`, in one query: the path, and
     behind each compaction root its original path (C3). The roots stay in the list, where they happened."""
     return _read_up(_HISTORY_SQL, head_id)
+
+
+def history_ids(head_id: int | None) -> list[int]:
+    """The ids of `history_path(head_id)`, head first, without reading any items: for membership checks
+    (T10, switching) that would otherwise read the whole history's JSON."""
+    return [row[0] for row in _rows_up(_HISTORY_IDS_SQL, head_id)]
+
+
+def screen_history(head_id: int | None) -> list[PathNode]:
+    """`history_path` for the screen, in one query: ids, links, kind and status, and only a turn's sent
+    items (to tell questions, T8); no received items, nothing of a compaction root's kept turns."""
+    rows = _rows_up(_SCREEN_SQL, head_id)
+    return [PathNode(r[0], r[1], r[2], r[3], _json(r[4]) or [], [], compacted_from_id=r[5]) for r in rows]
 
 
 def context_path(path: list[PathNode], provider: str | None) -> list[PathNode]:
@@ -142,8 +182,9 @@ def tree_scope(conversation: Conversation, path_ids: Iterable[int]) -> Q:
 
 
 def conversation_has_node(*, conversation: Conversation, node_id: int) -> bool:
-    """Is `node_id` in the conversation's tree (created by it, or shared history on its path)?"""
-    path_ids = [p.id for p in node_path(conversation.head_id)]
+    """Is `node_id` in the conversation's tree (created by it, or shared history on its path, behind
+    compactions too: C3)?"""
+    path_ids = history_ids(conversation.head_id)
     return Node.objects.filter(tree_scope(conversation, path_ids), pk=node_id).exists()
 
 
@@ -173,33 +214,79 @@ class BranchInfo:
     siblings: list[int]
 
 
+def _asks_question() -> RawSQL:
+    """In SQL, `question_of(sent) is not None`: does the node send a user item? (No JSON to decode.)"""
+    if connection.vendor == "postgresql":
+        sql = f"""jsonb_path_exists({_NODE}.sent, '$[*] ? (@.type == "user")')"""
+    else:
+        sql = (f"EXISTS (SELECT 1 FROM json_each({_NODE}.sent) "
+               "WHERE json_extract(json_each.value, '$.type') = 'user')")
+    return RawSQL(sql, [], output_field=BooleanField())
+
+
 def branch_infos(*, conversation: Conversation, path: list[PathNode]) -> dict[int, BranchInfo]:
-    """For every turn-opening node on the path, its place among the turns that share its parent (T8)."""
+    """For every turn-opening node on the path, its place among the turns that share its parent (T8).
+
+    A turn whose parent is a compaction root counts as a child of the root's original (C3): an edit or a
+    question that compacted first hangs below a new root, yet it is another version of the turns below
+    that original, so both stay siblings on the screen (T7).
+    """
     openers = [p for p in path if opens_turn(p)]
     if not openers:
         return {}
-    path_ids = {p.id for p in path}
-    parents = {p.parent_id for p in openers if p.parent_id is not None}
-    candidates = Node.objects.can_be_head().filter(tree_scope(conversation, path_ids), kind=Node.Kind.TURN).filter(
-        Q(parent_id__in=parents) | Q(parent__isnull=True, conversation=conversation)
-        if any(p.parent_id is None for p in openers) else Q(parent_id__in=parents)
-    ).values_list("id", "parent_id", "sent")
-    by_parent: dict[int | None, list[int]] = {}
-    for node_id, parent_id, sent in candidates.order_by("id"):
-        if question_of(_json(sent)) is not None:
-            by_parent.setdefault(parent_id, []).append(node_id)
+    on_path = {p.id: p for p in path}
+
+    def key_of(parent_id: int | None) -> int | None:
+        parent = on_path.get(parent_id)
+        return parent.compacted_from_id if parent is not None and is_compaction_root(parent) else parent_id
+
+    # Subqueries over the history of the path's tip (a superset of the path), not lists of thousands of
+    # ids: the turns below any of its nodes are read, those below other parents than the openers' dropped.
+    history = _history_subquery(path[-1].id)
+    scope = Q(conversation=conversation) | Q(id__in=history)
+    keys = {key_of(p.parent_id) for p in openers}  # None: the first question's versions
+    # The roots made from those originals: the turns below them are siblings too. A conversation makes
+    # few roots (one every few turns): read its own, plus shared ones on the path (P3), and pick here.
+    roots = {root_id: original for root_id, original in Node.objects.filter(
+        Q(conversation=conversation) | Q(id__in=[p.id for p in path if is_compaction_root(p)]),
+        kind=Node.Kind.COMPACTION, parent__isnull=True).values_list("id", "compacted_from_id")
+        if original in keys}
+    below = Q(parent_id__in=history) | Q(parent_id__in=roots.keys())
+    if any(p.parent_id is None for p in openers):
+        below |= Q(parent__isnull=True, conversation=conversation)
+    candidates = (Node.objects.can_be_head().filter(scope, below, kind=Node.Kind.TURN)
+                  .alias(asks=_asks_question()).filter(asks=True).values_list("id", "parent_id"))
+    by_key: dict[int | None, list[int]] = {}
+    for node_id, parent_id in candidates.order_by("id"):
+        key = roots.get(parent_id, parent_id)
+        if key in keys:
+            by_key.setdefault(key, []).append(node_id)
     infos = {}
     for opener in openers:
-        siblings = by_parent.get(opener.parent_id) or [opener.id]
+        siblings = by_key.get(key_of(opener.parent_id)) or [opener.id]
         if opener.id not in siblings:
             siblings = sorted([*siblings, opener.id])
         infos[opener.id] = BranchInfo(index=siblings.index(opener.id) + 1, count=len(siblings), siblings=siblings)
     return infos
 
 
-@dataclass(frozen=True)
-class BubbleView:
-    bubble: Bubble
+class ShownBubble(NamedTuple):
+    """The columns of a bubble the screen, the API and exports read (a NamedTuple: a long history shows
+    tens of thousands, and model instances cost more than the query). `id` is None for a marker."""
+
+    id: int | None
+    node_id: int
+    role: str
+    content: str
+    data: dict[str, Any]
+
+    @property
+    def pk(self) -> int | None:
+        return self.id
+
+
+class BubbleView(NamedTuple):
+    bubble: ShownBubble
     branch: BranchInfo | None
     # T10: a question behind a compaction root cannot be edited (nor regenerated) any more.
     editable: bool = True
@@ -208,23 +295,22 @@ class BubbleView:
 COMPACTION_ROLE = "compaction"
 
 
-def _compaction_marker(root: PathNode) -> Bubble:
+def _compaction_marker(root: PathNode) -> ShownBubble:
     """A bubble-like entry, never saved, where a compaction happened on the shown history."""
-    return Bubble(node_id=root.id, role=COMPACTION_ROLE,
-                  content="Earlier messages were compacted: from here on the model sees a summary of them.",
-                  data={"compaction": root.id, "compacted_from": root.compacted_from_id})
+    return ShownBubble(None, root.id, COMPACTION_ROLE,
+                       "Earlier messages were compacted: from here on the model sees a summary of them.",
+                       {"compaction": root.id, "compacted_from": root.compacted_from_id})
 
 
 def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = None) -> list[BubbleView]:
     """The bubbles of the nodes on the path, in path order, each with its turn's branch info (T8).
 
-    Behind a compaction root the original path's bubbles are shown too (C3), with a marker entry
+    Reads the history of the path's tip (default: the head) with `screen_history`, then its bubbles in
+    one query. Behind a compaction root the original path's bubbles are shown too (C3), with a marker entry
     (role `compaction`, no id) where compaction happened; bubbles before the last one are not editable.
     """
-    if path is None:
-        path = history_path(conversation.head_id)
-    elif path and is_compaction_root(path[0]):
-        path = [*history_path(path[0].compacted_from_id), *path]
+    tip = conversation.head_id if path is None else path[-1].id if path else None
+    path = screen_history(tip)
     if not path:
         return []
     last_root = max((i for i, p in enumerate(path) if is_compaction_root(p)), default=-1)
@@ -237,7 +323,9 @@ def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = No
             current = p.id
         if current is not None:
             opener_of[p.id] = current
-    bubbles = [*Bubble.objects.filter(node_id__in=order.keys()),
+    shown = Bubble.objects.filter(node_id__in=_history_subquery(path[-1].id)).values_list(
+        "id", "node_id", "role", "content", "data")
+    bubbles = [*(ShownBubble(*row) for row in shown),
                *(_compaction_marker(p) for p in path if is_compaction_root(p))]
     bubbles.sort(key=lambda b: (order[b.node_id], b.id or 0))
     return [BubbleView(bubble=b, branch=None if b.pk is None else infos.get(opener_of.get(b.node_id, -1)),
@@ -245,12 +333,17 @@ def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = No
 
 
 def latest_tip(*, conversation: Conversation, node_id: int) -> int | None:
-    """Return the latest node a head can rest on in the branch from `node_id` down, if there is one (T8)."""
+    """Return the latest node a head can rest on in the branch from `node_id` down, if there is one (T8).
+
+    Down means through children and through compactions (C3): a compaction root has no parent, so the
+    branch goes on below the roots whose original lies in it, or a compacted branch could not be reached.
+    """
     below = RawSQL(
         f"""WITH RECURSIVE below AS (
             SELECT id FROM {_NODE} WHERE id = %s
-            UNION ALL
-            SELECT n.id FROM {_NODE} n JOIN below ON n.parent_id = below.id WHERE n.conversation_id = %s
+            UNION
+            SELECT n.id FROM {_NODE} n JOIN below ON n.parent_id = below.id OR n.compacted_from_id = below.id
+            WHERE n.conversation_id = %s
         ) SELECT id FROM below""",
         [node_id, conversation.pk],
     )

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from conversations import budget, compaction, llm, services
@@ -43,7 +43,7 @@ from conversations.retrieval import retrieved_items
 from conversations.selectors import (
     context_path,
     conversation_for_user,
-    history_path,
+    history_ids,
     instructions_for,
     node_path,
     opens_turn,
@@ -149,8 +149,12 @@ def _question_index(conversation: Conversation, path: list[PathNode], node_id: A
 
 
 def _before_compaction(root: PathNode, node_id: int) -> bool:
-    """T10: is `node_id` the root itself, or anywhere on the history behind it (through every earlier root)?"""
-    return node_id == root.id or any(p.id == node_id for p in history_path(root.compacted_from_id))
+    """T10: is `node_id` the root itself, or anywhere on the history behind it (through every earlier root)?
+
+    Ids only: the history behind a long conversation's roots is thousands of nodes, and their items are
+    not needed to compare ids.
+    """
+    return node_id == root.id or node_id in history_ids(root.compacted_from_id)
 
 
 def _reposition(*, user, conversation: Conversation, token: uuid.UUID, node_id: Any, content: str | None) -> Turn:
@@ -274,7 +278,7 @@ def call_context(node: Node) -> list[dict[str, Any]]:
     A compaction root sent nothing itself: its context is what the next call below it starts with.
     """
     provider = node.provider or None
-    if node.parent_id is None and node.kind == Node.Kind.COMPACTION:
+    if is_compaction_root(node):
         return assemble([_path_node(node)], (), instructions=node.instructions, provider=provider)
     keep = node.conversation.keep_retrieved if node.conversation_id else False  # R2: the conversation's policy
     return assemble(context_path(node_path(node.parent_id), provider), node.sent, instructions=node.instructions,
@@ -294,17 +298,46 @@ def _compact_now(*, user, conversation: Conversation, token: uuid.UUID) -> Node:
             raise compaction.NothingToCompact("Nothing to compact: the conversation has no messages yet.")
         if _open_calls(path[-1]):
             raise ApprovalPending("A tool call is still open: approve or refuse it (or let its turn end) first.")
+        lock = _LockKeeper(conversation, token)
         try:
             done = compaction.compact(conversation=conversation, path=path, model=model,
-                                      instructions=instructions_for(conversation), turn_token=token)
+                                      instructions=instructions_for(conversation), keep_alive=lock.renew_if_due)
         except compaction.SummaryFailed as failed:
             raise ProviderFailed(failed.error.reason, f"The summarising call failed: {failed.error.message}",
                                  node=failed.node_id, head=conversation.head_id) from failed
-        if not done.head_moved:
+        if not _head_move(conversation, done.root.id, token):
             raise TurnInProgress("The compaction outlived its lock and another turn took over; its nodes are kept.")
         return Node.objects.get(pk=done.root.id)
     finally:
         services.turn_lock_release(conversation=conversation, token=token)
+
+
+def _head_move(conversation: Conversation, to: int, token: uuid.UUID) -> bool:
+    """Move the head with the turn's lock (`services.head_move`, the one head mover); False if the lock was
+    lost (R3). A savepoint: a refused move never undoes what the caller wrote before it."""
+    try:
+        with transaction.atomic():
+            services.head_move(conversation=conversation, to=to, turn_token=token)
+    except TurnInProgress:
+        return False
+    return True
+
+
+class _LockKeeper:
+    """Keep a turn lock alive through long streams and tool runs (T9): renew at a third of its life."""
+
+    def __init__(self, conversation: Conversation, token: uuid.UUID):
+        self.conversation, self.token = conversation, token
+        self.renewed_at = time.monotonic()
+
+    def renew_if_due(self) -> None:
+        if time.monotonic() - self.renewed_at > settings.ARBOR_TURN_LOCK_SECONDS / 3:
+            self.renew()
+            compaction.release_connection()
+
+    def renew(self) -> None:
+        services.turn_lock_renew(conversation=self.conversation, token=self.token)
+        self.renewed_at = time.monotonic()
 
 
 # --- the rounds ---------------------------------------------------------------------------------------
@@ -332,7 +365,8 @@ class Turn:
         self._pending: Node | None = None  # the node whose call is under way
         self._started = False
         self._start_lock = threading.Lock()  # `events` (a worker thread) and `abandon` may race
-        self._renewed_at = time.monotonic()
+        self._lock = _LockKeeper(conversation, token)
+        self._summary_failed = False  # a failed summary is not tried again in the same turn
 
     def _claim(self) -> bool:
         with self._start_lock:
@@ -413,30 +447,38 @@ class Turn:
                            ) -> tuple[list[PathNode], compaction.Compaction | None]:
         """C1, C2: compact before a call that would pass the threshold; the call then hangs below the root.
 
-        A failed summarising call is recorded and the turn goes on uncompacted: the call itself may
-        still fit the limit, and if it does not, its overflow is recorded like any other (F2).
+        When the path's tip is the head (a new question), the head moves to the root at once, so a call
+        that then fails leaves it on the compacted path; otherwise it moves at the turn's end, as always.
+        A failed summarising call is recorded and the turn goes on uncompacted, without trying again in
+        a later round: the call itself may still fit the limit, and if it does not, its overflow is
+        recorded like any other (F2).
         """
-        if not compaction.needed(path, sent, model=self.model, provider=self.provider,
-                                 instructions=self.instructions, tools=tools):
+        if self._summary_failed or not compaction.needed(path, sent, model=self.model, provider=self.provider,
+                                                         instructions=self.instructions, tools=tools):
             return path, None
-        self._release_connection()
         results = [item for item in sent if item.get("type") == "tool_result"]
         try:
             done = compaction.compact(conversation=self.conversation, path=path, model=self.model,
                                       instructions=self.instructions, pending_results=results,
-                                      turn_token=self.token, keep_alive=self._renew_lock_if_due)
+                                      keep_alive=self._renew_lock_if_due)
         except compaction.NothingToCompact:
+            return path, None
+        except compaction.CannotCompact:
+            self._summary_failed = True
             return path, None
         except compaction.SummaryFailed as failed:
             self.nodes.append(failed.node_id)
+            self._summary_failed = True
             return path, None
-        self.nodes.extend([done.summary_call, done.root.id])
+        self.nodes.extend(done.written)
+        if done.root.compacted_from_id == self.conversation.head_id:
+            self._move_head(done.root.id)
         return [done.root], done
 
     def _call_model(self, node: Node, messages: list[dict], tools: list[dict] | None
                     ) -> Generator[TurnEvent, None, llm.CallResult | None]:
         """Stream one call as token events; return its result, or None once its failure is recorded."""
-        self._release_connection()  # no database connection is held while the model thinks
+        compaction.release_connection()  # no database connection is held while the model thinks
         call = llm.stream_call(model=self.model, messages=messages, tools=tools)
         try:
             while True:
@@ -472,17 +514,17 @@ class Turn:
                 Bubble.objects.create(conversation=self.conversation, node=node, role=Bubble.Role.USER,
                                       content=question)
             results = {i["call_id"]: i for i in sent if i.get("type") == "tool_result"}
-            if results and parent_id:
-                self._attach_results(parent_id, results)
-            services.turn_lock_renew(conversation=self.conversation, token=self.token)
-        self._renewed_at = time.monotonic()
+            if results and self._open is not None:
+                # The node that made the calls; after a compaction between rounds it is not the parent.
+                self._attach_results(self._open.id, results)
+            self._lock.renew()
         self._pending = node
         self._open = None
         self.nodes.append(node.pk)
         return node
 
-    def _attach_results(self, parent_id: int, results: dict[str, it.Item]) -> None:
-        bubbles = list(Bubble.objects.filter(node_id=parent_id, role=Bubble.Role.TOOL))
+    def _attach_results(self, caller_id: int, results: dict[str, it.Item]) -> None:
+        bubbles = list(Bubble.objects.filter(node_id=caller_id, role=Bubble.Role.TOOL))
         for bubble in bubbles:
             result = results.get(bubble.data.get("call_id"))
             if result:
@@ -497,17 +539,8 @@ class Turn:
                 yield TurnEvent("tool_result", {"call_id": item["call_id"], "name": item["name"],
                                                 "content": item["content"], "is_error": item["is_error"]})
 
-    def _renew_lock_if_due(self, *, force: bool = False) -> None:
-        """Keep the lock alive through long streams and tool runs (T9): renew at a third of its life."""
-        if force or time.monotonic() - self._renewed_at > settings.ARBOR_TURN_LOCK_SECONDS / 3:
-            services.turn_lock_renew(conversation=self.conversation, token=self.token)
-            self._renewed_at = time.monotonic()
-            self._release_connection()
-
-    @staticmethod
-    def _release_connection() -> None:
-        if not connection.in_atomic_block:
-            connection.close()  # back to the pool; the next query checks one out again
+    def _renew_lock_if_due(self) -> None:
+        self._lock.renew_if_due()
 
     def _succeed(self, node: Node, result: llm.CallResult, *, head_moves: bool, waiting: bool) -> bool:
         """One transaction: the answered node, its bubbles, the head move at the turn's end, the jobs.
@@ -544,12 +577,7 @@ class Turn:
         return moved
 
     def _move_head(self, node_id: int) -> bool:
-        try:
-            with transaction.atomic():  # a savepoint: a refused move must not undo the node
-                services.head_move(conversation=self.conversation, to=node_id, turn_token=self.token)
-        except TurnInProgress:
-            return False
-        return True
+        return _head_move(self.conversation, node_id, self.token)
 
     def _superseded(self, node: Node) -> TurnEvent:
         return TurnEvent("error", {"code": "turn_superseded", "node": node.pk, "head": None,

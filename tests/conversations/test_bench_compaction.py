@@ -27,6 +27,10 @@ def test_bench_compaction_prints_prefix_shares_and_the_assembly_ratio():
     assert re.search(r"^turn +12 +paths of .* median .* ms", output, re.M)
     assert re.search(r"^turn +40 +paths of .* median .* ms", output, re.M)
     assert re.search(r"^\[(met|MISSED)\] turn 40 / turn 12: \d+\.\d\dx", output, re.M)
+    assert "covers: the work before a call" in output, "the ratio says what it measures"
+    for turn in (12, 40):
+        assert re.search(rf"^turn +{turn} +screen history \(path_bubbles, [\d,]+ entries\) median .* ms +T10 check "
+                         r"of the first question median .* ms", output, re.M), output
     long = Conversation.objects.get(title="arbor-bench-compaction:long")
     assert Node.objects.filter(conversation=long, kind="compaction", parent=None).count() >= 3
     _run("--turns", "6", "--short", "2", "--long", "3", "--real", "1", "--repeat", "1", "--allow-sqlite")

@@ -87,11 +87,12 @@ def build(conversation: Conversation, total: int) -> int:
 
 
 def drop(conversation: Conversation) -> None:
+    """Delete the bench tree like `services.conversation_delete`: head to NULL, then every node in one
+    statement; the database's deferred foreign keys check at commit that nothing points at a deleted node.
+    (Unlinking first would break the compaction root's constraint: it must keep its original, C3.)"""
     with transaction.atomic():
         head_move(conversation=conversation, to=None)
         with connection.cursor() as cursor:
-            cursor.execute(f"UPDATE {Node._meta.db_table} SET parent_id = NULL, compacted_from_id = NULL "
-                           "WHERE conversation_id = %s", [conversation.pk])
             cursor.execute(f"DELETE FROM {Node._meta.db_table} WHERE conversation_id = %s", [conversation.pk])
         conversation.delete()
 

@@ -9,7 +9,12 @@
    budget check, `assemble`) at the head of a conversation at turn --short and at turn --long, both with
    compaction on. The long one's first turns are written in bulk with the shape compaction gives a tree
    (a root every few turns pointing at the old head, with its summarising call); its last --real turns
-   and the whole short one run through the real turn runner. Target: long / short <= 1.2.
+   and the whole short one run through the real turn runner. Target: long / short <= 1.2. The ratio covers
+   only that pre-call work, whose cost follows the path since the last compaction, not the history.
+3. History reads, timed at the same two heads but with no target: they follow the whole history behind
+   the compactions (C3), so they grow with it. The screen's history (`selectors.path_bubbles`: the
+   bubbles of every node behind every root, with branch infos) and the T10 check (is a node anywhere
+   behind the path's compaction root? asked for the conversation's first question, the deepest).
 
 Everything it writes belongs to conversations titled `arbor-bench-compaction:...` owned by the user
 `arbor-bench`, deleted again at the start of the next run. Run it on a database of its own.
@@ -28,7 +33,7 @@ from django.utils import timezone
 
 from conversations import budget, llm, services, turns
 from conversations import items as it
-from conversations.context import assemble
+from conversations.context import assemble, is_compaction_root
 from conversations.management.commands.bench_assembly import (
     ANSWER,
     BENCH_USER,
@@ -37,8 +42,8 @@ from conversations.management.commands.bench_assembly import (
     p95,
     reset_node_sequence,
 )
-from conversations.models import Conversation, Node
-from conversations.selectors import context_path, node_path
+from conversations.models import Bubble, Conversation, Node
+from conversations.selectors import context_path, node_path, path_bubbles
 
 PREFIX = "arbor-bench-compaction:"
 MODEL = "arbor/echo"
@@ -113,7 +118,7 @@ def write_compacted_history(conversation: Conversation, turns_count: int) -> Non
     """`turns_count` turns in bulk, shaped as compaction leaves them: after every SEGMENT turns a summarising
     call below the tip and a parentless root pointing at it, holding a summary and the last two turns."""
     next_id = (Node.objects.order_by("-id").values_list("id", flat=True).first() or 0) + 1
-    now, rows = timezone.now(), []
+    now, rows, bubbles = timezone.now(), [], []
     parent, path_tokens, recent = None, 0, []
 
     def add(**fields) -> Node:
@@ -130,6 +135,9 @@ def write_compacted_history(conversation: Conversation, turns_count: int) -> Non
         path_tokens += tokens
         parent = add(parent=parent, kind=Node.Kind.TURN, sent=sent, received=received, tokens=tokens,
                      path_tokens=path_tokens)
+        bubbles += [Bubble(conversation=conversation, node=parent, role=Bubble.Role.USER, content=question(k)),
+                    Bubble(conversation=conversation, node=parent, role=Bubble.Role.ASSISTANT,
+                           content=received[0]["text"])]
         recent = [*recent[-1:], sent + received]
         if k % SEGMENT == 0 and k < turns_count:
             summary = add(parent=parent, kind=Node.Kind.COMPACTION, sent=[it.user("Summarise ...")],
@@ -143,6 +151,7 @@ def write_compacted_history(conversation: Conversation, turns_count: int) -> Non
     with transaction.atomic():
         Node.objects.bulk_create(rows, batch_size=2000)
         reset_node_sequence()
+        Bubble.objects.bulk_create(bubbles, batch_size=2000)
         services.head_move(conversation=conversation, to=parent.pk)
 
 
@@ -168,7 +177,8 @@ class Command(BaseCommand):
                                "and needs something before them to summarise.")
         drop_bench_conversations()
         self.prefix_study(options["turns"])
-        self.assembly_study(options["short"], options["long"], options["real"], options["repeat"])
+        conversations = self.assembly_study(options["short"], options["long"], options["real"], options["repeat"])
+        self.history_study(conversations, options["repeat"])
 
     def prefix_study(self, turns_count: int) -> None:
         self.stdout.write(f"== Prefix stability over {turns_count} arbor/echo turns "
@@ -190,7 +200,7 @@ class Command(BaseCommand):
             self.stdout.write(f"{name:<44} {len(calls):>4} calls ({compactions} summarising)   "
                               f"prefix-stable {stable}/{pairs} = {share:6.1%}")
 
-    def assembly_study(self, short: int, long: int, real: int, repeat: int) -> None:
+    def assembly_study(self, short: int, long: int, real: int, repeat: int) -> dict[int, Conversation]:
         self.stdout.write(f"\n== Assembly before a call, compaction on: turn {short} vs turn {long:,}")
         with override_settings(**SMALL):
             short_conversation = new_conversation("short")
@@ -216,3 +226,23 @@ class Command(BaseCommand):
         ratio = medians["long"] / medians["short"]
         verdict = "met" if ratio <= TARGET_RATIO else "MISSED"
         self.stdout.write(f"[{verdict}] turn {long:,} / turn {short}: {ratio:.2f}x (target <= {TARGET_RATIO}x)")
+        self.stdout.write("  covers: the work before a call (path query up to the compaction root, C3 check, budget "
+                          "check, assemble);\n  not the history reads below, which follow the whole history.")
+        return {short: short_conversation, long: long_conversation}
+
+    def history_study(self, conversations: dict[int, Conversation], repeat: int) -> None:
+        self.stdout.write("\n== History reads at the head (no target: they follow the whole history, C3)")
+        for turn, conversation in conversations.items():
+            conversation.refresh_from_db()
+            path = node_path(conversation.head_id)
+            first = (Node.objects.filter(conversation=conversation, kind=Node.Kind.TURN).order_by("id")
+                     .values_list("id", flat=True).first())
+            root = path[0] if is_compaction_root(path[0]) else None
+            reads = {"screen": lambda c=conversation: path_bubbles(conversation=c),
+                     "t10": lambda r=root, f=first: r is not None and turns._before_compaction(r, f)}
+            samples = interleaved_timings(reads, repeat)
+            shown = len(path_bubbles(conversation=conversation))
+            self.stdout.write(
+                f"turn {turn:>6,}   screen history (path_bubbles, {shown:,} entries) median "
+                f"{statistics.median(samples['screen']):8.2f} ms   T10 check of the first question median "
+                f"{statistics.median(samples['t10']):8.2f} ms")
