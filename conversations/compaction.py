@@ -123,15 +123,18 @@ def kept_from(path: list[PathNode], *, threshold: int) -> int:
 
 
 def compact(*, conversation: Conversation, path: list[PathNode], model: str, instructions: str,
-            pending_results: Sequence[it.Item] = (), keep_alive: Callable[[], None] = lambda: None) -> Compaction:
+            pending_results: Sequence[it.Item] = (), keep_alive: Callable[[], None] = lambda: None,
+            keep_ephemeral: bool = False) -> Compaction:
     """Summarise `path` with `model` and start a new path at a compaction root (C2, C3); the head does
     not move (the caller moves it).
 
     `path` is what a call to `model` assembles from (already expanded for its provider). `keep_alive`
-    is called while the summary streams (the turn lock's renewer). Raise `NothingToCompact` (nothing
-    written) when everything on it would be kept verbatim anyway, `SummaryFailed` (the failed
-    summarising call recorded) when the model fails, and `CannotCompact` when a single node is too
-    large to summarise within the model's limit (no call is sent that would exceed it).
+    is called while the summary streams (the turn lock's renewer). `keep_ephemeral` is the conversation's
+    retrieval policy (R2): kept retrieved items are summarised and kept like any others. Raise
+    `NothingToCompact` (nothing written) when everything on it would be kept verbatim anyway,
+    `SummaryFailed` (the failed summarising call recorded) when the model fails, and `CannotCompact`
+    when a single node is too large to summarise within the model's limit (no call is sent that would
+    exceed it).
     """
     provider = llm.provider_of(model)
     limits = budget.budget_for(model)
@@ -140,10 +143,11 @@ def compact(*, conversation: Conversation, path: list[PathNode], model: str, ins
         raise NothingToCompact("Nothing to compact yet: the last turns are always kept word for word, and "
                                "there is nothing before them.")
     summariser = _Summariser(conversation=conversation, model=model, provider=provider, instructions=instructions,
-                             allowed=limits.allowed, keep_alive=keep_alive)
+                             allowed=limits.allowed, keep_alive=keep_alive, keep_ephemeral=keep_ephemeral)
     call, received = summariser.run(path, start, pending_results)
     root = _create_root(conversation=conversation, call=call, compacted_from=path[-1].id, model=model,
-                        provider=provider, kept=path_items(path[start:]), received=received)
+                        provider=provider, kept=path_items(path[start:], keep_ephemeral=keep_ephemeral),
+                        received=received)
     return Compaction(root=root, summary_call=call.pk, written=(*summariser.written, root.id))
 
 
@@ -173,6 +177,7 @@ class _Summariser:
     instructions: str
     allowed: int
     keep_alive: Callable[[], None]
+    keep_ephemeral: bool = False
     written: list[int] = field(default_factory=list)
 
     def run(self, path: list[PathNode], start: int, pending_results: Sequence[it.Item]
@@ -183,7 +188,7 @@ class _Summariser:
         if self._fits(messages):
             return self._call(path[-1], with_results, messages)
         carried: PathNode | None = None  # the intermediate root holding the previous window's summary
-        costs = [budget.items_tokens(path_items([p]), model=self.model, provider=self.provider)
+        costs = [budget.items_tokens(self._items([p]), model=self.model, provider=self.provider)
                  for p in path[:start]]
         begin = 0
         while True:
@@ -191,7 +196,7 @@ class _Summariser:
             if carried is None:
                 sent, parent, messages = prompt, path[end - 1], self._messages(path[:end], prompt)
             else:
-                sent = [*path_items(path[begin:end]), *prompt]
+                sent = [*self._items(path[begin:end]), *prompt]
                 parent, messages = carried, self._messages([carried], sent)
             call, received = self._call(parent, sent, messages)
             if end == start:
@@ -214,15 +219,19 @@ class _Summariser:
             clean = [e for e in range(end, begin, -1) if e == start or not _sends_results(path[e])]
             candidate = clean[0] if clean else end
             window = path[:candidate] if carried is None else [carried]
-            sent = prompt if carried is None else [*path_items(path[begin:candidate]), *prompt]
+            sent = prompt if carried is None else [*self._items(path[begin:candidate]), *prompt]
             if self._fits(self._messages(window, sent)):
                 return candidate
             end = candidate - 1
         raise CannotCompact(f"Node {path[begin].id} alone is more than {self.model} accepts ({self.allowed} "
                             "tokens with the summary before it); it cannot be summarised by this model.")
 
+    def _items(self, path: Sequence[PathNode]) -> list[it.Item]:
+        return path_items(path, keep_ephemeral=self.keep_ephemeral)
+
     def _messages(self, path: Sequence[PathNode], sent: list[it.Item]) -> list[dict]:
-        return assemble(path, sent, instructions=self.instructions, provider=self.provider)
+        return assemble(path, sent, instructions=self.instructions, provider=self.provider,
+                        keep_ephemeral=self.keep_ephemeral)
 
     def _count(self, messages: list[dict]) -> int:
         return llm.count_tokens(self.model, messages)

@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from conversations.models import Bubble, Conversation, Node, ToolApproval
-from conversations.selectors import conversation_nodes, history_path, path_bubbles
+from conversations.selectors import conversation_nodes, history_ids, path_bubbles
 
 TREE_FORMAT = "arbor.tree"
 TREE_VERSION = 1
 NODE_FIELDS = ("kind", "status", "failure_reason", "failure_message", "sent", "received", "provider", "model",
-               "usage", "instructions", "tokens", "path_tokens")
+               "usage", "instructions", "keep_ephemeral", "tokens", "path_tokens")
 NODE_REFERENCES = ("parent_id", "compacted_from_id", "summary_call_id")
 
 
@@ -26,14 +26,14 @@ def tree_nodes(conversation: Conversation) -> list[Node]:
     """The conversation's nodes, plus every node they point at (shared history, originals behind a
     compaction, summarising calls), so the export holds everything its paths need."""
     ids = set(conversation_nodes(conversation=conversation).values_list("id", flat=True))
-    ids |= {p.id for p in history_path(conversation.head_id)}
+    ids |= set(history_ids(conversation.head_id))
     while True:
         refs = Node.objects.filter(pk__in=ids).values_list(*NODE_REFERENCES)
         missing = {ref for row in refs for ref in row if ref is not None} - ids
         if not missing:
             break
         for node_id in missing:  # rare: shared history of another conversation, read up to its root
-            ids |= {p.id for p in history_path(node_id)}
+            ids |= set(history_ids(node_id))
     return list(Node.objects.filter(pk__in=ids).order_by("id"))
 
 

@@ -211,6 +211,7 @@ def _tree_node(raw: Any, where: str) -> PlannedNode:
             "model": _text(raw.get("model", ""), f"{where}.model", limit=200),
             "usage": usage,
             "instructions": _text(raw.get("instructions", ""), f"{where}.instructions"),
+            "keep_ephemeral": raw.get("keep_ephemeral") is True,
             "tokens": tokens,
             "finished_at": _when(raw.get("finished_at"), f"{where}.finished_at"),
         },
@@ -414,6 +415,7 @@ def _chatgpt_node(key: str, parent: Any, question: str | None, answer: str) -> P
     return PlannedNode(key=key, parent=parent, bubbles=bubbles, fields={
         "kind": Node.Kind.TURN, "status": Node.Status.SUCCEEDED, "failure_reason": "", "failure_message": "",
         "sent": sent, "received": received, "provider": "", "model": "", "usage": {}, "instructions": "",
+        "keep_ephemeral": False,
         "tokens": 0, "finished_at": None,
     })
 

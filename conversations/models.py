@@ -101,6 +101,8 @@ class Node(TreeNode):
     # The system instructions this call was sent (the user's, then the conversation's). Nodes carry
     # them so "what the model saw" stays exact after someone edits their instructions.
     instructions = models.TextField(blank=True)
+    # R2: whether this call's context kept earlier calls' retrieved items (the conversation's policy then).
+    keep_ephemeral = models.BooleanField(default=False)
     # C3: a compaction node points at the head it replaced; assembly never follows it by default.
     compacted_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="compactions"

@@ -189,12 +189,11 @@ def conversation_has_node(*, conversation: Conversation, node_id: int) -> bool:
 
 
 def conversation_nodes(*, conversation: Conversation) -> QuerySet[Node]:
-    """Every node of the conversation's tree: the ones it created and any shared ones on its path.
+    """Every node of the conversation's tree: the ones it created and any shared ones on its history.
 
     A plain indexed query: tree fields (django-tree-queries) cost seconds on a 2,000-deep conversation.
     """
-    path_ids = [p.id for p in node_path(conversation.head_id)]
-    return Node.objects.filter(tree_scope(conversation, path_ids)).order_by("id")
+    return Node.objects.filter(tree_scope(conversation, history_ids(conversation.head_id))).order_by("id")
 
 
 def turn_start(path: list[PathNode], index: int | None = None) -> int | None:

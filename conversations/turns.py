@@ -280,9 +280,8 @@ def call_context(node: Node) -> list[dict[str, Any]]:
     provider = node.provider or None
     if is_compaction_root(node):
         return assemble([_path_node(node)], (), instructions=node.instructions, provider=provider)
-    keep = node.conversation.keep_retrieved if node.conversation_id else False  # R2: the conversation's policy
     return assemble(context_path(node_path(node.parent_id), provider), node.sent, instructions=node.instructions,
-                    provider=provider, keep_ephemeral=keep)
+                    provider=provider, keep_ephemeral=node.keep_ephemeral)
 
 
 def turn_compact(*, user, conversation_id: Any) -> Node:
@@ -301,7 +300,8 @@ def _compact_now(*, user, conversation: Conversation, token: uuid.UUID) -> Node:
         lock = _LockKeeper(conversation, token)
         try:
             done = compaction.compact(conversation=conversation, path=path, model=model,
-                                      instructions=instructions_for(conversation), keep_alive=lock.renew_if_due)
+                                      instructions=instructions_for(conversation), keep_alive=lock.renew_if_due,
+                                      keep_ephemeral=conversation.keep_retrieved)
         except compaction.SummaryFailed as failed:
             raise ProviderFailed(failed.error.reason, f"The summarising call failed: {failed.error.message}",
                                  node=failed.node_id, head=conversation.head_id) from failed
@@ -460,7 +460,8 @@ class Turn:
         try:
             done = compaction.compact(conversation=self.conversation, path=path, model=self.model,
                                       instructions=self.instructions, pending_results=results,
-                                      keep_alive=self._renew_lock_if_due)
+                                      keep_alive=self._renew_lock_if_due,
+                                      keep_ephemeral=self.conversation.keep_retrieved)
         except compaction.NothingToCompact:
             return path, None
         except compaction.CannotCompact:
@@ -506,7 +507,7 @@ class Turn:
             node = Node.objects.create(
                 parent_id=parent_id, conversation=self.conversation, kind=Node.Kind.TURN,
                 status=Node.Status.PENDING, sent=sent, provider=self.provider, model=self.model,
-                instructions=self.instructions, tokens=tokens,
+                instructions=self.instructions, keep_ephemeral=self.conversation.keep_retrieved, tokens=tokens,
                 path_tokens=(parent.stored_path_tokens if parent else 0) + tokens,
             )
             question = it.question_of(sent)
@@ -608,6 +609,9 @@ class Turn:
                                   data={"reason": error.reason, "partial": it.answer_text(error.partial)})
             if error.reason != Node.FailureReason.CONTEXT_OVERFLOW:
                 self._move_head(node.pk)
+            # R4: a failed turn's question is searchable too (the job indexes whatever is not yet).
+            services.outbox_add(kind="turn_committed", payload={"conversation": self.conversation.pk,
+                                                                "head": self.conversation.head_id})
         self._pending = None
         return TurnEvent("error", {"code": error.reason, "message": error.message, "node": node.pk,
                                    "head": self.conversation.head_id, "nodes": list(self.nodes)})

@@ -16,7 +16,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from conversations.errors import BadInput
 from conversations.models import Conversation
-from conversations.selectors import history_path
+from conversations.selectors import history_ids
 
 MAX_QUERY_CHARS = 200
 _START, _STOP = "\x02", "\x03"  # highlight marks that cannot come from HTML escaping
@@ -110,4 +110,4 @@ def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False
 def _current_paths(conversation_ids: set[int]) -> dict[int, set[int]]:
     """The node ids each conversation shows now (its head's path, history behind compactions included)."""
     heads = Conversation.objects.filter(pk__in=conversation_ids).values_list("pk", "head_id")
-    return {pk: {p.id for p in history_path(head)} for pk, head in heads}
+    return {pk: set(history_ids(head)) for pk, head in heads}

@@ -81,3 +81,29 @@ def test_r2_a_long_question_is_retrieved_for_with_a_bounded_query(user, notes):
     assert len(question) > 500
     answer(ask(conversation, question))
     assert [i for i in head(conversation).sent if i.get("ephemeral")]
+
+
+def test_r2_the_panel_shows_the_policy_the_call_had_not_the_current_one(client, user, notes):
+    """A node keeps whether its context kept retrieved items: turning keep on later does not rewrite history."""
+    conversation = services.conversation_create(owner=user)
+    services.conversation_update(conversation=conversation, retrieval=True)
+    ask(conversation, "What does the enterprise tier cost?")
+    ask(conversation, "unrelated zebra question")
+    second = head(conversation)
+    services.conversation_update(conversation=conversation, keep_retrieved=True)
+    assert not second.keep_ephemeral
+    assert [m["role"] for m in turns.call_context(second)] == ["user", "assistant", "user"], "no retrieved items"
+
+
+def test_r2_kept_retrieved_items_survive_a_compaction(user, notes, settings):
+    """C2 with the keep policy: retrieved items are kept verbatim in the compaction node like other items."""
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    conversation = services.conversation_create(owner=user)
+    services.conversation_update(conversation=conversation, retrieval=True, keep_retrieved=True)
+    ask(conversation, "filler one")
+    ask(conversation, "What does the enterprise tier cost?")
+    turns.turn_compact(user=user, conversation_id=conversation.pk)
+    root = head(conversation)
+    assert root.kind == "compaction" and any(i.get("ephemeral") for i in root.sent)
+    later = answer(ask(conversation, "unrelated zebra question"))
+    assert "system:From the person's conversation" in later
