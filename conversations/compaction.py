@@ -44,7 +44,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from conversations import budget, llm
@@ -52,7 +51,8 @@ from conversations import items as it
 from conversations.context import PathNode, assemble, is_compaction_root, path_items
 from conversations.errors import ArborError
 from conversations.models import Conversation, Node
-from conversations.selectors import opens_turn
+from conversations.selectors import opens_turn, path_node
+from conversations.side_calls import run_side_call
 
 logger = logging.getLogger("arbor.compaction")
 
@@ -240,65 +240,19 @@ class _Summariser:
         return self._count(messages) <= self.allowed
 
     def _call(self, parent: PathNode, sent: list[it.Item], messages: list[dict]) -> tuple[Node, list[it.Item]]:
-        call = _start_summary(conversation=self.conversation, parent=parent, sent=sent, model=self.model,
-                              provider=self.provider, instructions=self.instructions)
-        self.written.append(call.pk)
-        return call, _summarise(call, model=self.model, messages=messages, keep_alive=self.keep_alive).received
+        call = run_side_call(conversation=self.conversation, parent=parent, kind=Node.Kind.COMPACTION, sent=sent,
+                             messages=messages, model=self.model, instructions=self.instructions,
+                             keep_alive=self.keep_alive, compaction=True)
+        self.written.append(call.node.pk)
+        if call.result is None:
+            error = llm.LLMError(call.node.failure_reason, call.node.failure_message)
+            logger.warning("the summarising call %s failed (%s): %s", call.node.pk, error.reason, error.message)
+            raise SummaryFailed(error, call.node.pk)
+        return call.node, call.result.received
 
 
 def _sends_results(node: PathNode) -> bool:
     return any(item.get("type") == "tool_result" for item in node.sent)
-
-
-def _start_summary(*, conversation: Conversation, parent: PathNode, sent: list[it.Item], model: str,
-                   provider: str, instructions: str) -> Node:
-    tokens = budget.items_tokens(sent, model=model, provider=provider)
-    return Node.objects.create(
-        parent_id=parent.id, conversation=conversation, kind=Node.Kind.COMPACTION, status=Node.Status.PENDING,
-        sent=sent, provider=provider, model=model, instructions=instructions, tokens=tokens,
-        path_tokens=parent.stored_path_tokens + tokens,
-    )
-
-
-def release_connection() -> None:
-    """No database connection is held while a model thinks: back to the pool, checked out again later."""
-    if not connection.in_atomic_block:
-        connection.close()
-
-
-def _summarise(call: Node, *, model: str, messages: list[dict], keep_alive: Callable[[], None]) -> llm.CallResult:
-    release_connection()
-    stream = llm.stream_call(model=model, messages=messages, compaction=True)
-    try:
-        while True:
-            try:
-                next(stream)
-            except StopIteration as stop:
-                result: llm.CallResult = stop.value
-                break
-            keep_alive()
-    except llm.LLMError as error:
-        _record_failure(call, error)
-        raise SummaryFailed(error, call.pk) from error
-    except BaseException as error:  # never leave the node pending (T3): a bug, an interrupt, a closed turn
-        stream.close()
-        reason = "cancelled" if isinstance(error, GeneratorExit) else "interrupted"
-        _record_failure(call, llm.LLMError(reason, f"the summarising call stopped: {error!r}"))
-        raise
-    received_tokens = budget.items_tokens(result.received, model=model, provider=result.provider)
-    call.status, call.received, call.usage, call.finished_at = (Node.Status.SUCCEEDED, result.received,
-                                                               result.usage, timezone.now())
-    call.tokens += received_tokens
-    call.path_tokens += received_tokens
-    call.save(update_fields=["status", "received", "usage", "finished_at", "tokens", "path_tokens"])
-    return result
-
-
-def _record_failure(call: Node, error: llm.LLMError) -> None:
-    call.status, call.failure_reason, call.failure_message = Node.Status.FAILED, error.reason, error.message
-    call.received, call.finished_at = error.partial, timezone.now()
-    call.save(update_fields=["status", "failure_reason", "failure_message", "received", "finished_at"])
-    logger.warning("the summarising call %s failed (%s): %s", call.pk, error.reason, error.message)
 
 
 def summary_item(received: list[it.Item]) -> it.Item:
@@ -317,6 +271,4 @@ def _create_root(*, conversation: Conversation, call: Node, compacted_from: int,
         compacted_from_id=compacted_from, summary_call=call, tokens=tokens, path_tokens=tokens,
         finished_at=timezone.now(),
     )
-    return PathNode(id=root.pk, parent_id=None, kind=root.kind, status=root.status, sent=sent, received=[],
-                    provider=provider, model=model, tokens=tokens, path_tokens=tokens,
-                    compacted_from_id=compacted_from)
+    return path_node(root)

@@ -91,6 +91,13 @@ def node_path(head_id: int | None) -> list[PathNode]:
     return _read_up(_PATH_SQL, head_id)
 
 
+def path_node(node: Node, *, shift: int = 0) -> PathNode:
+    """A node already in memory as a path entry (what `node_path` would have read for it)."""
+    return PathNode(id=node.pk, parent_id=node.parent_id, kind=node.kind, status=node.status, sent=node.sent,
+                    received=node.received, provider=node.provider, model=node.model, tokens=node.tokens,
+                    path_tokens=node.path_tokens + shift, compacted_from_id=node.compacted_from_id, shift=shift)
+
+
 def history_path(head_id: int | None) -> list[PathNode]:
     """Return everything the conversation went through to reach `head_id`, in one query: the path, and
     behind each compaction root its original path (C3). The roots stay in the list, where they happened."""

@@ -47,8 +47,10 @@ from conversations.selectors import (
     instructions_for,
     node_path,
     opens_turn,
+    path_node,
     turn_start,
 )
+from conversations.side_calls import release_connection
 from conversations.tools import all_tools, get_tool
 from conversations.tools.runner import run_tool_call
 
@@ -279,7 +281,7 @@ def call_context(node: Node) -> list[dict[str, Any]]:
     """
     provider = node.provider or None
     if is_compaction_root(node):
-        return assemble([_path_node(node)], (), instructions=node.instructions, provider=provider)
+        return assemble([path_node(node)], (), instructions=node.instructions, provider=provider)
     return assemble(context_path(node_path(node.parent_id), provider), node.sent, instructions=node.instructions,
                     provider=provider, keep_ephemeral=node.keep_ephemeral)
 
@@ -333,7 +335,7 @@ class _LockKeeper:
     def renew_if_due(self) -> None:
         if time.monotonic() - self.renewed_at > settings.ARBOR_TURN_LOCK_SECONDS / 3:
             self.renew()
-            compaction.release_connection()
+            release_connection()
 
     def renew(self) -> None:
         services.turn_lock_renew(conversation=self.conversation, token=self.token)
@@ -426,7 +428,7 @@ class Turn:
                 return
             if calls and not waiting:
                 # From here, a stop gives these calls 'not run' results. Shifted like its parent (C3).
-                self._open = _path_node(node, shift=parent.shift if parent else 0)
+                self._open = path_node(node, shift=parent.shift if parent else 0)
                 path = [*path, self._open]
             for c in calls:
                 yield TurnEvent("tool_call", {**_tool_bubble_data(c), "node": node.pk})
@@ -479,7 +481,7 @@ class Turn:
     def _call_model(self, node: Node, messages: list[dict], tools: list[dict] | None
                     ) -> Generator[TurnEvent, None, llm.CallResult | None]:
         """Stream one call as token events; return its result, or None once its failure is recorded."""
-        compaction.release_connection()  # no database connection is held while the model thinks
+        release_connection()  # no database connection is held while the model thinks
         call = llm.stream_call(model=self.model, messages=messages, tools=tools)
         try:
             while True:
@@ -616,8 +618,3 @@ class Turn:
         return TurnEvent("error", {"code": error.reason, "message": error.message, "node": node.pk,
                                    "head": self.conversation.head_id, "nodes": list(self.nodes)})
 
-
-def _path_node(node: Node, *, shift: int = 0) -> PathNode:
-    return PathNode(id=node.pk, parent_id=node.parent_id, kind=node.kind, status=node.status, sent=node.sent,
-                    received=node.received, provider=node.provider, model=node.model, tokens=node.tokens,
-                    path_tokens=node.path_tokens + shift, compacted_from_id=node.compacted_from_id, shift=shift)
