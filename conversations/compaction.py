@@ -2,7 +2,7 @@
 
 Called by the one turn runner between "load state" and "assemble" when the next call would pass the
 threshold (R1), and by hand (`turns.turn_compact`). Not a second turn runner: it decides where two new
-nodes go, and its one model call goes through `llm.stream_call` like every call.
+nodes go, and its model calls are recorded side calls (`side_calls.run_side_call`), like titles.
 
 Where the nodes go, and where the head moves:
 
