@@ -186,7 +186,11 @@ def playbook_run(*, user, playbook_id: Any, values: Any) -> RunResult:
     bound, errors = schema.bind_values(playbook.definition["parameters"], values)
     if errors:
         raise BadInput("Bad parameter values: " + "; ".join(errors), errors=errors)
-    question = prompts.run_question(playbook.definition, bound)
+    try:
+        question = prompts.run_question(playbook.definition, bound)
+    except schema.UnsafeReference as error:
+        raise BadInput("This version's SQL uses a parameter where it could change the statement: "
+                       f"{error}. Save a new version.", errors=error.problems) from None
     if len(question) > settings.ARBOR_MAX_CONTENT_CHARS:
         raise TooLarge(f"With these values the run's question is longer than {settings.ARBOR_MAX_CONTENT_CHARS} "
                        "characters.")

@@ -81,7 +81,8 @@ def test_the_run_form_has_one_input_per_parameter_and_shows_the_result(page, pla
     assert response.url == reverse("playbook-page-run-detail", args=[playbook.pk, run.pk])
     assert run.values == {"month": "2026-09", "limit": 3, "include_overseas": False}
     html = page.get(response.url).content.decode()
-    assert "Tool <code>sql_query</code>" in html and "month = &#x27;2026-09&#x27;" in html
+    assert "Tool <code>sql_query</code>" in html and "month = :month" in html
+    assert "&quot;month&quot;: &quot;2026-09&quot;" in html
     assert "echo: Run the playbook" in html and reverse("chat-conversation", args=[run.conversation_id]) in html
 
 

@@ -50,7 +50,8 @@ def test_a_converted_playbook_answers_the_sales_question_for_another_month(conve
     assert run_conversation.pk != conversation.pk and run_conversation.head_id == result.head
     calls = Node.objects.filter(pk__in=result.nodes).order_by("id")
     assert [c.kind for c in calls] == ["turn", "turn"] and calls[0].received[0]["name"] == "sql_query"
-    assert "month = '2026-09'" in json.loads(calls[0].received[0]["arguments"])["sql"]
+    arguments = json.loads(calls[0].received[0]["arguments"])
+    assert "month = :month" in arguments["sql"] and arguments["params"]["month"] == "2026-09"  # bound (S1)
     september, october = _query_rows(result), _expected("2026-10", overseas=False)
     assert september == _expected("2026-09", overseas=False) and september != october
     assert len(september) == 5
@@ -90,3 +91,35 @@ def test_f3_a_send_email_step_waits_for_approval_like_any_turn(playbook):
     turns.turn_decide(user=playbook.owner, conversation_id=result.run.conversation_id, call_id=call["call_id"],
                       approve=True).run()
     assert [m.subject for m in mail.outbox] == ["Sales for 2026-09"]
+
+
+def _unchecked_sql_playbook(playbook, sql: str):
+    """The playbook with a month parameter that has no pattern, so any text reaches the SQL."""
+    version = playbook.versions.get()
+    definition = version.definition
+    definition["parameters"] = [{"name": "month", "type": "string", "description": "YYYY-MM"}]
+    definition["steps"] = [{"tool": "sql_query", "arguments": {"sql": sql}}, {"instruction": "Answer."}]
+    version.definition = playbook.definition = definition
+    version.save()
+    playbook.save()
+    return playbook
+
+
+@pytest.mark.parametrize("template", ["month = {{month}}", "month = '{{month}}'"])
+@pytest.mark.parametrize("value", ["0 OR 1=1", "0 UNION SELECT name FROM customers", "x' OR '1'='1"])
+def test_s1_injected_sql_in_a_value_binds_as_data_and_reads_nothing_extra(playbook, template, value):
+    """S1: bare or quoted, the reference is a bound placeholder: an injection matches no month."""
+    sql = f"SELECT customer_name FROM monthly_sales WHERE {template} ORDER BY customer_name"
+    _unchecked_sql_playbook(playbook, sql)
+    correct = _query_rows(_run(playbook, month="2026-09"))
+    assert len(correct) == len(_expected("2026-09", overseas=True, limit=1000)) > 0
+    assert _query_rows(_run(playbook, month=value)) == []
+
+
+@pytest.mark.parametrize("sql", ['SELECT customer_name FROM monthly_sales WHERE month = "{{month}}"', "{{month}}"])
+def test_s1_a_stored_version_with_unsafe_sql_is_refused_before_anything_runs(playbook, sql):
+    """A definition stored before the check (or changed by hand) is refused, naming the reference."""
+    _unchecked_sql_playbook(playbook, sql)
+    with pytest.raises(BadInput, match="could change the statement"):
+        _run(playbook, month="0 OR 1=1")
+    assert not PlaybookRun.objects.exists()
