@@ -27,6 +27,7 @@ refused by `validate` and by `render_step`.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -190,13 +191,18 @@ def _parameter_errors(parameters: list[dict[str, Any]]) -> list[str]:
 
 
 def value_problem(parameter: dict[str, Any], value: Any, *, check_enum: bool = True) -> str | None:
-    """Why `value` does not fit `parameter` (its type, choices and pattern), or None if it fits."""
+    """Why `value` does not fit `parameter` (its type, choices and pattern), or None if it fits.
+
+    The pattern must match the whole value; a number must be finite (a form's `nan` or `inf` is not).
+    """
     kind = parameter["type"]
     if isinstance(value, bool) != (kind == "boolean") or not isinstance(value, _JSON_TYPES[kind]):
         return f"is not a{'n' if kind == 'integer' else ''} {kind}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "is not a finite number"
     if check_enum and "enum" in parameter and value not in parameter["enum"]:
         return f"is not one of {', '.join(map(repr, parameter['enum']))}"
-    if "pattern" in parameter and kind == "string" and not re.search(parameter["pattern"], value):
+    if "pattern" in parameter and kind == "string" and not re.fullmatch(parameter["pattern"], value):
         return f"does not match the pattern {parameter['pattern']}"
     return None
 

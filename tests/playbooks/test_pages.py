@@ -9,6 +9,8 @@ from django.urls import reverse
 from conversations.models import Conversation
 from playbooks import services
 from playbooks.models import Playbook, PlaybookRun
+from playbooks.pages import form_values
+from playbooks.schema import bind_values
 from tests.playbooks.helpers import sales_conversation
 
 pytestmark = pytest.mark.django_db
@@ -111,3 +113,10 @@ def test_anyone_elses_playbook_pages_are_not_found(playbook, other_user):
 def test_playbook_pages_need_a_signed_in_person(playbook):
     response = Client().get(reverse("playbook-page-detail", args=[playbook.pk]))
     assert response.status_code == 302 and response.url.startswith("/accounts/login/")
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-Infinity"])
+def test_n3_a_form_number_that_is_not_finite_is_refused(raw):
+    parameters = [{"name": "x", "type": "number", "description": ""}]
+    assert bind_values(parameters, form_values(parameters, {"x": raw}))[1] == [f"x: {float(raw)!r} is not a finite "
+                                                                                "number"]

@@ -146,3 +146,15 @@ def test_s1_the_sql_check_compiles_the_placeholder_form_with_the_params():
     sql = "SELECT customer_name FROM {{month}} LIMIT {{limit}}"
     errors = schema.validate(_with(lambda d: d["steps"][0]["arguments"].update(sql=sql)))
     assert errors == ['steps[0].arguments.sql: syntax error: near ":month"']
+
+
+def test_n3_a_pattern_must_match_the_whole_value():
+    """`re.search` let `2026-09; anything` through a `\\d{4}-\\d{2}` pattern; the whole value must match."""
+    parameter = {"name": "month", "type": "string", "description": "", "pattern": r"\d{4}-\d{2}"}
+    assert schema.value_problem(parameter, "2026-09") is None
+    assert schema.value_problem(parameter, "2026-09' OR 1=1") == r"does not match the pattern \d{4}-\d{2}"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_n3_a_number_must_be_finite(value):
+    assert schema.value_problem({"name": "x", "type": "number", "description": ""}, value) == "is not a finite number"
