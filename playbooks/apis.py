@@ -21,9 +21,12 @@ _CONVERSION_RESPONSES = {
     400: OpenApiResponse(description="bad input, or a conversation with no head"),
     404: OpenApiResponse(description="not found or not yours"),
     409: OpenApiResponse(description="turn_in_progress: a turn holds the conversation"),
+    413: OpenApiResponse(description="too_large: the next try cannot fit the model's input limit, so it was not "
+                                     "sent; `nodes` holds the tries made so far, all recorded"),
     422: OpenApiResponse(description="playbook_invalid: still invalid after the last try; `errors` holds the "
                                      "last validation errors and `nodes` every try, all recorded (P1)"),
-    502: OpenApiResponse(description="the model provider failed; the failed try is recorded"),
+    502: OpenApiResponse(description="the model provider failed; `node` is the failed try and `nodes` every try, "
+                                     "all recorded"),
     503: OpenApiResponse(description="the provider timed out or is rate limited"),
 }
 

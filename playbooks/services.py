@@ -21,8 +21,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
 
+from conversations import budget, llm, services, turns
 from conversations import items as it
-from conversations import llm, services, turns
 from conversations.context import PathNode, assemble
 from conversations.errors import FAILURE_STATUS, ApprovalPending, ArborError, BadInput, TooLarge
 from conversations.models import Conversation, Node
@@ -72,6 +72,7 @@ def _draft_until_valid(conversation: Conversation, path: list[PathNode], token: 
     tries: list[int] = []
     errors: list[str] = []
     for _ in range(max(1, settings.ARBOR_PLAYBOOK_TRIES)):
+        _check_budget(path, sent, model=model, provider=provider, instructions=instructions, tries=tries)
         messages = assemble(path, sent, instructions=instructions, provider=provider)
         call = run_side_call(conversation=conversation, parent=path[-1], kind=Node.Kind.PLAYBOOK, sent=sent,
                              messages=messages, model=model, instructions=instructions, response_format=json_mode)
@@ -80,7 +81,7 @@ def _draft_until_valid(conversation: Conversation, path: list[PathNode], token: 
         if call.result is None:
             raise ArborError(f"The model failed while drafting the playbook: {node.failure_message}",
                              code=node.failure_reason, status=FAILURE_STATUS.get(node.failure_reason, 502),
-                             node=node.pk)
+                             node=node.pk, nodes=tries)
         definition, errors = schema.parse(it.answer_text(call.result.received))
         if definition is not None:
             errors = schema.validate(definition)
@@ -91,6 +92,22 @@ def _draft_until_valid(conversation: Conversation, path: list[PathNode], token: 
         services.turn_lock_renew(conversation=conversation, token=token)
     raise PlaybookInvalid(f"The playbook is still invalid after {len(tries)} tries: {'; '.join(errors)}",
                           errors=errors, nodes=tries)
+
+
+def _check_budget(path: list[PathNode], sent: list[it.Item], *, model: str, provider: str | None, instructions: str,
+                  tries: list[int]) -> None:
+    """Refuse a try whose input cannot fit the model (C1) before paying for it (S3).
+
+    Each retry sends the whole context again with every earlier draft and its errors, so a later try
+    can pass the input limit where the first did not. The tries made so far stay recorded.
+    """
+    needed = budget.call_tokens(path, sent, model=model, provider=provider, instructions=instructions)
+    allowed = budget.budget_for(model).allowed
+    if needed > allowed:
+        done = f" after {len(tries)} tr{'y' if len(tries) == 1 else 'ies'}" if tries else ""
+        raise TooLarge(f"Converting stopped{done}: the next try needs about {needed} input tokens and {model} "
+                       f"takes {allowed}. Compact the conversation or use a model with a larger input limit.",
+                       nodes=tries)
 
 
 def _current_version(playbook: Playbook) -> int:
