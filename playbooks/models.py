@@ -66,6 +66,8 @@ class PlaybookRun(models.Model):
     """One run: the parameter values and the new conversation its steps ran in."""
 
     playbook = models.ForeignKey(Playbook, on_delete=models.CASCADE, related_name="runs")
+    # The version row the run read its definition from (N1): its number and its steps always match.
+    playbook_version = models.ForeignKey(PlaybookVersion, null=True, on_delete=models.CASCADE, related_name="runs")
     version = models.PositiveIntegerField()
     values = models.JSONField(default=dict)
     conversation = models.ForeignKey(Conversation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

@@ -200,11 +200,14 @@ def playbook_run(*, user, playbook_id: Any, values: Any) -> RunResult:
     playbook = playbook_for_user(user=user, playbook_id=playbook_id)
     if not isinstance(values, dict):
         raise BadInput("`values` must be an object of parameter values.")
-    bound, errors = schema.bind_values(playbook.definition["parameters"], values)
+    # One row gives both the definition and its number (N1): a save between two reads cannot mix them.
+    version = playbook.versions.order_by("-number").first()
+    definition = version.definition
+    bound, errors = schema.bind_values(definition["parameters"], values)
     if errors:
         raise BadInput("Bad parameter values: " + "; ".join(errors), errors=errors)
     try:
-        question = prompts.run_question(playbook.definition, bound)
+        question = prompts.run_question(definition, bound)
     except schema.UnsafeReference as error:
         raise BadInput("This version's SQL uses a parameter where it could change the statement: "
                        f"{error}. Save a new version.", errors=error.problems) from None
@@ -217,8 +220,8 @@ def playbook_run(*, user, playbook_id: Any, values: Any) -> RunResult:
     with transaction.atomic():
         conversation = services.conversation_create(
             owner=user, title=f"Run: {playbook.name}{f' ({shown})' if shown else ''}"[:200], model=model)
-        run = PlaybookRun.objects.create(playbook=playbook, version=_current_version(playbook), values=bound,
-                                         conversation=conversation)
+        run = PlaybookRun.objects.create(playbook=playbook, playbook_version=version, version=version.number,
+                                         values=bound, conversation=conversation)
     events = turns.turn_ask(user=user, conversation_id=conversation.pk, content=question).run()
     return _run_result(run, events)
 

@@ -12,7 +12,7 @@ from conversations.errors import BadInput
 from conversations.models import Conversation, Node
 from conversations.tools.sql_query import sql_query
 from playbooks import services
-from playbooks.models import PlaybookRun
+from playbooks.models import PlaybookRun, PlaybookVersion
 from tests.playbooks.helpers import sales_conversation
 
 pytestmark = pytest.mark.django_db
@@ -79,11 +79,10 @@ def test_bad_values_are_refused_naming_the_parameter_and_nothing_is_created(play
 
 def test_f3_a_send_email_step_waits_for_approval_like_any_turn(playbook):
     """F3: the run pauses at the email; nothing is sent until the person approves it in the run."""
-    definition = playbook.definition
-    definition["steps"].insert(1, {"tool": "send_email", "arguments": {
+    version = playbook.versions.get()
+    version.definition["steps"].insert(1, {"tool": "send_email", "arguments": {
         "to": "boss@example.com", "subject": "Sales for {{month}}", "body": "Top customers attached."}})
-    playbook.definition = definition
-    playbook.save()
+    version.save()
     result = _run(playbook, month="2026-09")
     assert result.status == "approval_required" and mail.outbox == []
     call = result.approval_required[0]
@@ -99,9 +98,8 @@ def _unchecked_sql_playbook(playbook, sql: str):
     definition = version.definition
     definition["parameters"] = [{"name": "month", "type": "string", "description": "YYYY-MM"}]
     definition["steps"] = [{"tool": "sql_query", "arguments": {"sql": sql}}, {"instruction": "Answer."}]
-    version.definition = playbook.definition = definition
+    version.definition = definition
     version.save()
-    playbook.save()
     return playbook
 
 
@@ -123,3 +121,19 @@ def test_s1_a_stored_version_with_unsafe_sql_is_refused_before_anything_runs(pla
     with pytest.raises(BadInput, match="could change the statement"):
         _run(playbook, month="0 OR 1=1")
     assert not PlaybookRun.objects.exists()
+
+
+def test_n1_a_run_reads_its_definition_and_number_from_one_version_row(playbook):
+    """N1: the steps run and the version recorded come from the same PlaybookVersion, never from
+    `playbook.definition` and a separate count (a save in between could mix them)."""
+    first = playbook.versions.get()
+    definition = {**first.definition, "name": "Second", "steps": [
+        {"tool": "sql_query", "arguments": {"sql": "SELECT count(*) FROM orders WHERE month = {{month}} "
+                                                   "AND {{limit}} > 0 AND NOT {{include_overseas}}"}},
+        {"instruction": "Say the count."}]}
+    second = PlaybookVersion.objects.create(playbook=playbook, number=2, definition=definition,
+                                            conversion_node=first.conversion_node, head=first.head)
+    result = _run(playbook, month="2026-09")  # playbook.definition is still the first version's
+    assert result.run.playbook_version == second and result.run.version == 2
+    call = Node.objects.get(pk=result.nodes[0]).received[0]
+    assert json.loads(call["arguments"])["sql"].startswith("SELECT count(*) FROM orders")
