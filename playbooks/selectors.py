@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import QuerySet
@@ -23,14 +24,37 @@ def playbook_for_user(*, user, playbook_id: Any) -> Playbook:
         raise NotFound("No such playbook.") from None
 
 
+_NODE = Node._meta.db_table
+# Up from each version's last try while the nodes are tries (kind `playbook`), in one recursive query:
+# every chain of a playbook at once, each row tagged with the try it was reached from.
+_CHAINS_SQL = f"""
+    WITH RECURSIVE chain(tip, id, parent_id) AS (
+        SELECT id, id, parent_id FROM {_NODE} WHERE id IN ({{tips}}) AND kind = %s
+        UNION ALL
+        SELECT chain.tip, n.id, n.parent_id FROM {_NODE} n JOIN chain ON n.id = chain.parent_id WHERE n.kind = %s
+    )
+    SELECT n.*, chain.tip AS chain_tip FROM {_NODE} n JOIN chain ON n.id = chain.id ORDER BY chain.tip, n.id
+"""
+
+
+def conversion_chains(node_ids: Iterable[int]) -> dict[int, list[Node]]:
+    """The tries of each conversion ending at one of `node_ids`, first to last, in one query (P1, N4).
+
+    A retry is created after, and below, the try before it, so id order is try order.
+    """
+    tips = sorted(set(node_ids))
+    chains: dict[int, list[Node]] = {tip: [] for tip in tips}
+    if not tips:
+        return chains
+    sql = _CHAINS_SQL.format(tips=", ".join(["%s"] * len(tips)))
+    for node in Node.objects.raw(sql, [*tips, Node.Kind.PLAYBOOK, Node.Kind.PLAYBOOK]):
+        chains[node.chain_tip].append(node)
+    return chains
+
+
 def conversion_chain(node_id: int) -> list[Node]:
-    """The tries of one conversion, first to last: from `node_id` up while the nodes are kind `playbook` (P1)."""
-    chain: list[Node] = []
-    node = Node.objects.filter(pk=node_id).first()
-    while node is not None and node.kind == Node.Kind.PLAYBOOK:
-        chain.append(node)
-        node = Node.objects.filter(pk=node.parent_id).first() if node.parent_id else None
-    return chain[::-1]
+    """The tries of one conversion, first to last (P1)."""
+    return conversion_chains([node_id])[node_id]
 
 
 def playbook_versions(playbook: Playbook) -> list[PlaybookVersion]:

@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from conversations.apis.serializers import NodeOut
 from playbooks.models import Playbook, PlaybookVersion
-from playbooks.selectors import conversion_chain
+from playbooks.selectors import conversion_chain, conversion_chains
 
 
 class PlaybookVersionOut(serializers.ModelSerializer):
@@ -19,7 +19,9 @@ class PlaybookVersionOut(serializers.ModelSerializer):
                   "conversion_nodes"]
 
     def get_conversion_nodes(self, version: PlaybookVersion) -> list[dict]:
-        return NodeOut(conversion_chain(version.conversion_node_id), many=True).data
+        chains = self.context.get("chains")  # read for every version at once by PlaybookDetailOut (N4)
+        chain = chains[version.conversion_node_id] if chains else conversion_chain(version.conversion_node_id)
+        return NodeOut(chain, many=True).data
 
 
 class PlaybookOut(serializers.ModelSerializer):
@@ -36,7 +38,9 @@ class PlaybookDetailOut(PlaybookOut):
         fields = [*PlaybookOut.Meta.fields, "versions"]
 
     def get_versions(self, playbook: Playbook) -> list[dict]:
-        return PlaybookVersionOut(playbook.versions.order_by("-number"), many=True).data
+        versions = list(playbook.versions.order_by("-number"))
+        chains = conversion_chains(v.conversion_node_id for v in versions)
+        return PlaybookVersionOut(versions, many=True, context={**self.context, "chains": chains}).data
 
 
 class RunIn(serializers.Serializer):

@@ -12,8 +12,9 @@ from conversations.models import Node
 from conversations.selectors import node_path
 from playbooks import services
 from playbooks.errors import PlaybookInvalid
-from playbooks.models import Playbook
-from playbooks.selectors import conversion_chain
+from playbooks.models import Playbook, PlaybookVersion
+from playbooks.selectors import conversion_chain, conversion_chains
+from playbooks.serializers import PlaybookDetailOut
 from tests.conversations.helpers import answer, ask, head
 from tests.playbooks.helpers import sales_conversation
 
@@ -216,3 +217,22 @@ def test_s3_a_first_try_that_cannot_fit_makes_no_call_and_no_node(conversation, 
     with pytest.raises(TooLarge, match="Converting stopped: the next try needs about"):
         _convert(conversation)
     assert not Node.objects.filter(kind="playbook").exists()
+
+
+def test_n4_every_versions_chain_is_read_in_one_query(conversation, django_assert_num_queries):
+    """N4: the tries of every version come from one recursive query, however many versions and tries."""
+    sales_conversation(conversation, "#draft-invalid 2")
+    playbook = _convert(conversation)
+    first = playbook.versions.get()
+    other = _convert(conversation)  # a second conversion of three tries, as another version of the first
+    PlaybookVersion.objects.create(playbook=playbook, number=2, definition=first.definition,
+                                   conversion_node=other.conversion_node, head=first.head)
+    with django_assert_num_queries(1):
+        chains = conversion_chains([first.conversion_node_id, other.conversion_node_id])
+    assert [len(c) for c in chains.values()] == [3, 3]
+    assert chains[other.conversion_node_id][-1].pk == other.conversion_node_id
+    assert chains[other.conversion_node_id][0].parent_id == conversation.head_id
+    with django_assert_num_queries(2):  # the versions, then their chains
+        data = PlaybookDetailOut(playbook).data
+    assert [[n["id"] for n in v["conversion_nodes"]] for v in data["versions"]] == [
+        [n.pk for n in chains[other.conversion_node_id]], [n.pk for n in chains[first.conversion_node_id]]]
