@@ -49,14 +49,33 @@ class RunIn(serializers.Serializer):
 
 
 class RunOut(serializers.Serializer):
-    run = serializers.IntegerField()
-    playbook = serializers.IntegerField()
-    version = serializers.IntegerField()
-    values = serializers.DictField()
-    conversation = serializers.IntegerField(help_text="The new conversation the steps ran in.")
-    status = serializers.CharField(help_text="done, approval_required (a tool waits for a person, F3) or failed")
+    """A run as it stands (S5): read from its conversation, so an approved run shows its later state."""
+
+    run = serializers.IntegerField(source="run.pk")
+    playbook = serializers.IntegerField(source="run.playbook_id")
+    version = serializers.IntegerField(source="run.version")
+    values = serializers.DictField(source="run.values")
+    conversation = serializers.IntegerField(source="run.conversation_id", allow_null=True,
+                                            help_text="The new conversation the steps ran in (null once deleted).")
+    created_at = serializers.DateTimeField(source="run.created_at")
+    status = serializers.ChoiceField(choices=["done", "approval_required", "failed", "running", "deleted"],
+                                     help_text="done; approval_required (a tool waits for a person in the run's "
+                                               "conversation, F3); failed (its node is recorded, F1); running; "
+                                               "deleted (the run's conversation is gone)")
     answer = serializers.CharField(allow_null=True)
     head = serializers.IntegerField(allow_null=True)
     nodes = NodeOut(many=True)
     approval_required = serializers.ListField(child=serializers.DictField())
     error = serializers.DictField(allow_null=True)
+    deviated = serializers.BooleanField(help_text="The model's tool calls in the run differ from the playbook's "
+                                                  "tool steps as rendered (other tools, other arguments, or "
+                                                  "missing ones once done): a real model is asked, not forced, "
+                                                  "to call them exactly.")
+
+
+class RunListOut(serializers.Serializer):
+    run = serializers.IntegerField(source="pk")
+    version = serializers.IntegerField()
+    values = serializers.DictField()
+    conversation = serializers.IntegerField(source="conversation_id", allow_null=True)
+    created_at = serializers.DateTimeField()

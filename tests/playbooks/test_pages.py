@@ -120,3 +120,13 @@ def test_n3_a_form_number_that_is_not_finite_is_refused(raw):
     parameters = [{"name": "x", "type": "number", "description": ""}]
     assert bind_values(parameters, form_values(parameters, {"x": raw}))[1] == [f"x: {float(raw)!r} is not a finite "
                                                                                 "number"]
+
+
+def test_s4_the_run_page_shows_the_status_and_a_deviated_run(page, playbook):
+    response = page.post(reverse("playbook-page-run", args=[playbook.pk]), {"month": "2026-09"})
+    html = page.get(response.url).content.decode()
+    assert 'run-done">done</span>' in html and "differ from this playbook" not in html
+    run = PlaybookRun.objects.get()
+    run.playbook_version.definition["steps"].insert(0, {"tool": "sql_query", "arguments": {"sql": "SELECT 1"}})
+    run.playbook_version.save()
+    assert "differ from this playbook's tool steps" in page.get(response.url).content.decode()

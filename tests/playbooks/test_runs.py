@@ -10,9 +10,11 @@ from django.core import mail
 from conversations import turns
 from conversations.errors import BadInput
 from conversations.models import Conversation, Node
+from conversations.selectors import node_path
 from conversations.tools.sql_query import sql_query
 from playbooks import services
 from playbooks.models import PlaybookRun, PlaybookVersion
+from playbooks.selectors import run_deviated, run_view
 from tests.playbooks.helpers import sales_conversation
 
 pytestmark = pytest.mark.django_db
@@ -137,3 +139,28 @@ def test_n1_a_run_reads_its_definition_and_number_from_one_version_row(playbook)
     assert result.run.playbook_version == second and result.run.version == 2
     call = Node.objects.get(pk=result.nodes[0]).received[0]
     assert json.loads(call["arguments"])["sql"].startswith("SELECT count(*) FROM orders")
+
+
+def test_s4_a_run_whose_model_called_other_arguments_is_marked_deviated(playbook):
+    """S4: a real model is asked, not forced, to call the steps exactly; the run says when it did not."""
+    result = _run(playbook, month="2026-09")
+    assert run_view(result.run).deviated is False
+    node = Node.objects.get(pk=result.nodes[0])
+    call = node.received[0]
+    arguments = json.loads(call["arguments"])
+    arguments["params"]["month"] = "2026-10"  # as if the model had changed the value
+    node.received = [{**call, "arguments": json.dumps(arguments)}]
+    node.save(update_fields=["received"])
+    view = run_view(result.run)
+    assert view.status == "done" and view.deviated is True
+
+
+def test_s4_a_finished_run_that_skipped_a_tool_step_is_deviated_a_paused_one_is_not_yet(playbook):
+    result = _run(playbook, month="2026-09")
+    run = result.run
+    definition = run.playbook_version.definition
+    definition["steps"].insert(1, {"tool": "sql_query", "arguments": {"sql": "SELECT 1"}})
+    run.playbook_version.save()
+    path = node_path(Conversation.objects.get(pk=run.conversation_id).head_id)
+    assert run_deviated(run, path, finished=True) is True
+    assert run_deviated(run, path, finished=False) is False
