@@ -58,10 +58,10 @@ class RunOut(serializers.Serializer):
     conversation = serializers.IntegerField(source="run.conversation_id", allow_null=True,
                                             help_text="The new conversation the steps ran in (null once deleted).")
     created_at = serializers.DateTimeField(source="run.created_at")
-    status = serializers.ChoiceField(choices=["done", "approval_required", "failed", "running", "deleted"],
-                                     help_text="done; approval_required (a tool waits for a person in the run's "
-                                               "conversation, F3); failed (its node is recorded, F1); running; "
-                                               "deleted (the run's conversation is gone)")
+    # Text, not a choice field: a `status` enum here would collide with the node's in the schema.
+    status = serializers.CharField(help_text="done; approval_required (a tool waits for a person in the run's "
+                                             "conversation, F3); failed (its node is recorded, F1); running; "
+                                             "deleted (the run's conversation is gone)")
     answer = serializers.CharField(allow_null=True)
     head = serializers.IntegerField(allow_null=True)
     nodes = NodeOut(many=True)
