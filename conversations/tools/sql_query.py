@@ -150,23 +150,17 @@ TOOL = register(
     Tool(
         name="sql_query",
         description=(
-            "Run one read-only SQL query (SQLite dialect) against the sample sales database and get back "
-            "{columns, rows, row_count, truncated}. Only a single SELECT (or WITH ... SELECT) statement is "
-            "allowed; writes, ATTACH and most PRAGMAs are refused. Results are capped (truncated=true means "
-            "more rows existed), so aggregate and use ORDER BY/LIMIT in SQL, and slow queries are stopped. "
+            "Run one read-only SQLite query on the sample sales database; returns {columns, rows, row_count, "
+            "truncated}. One SELECT (or WITH ... SELECT) only; writes are refused. params binds :name values. "
+            "Rows are capped (truncated=true: more existed) and slow queries stopped: aggregate, ORDER BY, LIMIT. "
             "Dates are text; for last month use "
             "month = strftime('%Y-%m', 'now', 'start of month', '-1 month').\n" + describe_schema()
         ),
         parameters={
             "type": "object",
             "properties": {
-                "sql": {"type": "string", "description": "A single SQLite SELECT statement; values may be named "
-                                                         "placeholders (:name) given in params."},
-                "params": {
-                    "type": "object",
-                    "description": "Values for the statement's :name placeholders, bound as data (never SQL).",
-                    "additionalProperties": {"type": ["string", "number", "boolean", "null"]},
-                },
+                "sql": {"type": "string", "description": "A single SQLite SELECT statement."},
+                "params": {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean", "null"]}},
             },
             "required": ["sql"],
             "additionalProperties": False,
