@@ -1,8 +1,8 @@
 """Playbooks: reusable procedures distilled from a conversation (P1-P3).
 
 A playbook points into the conversation tree but owns no part of it. Its conversion nodes (kind
-`playbook`) hang below the head they were converted from and belong to no conversation: they are
-never on a path, and, like another conversation's node below the head, they keep that history
+`playbook`) hang below the head they were converted from and belong to the conversation they were
+converted in (visible in its tree), but are never on a path; a version's nodes keep that history
 alive when the source conversation is deleted (T11, P3). PROTECT on every node foreign key: a node
 once written is never deleted under a playbook.
 """

@@ -3,12 +3,14 @@
 Where the nodes go (DESIGN.md's two questions):
 - A conversion's first try hangs below the conversation's head; each later try below the previous
   try, and sends the previous draft's validation errors (P1). Tries are kind `playbook` and belong
-  to no conversation (see playbooks.models).
+  to the conversation they were converted in (see playbooks.models). Before each try the budget
+  is checked (C1): a retry re-sends every earlier draft and error, so it may no longer fit.
 - The head never moves (P2): no try is ever on a path, so the next question never sees a draft or
   an error. The conversion holds the turn lock, so no turn moves the head under it either (T9).
 - An edit conversation is a new conversation whose head is set, through `head_move`, to the head the
   current version was converted from; nothing is copied (P3).
-- A run asks one question in a new conversation through the one turn runner (R1).
+- A run asks one question in a new conversation through the one turn runner (R1), from one
+  PlaybookVersion row (its definition and number together).
 """
 
 from __future__ import annotations
