@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from conversations import items as it
 from conversations import turns
 from conversations.models import Conversation, Node
 from playbooks.models import Playbook
@@ -185,3 +186,14 @@ def test_s5_someone_elses_run_or_a_run_of_another_playbook_is_a_404(api, other_a
     assert other_api.get(f"/api/playbooks/{playbook['id']}/runs/{run['run']}/").status_code == 404
     assert api.get(f"/api/playbooks/{other['id']}/runs/{run['run']}/").status_code == 404
     assert api.get(f"/api/playbooks/{playbook['id']}/runs/999999/").status_code == 404
+
+
+def test_s6_a_provider_failure_answers_with_every_try_in_the_error_body(api, conversation, monkeypatch):
+    """S6: like the 422, a 502 names every try (`nodes`), the failed one last."""
+    sales_conversation(conversation, "#draft-invalid 1")
+    monkeypatch.setattr("playbooks.prompts.conversion_retry", lambda errors: it.user("#fail"))
+    response = _convert(api, conversation)
+    assert response.status_code == 502
+    error = response.json()["error"]
+    tries = list(Node.objects.filter(kind="playbook").order_by("id").values_list("id", flat=True))
+    assert error["code"] == "provider_error" and error["nodes"] == tries and len(tries) == 2
