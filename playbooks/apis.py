@@ -9,21 +9,23 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from conversations.apis.serializers import ConversationOut, NodeOut
+from conversations.apis.serializers import ConversationOut
 from conversations.apis.views import valid_input
-from conversations.models import Node
 from playbooks import serializers as s
 from playbooks import services
-from playbooks.selectors import playbook_for_user, playbook_list
+from playbooks.selectors import playbook_for_user, playbook_list, run_for_user, run_list, run_view
 
 _CONVERSION_RESPONSES = {
     201: s.PlaybookDetailOut,
     400: OpenApiResponse(description="bad input, or a conversation with no head"),
     404: OpenApiResponse(description="not found or not yours"),
     409: OpenApiResponse(description="turn_in_progress: a turn holds the conversation"),
+    413: OpenApiResponse(description="too_large: the next try cannot fit the model's input limit, so it was not "
+                                     "sent; `nodes` holds the tries made so far, all recorded"),
     422: OpenApiResponse(description="playbook_invalid: still invalid after the last try; `errors` holds the "
                                      "last validation errors and `nodes` every try, all recorded (P1)"),
-    502: OpenApiResponse(description="the model provider failed; the failed try is recorded"),
+    502: OpenApiResponse(description="the model provider failed; `node` is the failed try and `nodes` every try, "
+                                     "all recorded"),
     503: OpenApiResponse(description="the provider timed out or is rate limited"),
 }
 
@@ -81,9 +83,26 @@ class PlaybookRunCreate(APIView):
     def post(self, request: Request, playbook_id: int) -> Response:
         data = valid_input(s.RunIn, request)
         result = services.playbook_run(user=request.user, playbook_id=playbook_id, values=data["values"])
-        nodes = NodeOut(Node.objects.filter(pk__in=result.nodes).order_by("id"), many=True).data
-        body = {"run": result.run.pk, "playbook": result.run.playbook_id, "version": result.run.version,
-                "values": result.run.values, "conversation": result.run.conversation_id, "status": result.status,
-                "answer": result.answer, "head": result.head, "nodes": nodes,
-                "approval_required": result.approval_required, "error": result.error}
-        return Response(body, status=status.HTTP_201_CREATED)
+        view = run_view(result.run)
+        if result.error:  # the turn's own account of its failure (e.g. round_limit) says more than the node
+            view.error = result.error
+        return Response(s.RunOut(view).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: s.RunListOut(many=True), 404: OpenApiResponse(description="not found or not "
+                                                                                            "yours")},
+                   description="The playbook's runs, newest first (paginated); each run's state is at its own "
+                               "path.")
+    def get(self, request: Request, playbook_id: int) -> Response:
+        playbook = playbook_for_user(user=request.user, playbook_id=playbook_id)
+        paginator = api_settings.DEFAULT_PAGINATION_CLASS()
+        page = paginator.paginate_queryset(run_list(playbook=playbook), request, view=self)
+        return paginator.get_paginated_response(s.RunListOut(page, many=True).data)
+
+
+class PlaybookRunDetail(APIView):
+    @extend_schema(responses={200: s.RunOut, 404: OpenApiResponse(description="not found or not yours")},
+                   description="One run as it stands now, read from its conversation: a run paused for approval "
+                               "shows its latest state once decided.")
+    def get(self, request: Request, playbook_id: int, run_id: int) -> Response:
+        run = run_for_user(user=request.user, playbook_id=playbook_id, run_id=run_id)
+        return Response(s.RunOut(run_view(run)).data)

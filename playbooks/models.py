@@ -1,8 +1,8 @@
 """Playbooks: reusable procedures distilled from a conversation (P1-P3).
 
 A playbook points into the conversation tree but owns no part of it. Its conversion nodes (kind
-`playbook`) hang below the head they were converted from and belong to no conversation: they are
-never on a path, and, like another conversation's node below the head, they keep that history
+`playbook`) hang below the head they were converted from and belong to the conversation they were
+converted in (visible in its tree), but are never on a path; a version's nodes keep that history
 alive when the source conversation is deleted (T11, P3). PROTECT on every node foreign key: a node
 once written is never deleted under a playbook.
 """
@@ -66,6 +66,8 @@ class PlaybookRun(models.Model):
     """One run: the parameter values and the new conversation its steps ran in."""
 
     playbook = models.ForeignKey(Playbook, on_delete=models.CASCADE, related_name="runs")
+    # The version row the run read its definition from (N1): its number and its steps always match.
+    playbook_version = models.ForeignKey(PlaybookVersion, null=True, on_delete=models.CASCADE, related_name="runs")
     version = models.PositiveIntegerField()
     values = models.JSONField(default=dict)
     conversation = models.ForeignKey(Conversation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

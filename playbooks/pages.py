@@ -22,7 +22,7 @@ from conversations.pages import chat_context, page
 from conversations.selectors import path_bubbles
 from playbooks import services
 from playbooks.models import PlaybookRun
-from playbooks.selectors import conversion_chain, playbook_for_user, playbook_list, playbook_versions
+from playbooks.selectors import conversion_chains, playbook_for_user, playbook_list, playbook_versions, run_view
 
 _INTEGER = re.compile(r"^[+-]?\d+$")
 
@@ -62,7 +62,9 @@ def playbook_list_page(request: HttpRequest) -> HttpResponse:
 @page
 def playbook_detail_page(request: HttpRequest, playbook_id: int) -> HttpResponse:
     playbook = playbook_for_user(user=request.user, playbook_id=playbook_id)
-    versions = [{"version": v, "tries": conversion_chain(v.conversion_node_id)} for v in playbook_versions(playbook)]
+    listed = playbook_versions(playbook)
+    chains = conversion_chains(v.conversion_node_id for v in listed)
+    versions = [{"version": v, "tries": chains[v.conversion_node_id]} for v in listed]
     context = {**chat_context(request, None), "playbook": playbook, "definition": playbook.definition,
                "versions": versions, "runs": playbook.runs.select_related("conversation")[:10]}
     return render(request, "playbooks/detail.html", context)
@@ -127,7 +129,7 @@ def playbook_run_detail_page(request: HttpRequest, playbook_id: int, run_id: int
     bubbles = [view.bubble for view in path_bubbles(conversation=run.conversation)] if run.conversation else []
     waiting = any(b.role == "tool" and b.data.get("status") == "awaiting_approval" for b in bubbles)
     context = {**chat_context(request, None), "playbook": playbook, "run": run, "bubbles": bubbles,
-               "waiting": waiting}
+               "waiting": waiting, "view": run_view(run)}
     return render(request, "playbooks/run_detail.html", context)
 
 

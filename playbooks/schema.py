@@ -11,7 +11,14 @@ A playbook definition is a JSON object:
 
 `{{name}}` in a tool step's arguments (or an instruction) is replaced by the parameter's value. An
 argument that is exactly `{{name}}` takes the value with its type; inside longer text it is written
-as text (booleans as `true`/`false`, which SQLite reads as 1/0).
+as text (booleans as `true`/`false`).
+
+SQL is different: a value is never written into it (S1). In an `sql_query` step's `sql`, a reference
+stands for one whole value, written bare (`month = {{month}}`) or as a whole quoted literal
+(`month = '{{month}}'`); both become the named placeholder `:month`, and the typed value goes into the
+tool's `params`, which the database binds as data. A reference anywhere else in SQL (inside a longer
+literal, inside double quotes or brackets, in a comment, glued to a word, or as the whole query) is
+refused by `validate` and by `render_step`.
 
 `validate` returns a list of messages, each naming the step or parameter and the field, e.g.
 `steps[1].arguments.sql: SQL error: no such column: amount`, because they are fed back to the model.
@@ -20,8 +27,9 @@ as text (booleans as `true`/`false`, which SQLite reads as 1/0).
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -183,13 +191,18 @@ def _parameter_errors(parameters: list[dict[str, Any]]) -> list[str]:
 
 
 def value_problem(parameter: dict[str, Any], value: Any, *, check_enum: bool = True) -> str | None:
-    """Why `value` does not fit `parameter` (its type, choices and pattern), or None if it fits."""
+    """Why `value` does not fit `parameter` (its type, choices and pattern), or None if it fits.
+
+    The pattern must match the whole value; a number must be finite (a form's `nan` or `inf` is not).
+    """
     kind = parameter["type"]
     if isinstance(value, bool) != (kind == "boolean") or not isinstance(value, _JSON_TYPES[kind]):
         return f"is not a{'n' if kind == 'integer' else ''} {kind}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "is not a finite number"
     if check_enum and "enum" in parameter and value not in parameter["enum"]:
         return f"is not one of {', '.join(map(repr, parameter['enum']))}"
-    if "pattern" in parameter and kind == "string" and not re.search(parameter["pattern"], value):
+    if "pattern" in parameter and kind == "string" and not re.fullmatch(parameter["pattern"], value):
         return f"does not match the pattern {parameter['pattern']}"
     return None
 
@@ -225,34 +238,116 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def render(value: Any, values: dict[str, Any], escape: Callable[[str], str] = str) -> Any:
-    """`value` with every `{{name}}` replaced; `escape` is applied to text put inside a longer string."""
+def render(value: Any, values: dict[str, Any]) -> Any:
+    """`value` with every `{{name}}` replaced: a whole-string reference keeps the value's type."""
     if isinstance(value, str):
         whole = _WHOLE_REFERENCE.match(value)
         if whole:
             return values[whole.group(1)]
-        return _REFERENCE.sub(lambda m: escape(_text(values[m.group(1)])), value)
+        return _REFERENCE.sub(lambda m: _text(values[m.group(1)]), value)
     if isinstance(value, dict):
-        return {key: render(item, values, escape) for key, item in value.items()}
+        return {key: render(item, values) for key, item in value.items()}
     if isinstance(value, list):
-        return [render(item, values, escape) for item in value]
+        return [render(item, values) for item in value]
     return value
 
 
-def _sql_text(value: str) -> str:
-    """A value written into SQL text is written into a quoted literal: a quote in it must not end it."""
-    return value.replace("'", "''")
+class UnsafeReference(ValueError):
+    """A step's SQL uses a parameter where it could change the statement, not only a value (S1)."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
-# Tool arguments whose text is code: the escaping a value written into them needs.
-_ESCAPES: dict[str, Callable[[str], str]] = {"sql_query": _sql_text}
+_WORD = re.compile(r"[A-Za-z0-9_$]")
+_CLOSERS = {'"': '"', "`": "`", "[": "]"}
+
+
+def _literal_end(sql: str, start: int, quote: str) -> int:
+    """The index just past the literal or quoted name opening at `start` (a doubled quote stays inside)."""
+    closer = _CLOSERS.get(quote, quote)
+    i = start + 1
+    while i < len(sql):
+        if sql[i] == closer:
+            if closer != "]" and sql[i + 1:i + 2] == closer:
+                i += 2
+                continue
+            return i + 1
+        i += 1
+    return len(sql)
+
+
+def sql_placeholders(sql: str) -> tuple[str, list[str], list[str]]:
+    """`sql` with every reference turned into a `:name` placeholder, the names in order, and the problems.
+
+    A reference is accepted only where a value goes: bare between non-word characters, or as a whole
+    single-quoted literal `'{{name}}'` (the quotes go too: the placeholder binds a string as a string).
+    """
+    if _WHOLE_REFERENCE.match(sql.strip()):
+        return sql, [], [f"{sql.strip()} is the whole query: a parameter can only stand for a value, "
+                         "e.g. WHERE month = {{month}}"]
+    out: list[str] = []
+    names: list[str] = []
+    problems: list[str] = []
+    i = 0
+
+    def refuse(text: str, where: str) -> None:
+        problems.extend(f"{{{{{name}}}}} is {where}: a parameter in SQL can only be a whole value, "
+                        f"e.g. month = {{{{month}}}}" for name in _REFERENCE.findall(text))
+
+    while i < len(sql):
+        char = sql[i]
+        if sql.startswith("--", i) or sql.startswith("/*", i):
+            end = sql.find("\n", i) if char == "-" else sql.find("*/", i + 2)
+            end = len(sql) if end < 0 else end + (1 if char == "-" else 2)
+            refuse(sql[i:end], "inside a comment")
+            out.append(sql[i:end])
+            i = end
+        elif char in "'\"`[":
+            end = _literal_end(sql, i, char)
+            inner = sql[i + 1:end - 1]
+            whole = _WHOLE_REFERENCE.match(inner) if char == "'" and sql[end - 1:end] == "'" else None
+            if whole:
+                names.append(whole.group(1))
+                out.append(f":{whole.group(1)}")
+            else:
+                refuse(inner, "inside a longer quoted text" if char == "'" else "inside a quoted name")
+                out.append(sql[i:end])
+            i = end
+        elif (match := _REFERENCE.match(sql, i)) is not None:
+            before, after = sql[i - 1:i], sql[match.end():match.end() + 1]
+            if _WORD.match(before) or _WORD.match(after) or before in {":", "@", "?", "."}:
+                refuse(match.group(0), "part of a name or word")
+                out.append(match.group(0))
+            else:
+                names.append(match.group(1))
+                out.append(f":{match.group(1)}")
+            i = match.end()
+        else:
+            out.append(char)
+            i += 1
+    return "".join(out), names, problems
 
 
 def render_step(step: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """A step with its references replaced by `values`."""
-    if "tool" in step:
-        return {"tool": step["tool"], "arguments": render(step["arguments"], values, _ESCAPES.get(step["tool"], str))}
-    return {"instruction": render(step["instruction"], values)}
+    """A step with its references replaced by `values`; an `sql_query` step's SQL values become bound `params`.
+
+    Raises UnsafeReference for SQL that `validate` refuses (a definition stored before that check).
+    """
+    if "tool" not in step:
+        return {"instruction": render(step["instruction"], values)}
+    arguments = step["arguments"]
+    if step["tool"] == "sql_query" and isinstance(arguments.get("sql"), str):
+        sql, names, problems = sql_placeholders(arguments["sql"])
+        if problems:
+            raise UnsafeReference(problems)
+        rendered = render({k: v for k, v in arguments.items() if k != "sql"}, values)
+        if names:
+            given = rendered.get("params") if isinstance(rendered.get("params"), dict) else {}
+            rendered["params"] = {**given, **{name: values[name] for name in names}}
+        return {"tool": step["tool"], "arguments": {"sql": sql, **rendered}}
+    return {"tool": step["tool"], "arguments": render(arguments, values)}
 
 
 def _tool_step_errors(where: str, step: dict[str, Any], values: dict[str, Any]) -> list[str]:
@@ -260,6 +355,10 @@ def _tool_step_errors(where: str, step: dict[str, Any], values: dict[str, Any]) 
     if tool is None:
         known = ", ".join(t.name for t in all_tools())
         return [f"{where}.tool: there is no tool named {step['tool']!r}; the tools are: {known}"]
+    if tool.name == "sql_query" and isinstance(step["arguments"].get("sql"), str):
+        unsafe = sql_placeholders(step["arguments"]["sql"])[2]
+        if unsafe:
+            return [f"{where}.arguments.sql: {problem}" for problem in unsafe]
     arguments = render_step(step, values)["arguments"]
     problems = sorted(jsonschema.Draft202012Validator(tool.parameters).iter_errors(arguments),
                       key=lambda e: list(e.absolute_path))
@@ -267,7 +366,7 @@ def _tool_step_errors(where: str, step: dict[str, Any], values: dict[str, Any]) 
         return [f"{_where([where, 'arguments', *e.absolute_path])}: {e.message}" for e in problems]
     if tool.name == "sql_query":
         try:
-            sql_check(arguments["sql"])
+            sql_check(arguments["sql"], arguments.get("params"))
         except ToolError as error:
             return [f"{where}.arguments.sql: {error}"]
     return []

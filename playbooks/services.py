@@ -3,12 +3,14 @@
 Where the nodes go (DESIGN.md's two questions):
 - A conversion's first try hangs below the conversation's head; each later try below the previous
   try, and sends the previous draft's validation errors (P1). Tries are kind `playbook` and belong
-  to no conversation (see playbooks.models).
+  to the conversation they were converted in (see playbooks.models). Before each try the budget
+  is checked (C1): a retry re-sends every earlier draft and error, so it may no longer fit.
 - The head never moves (P2): no try is ever on a path, so the next question never sees a draft or
   an error. The conversion holds the turn lock, so no turn moves the head under it either (T9).
 - An edit conversation is a new conversation whose head is set, through `head_move`, to the head the
   current version was converted from; nothing is copied (P3).
-- A run asks one question in a new conversation through the one turn runner (R1).
+- A run asks one question in a new conversation through the one turn runner (R1), from one
+  PlaybookVersion row (its definition and number together).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
 
+from conversations import budget, llm, services, turns
 from conversations import items as it
-from conversations import llm, services, turns
 from conversations.context import PathNode, assemble
 from conversations.errors import FAILURE_STATUS, ApprovalPending, ArborError, BadInput, TooLarge
 from conversations.models import Conversation, Node
@@ -72,6 +74,7 @@ def _draft_until_valid(conversation: Conversation, path: list[PathNode], token: 
     tries: list[int] = []
     errors: list[str] = []
     for _ in range(max(1, settings.ARBOR_PLAYBOOK_TRIES)):
+        _check_budget(path, sent, model=model, provider=provider, instructions=instructions, tries=tries)
         messages = assemble(path, sent, instructions=instructions, provider=provider)
         call = run_side_call(conversation=conversation, parent=path[-1], kind=Node.Kind.PLAYBOOK, sent=sent,
                              messages=messages, model=model, instructions=instructions, response_format=json_mode)
@@ -80,7 +83,7 @@ def _draft_until_valid(conversation: Conversation, path: list[PathNode], token: 
         if call.result is None:
             raise ArborError(f"The model failed while drafting the playbook: {node.failure_message}",
                              code=node.failure_reason, status=FAILURE_STATUS.get(node.failure_reason, 502),
-                             node=node.pk)
+                             node=node.pk, nodes=tries)
         definition, errors = schema.parse(it.answer_text(call.result.received))
         if definition is not None:
             errors = schema.validate(definition)
@@ -91,6 +94,22 @@ def _draft_until_valid(conversation: Conversation, path: list[PathNode], token: 
         services.turn_lock_renew(conversation=conversation, token=token)
     raise PlaybookInvalid(f"The playbook is still invalid after {len(tries)} tries: {'; '.join(errors)}",
                           errors=errors, nodes=tries)
+
+
+def _check_budget(path: list[PathNode], sent: list[it.Item], *, model: str, provider: str | None, instructions: str,
+                  tries: list[int]) -> None:
+    """Refuse a try whose input cannot fit the model (C1) before paying for it (S3).
+
+    Each retry sends the whole context again with every earlier draft and its errors, so a later try
+    can pass the input limit where the first did not. The tries made so far stay recorded.
+    """
+    needed = budget.call_tokens(path, sent, model=model, provider=provider, instructions=instructions)
+    allowed = budget.budget_for(model).allowed
+    if needed > allowed:
+        done = f" after {len(tries)} tr{'y' if len(tries) == 1 else 'ies'}" if tries else ""
+        raise TooLarge(f"Converting stopped{done}: the next try needs about {needed} input tokens and {model} "
+                       f"takes {allowed}. Compact the conversation or use a model with a larger input limit.",
+                       nodes=tries)
 
 
 def _current_version(playbook: Playbook) -> int:
@@ -183,10 +202,17 @@ def playbook_run(*, user, playbook_id: Any, values: Any) -> RunResult:
     playbook = playbook_for_user(user=user, playbook_id=playbook_id)
     if not isinstance(values, dict):
         raise BadInput("`values` must be an object of parameter values.")
-    bound, errors = schema.bind_values(playbook.definition["parameters"], values)
+    # One row gives both the definition and its number (N1): a save between two reads cannot mix them.
+    version = playbook.versions.order_by("-number").first()
+    definition = version.definition
+    bound, errors = schema.bind_values(definition["parameters"], values)
     if errors:
         raise BadInput("Bad parameter values: " + "; ".join(errors), errors=errors)
-    question = prompts.run_question(playbook.definition, bound)
+    try:
+        question = prompts.run_question(definition, bound)
+    except schema.UnsafeReference as error:
+        raise BadInput("This version's SQL uses a parameter where it could change the statement: "
+                       f"{error}. Save a new version.", errors=error.problems) from None
     if len(question) > settings.ARBOR_MAX_CONTENT_CHARS:
         raise TooLarge(f"With these values the run's question is longer than {settings.ARBOR_MAX_CONTENT_CHARS} "
                        "characters.")
@@ -196,8 +222,8 @@ def playbook_run(*, user, playbook_id: Any, values: Any) -> RunResult:
     with transaction.atomic():
         conversation = services.conversation_create(
             owner=user, title=f"Run: {playbook.name}{f' ({shown})' if shown else ''}"[:200], model=model)
-        run = PlaybookRun.objects.create(playbook=playbook, version=_current_version(playbook), values=bound,
-                                         conversation=conversation)
+        run = PlaybookRun.objects.create(playbook=playbook, playbook_version=version, version=version.number,
+                                         values=bound, conversation=conversation)
     events = turns.turn_ask(user=user, conversation_id=conversation.pk, content=question).run()
     return _run_result(run, events)
 

@@ -15,4 +15,5 @@ urlpatterns = [
          name="playbook-edit-conversation"),
     path("playbooks/<int:playbook_id>/save/", _long(v.PlaybookSave.as_view()), name="playbook-save"),
     path("playbooks/<int:playbook_id>/runs/", _long(v.PlaybookRunCreate.as_view()), name="playbook-runs"),
+    path("playbooks/<int:playbook_id>/runs/<int:run_id>/", v.PlaybookRunDetail.as_view(), name="playbook-run-detail"),
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -28,6 +29,9 @@ _ALLOWED_ACTIONS = {
     sqlite3.SQLITE_FUNCTION,
     sqlite3.SQLITE_RECURSIVE,
 }
+# A statement's first keyword, after any whitespace and comments.
+_LEADING_EXPLAIN = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?(?:\*/|$))*(?:EXPLAIN|QUERY)\b",
+                              re.IGNORECASE | re.DOTALL)
 _READ_ONLY_PRAGMAS = {"table_info", "table_xinfo", "index_list", "index_info", "foreign_key_list"}
 
 
@@ -82,14 +86,17 @@ def _read_only_connection() -> Iterator[tuple[sqlite3.Connection, list[int], flo
         yield conn, denied, time_limit
 
 
-def sql_query(sql: str) -> dict[str, Any]:
-    """Run one read-only statement and return its columns and (capped) rows."""
+def sql_query(sql: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run one read-only statement and return its columns and (capped) rows.
+
+    `params` are bound to the statement's named placeholders (`:name`): a value is always data, never SQL.
+    """
     row_cap = int(getattr(settings, "ARBOR_SQL_ROW_CAP", DEFAULT_ROW_CAP))
     with _read_only_connection() as (conn, denied, time_limit):
         try:
             # The driver refuses a second statement at prepare time ("You can only execute
             # one statement at a time"), before anything runs.
-            cursor = conn.execute(sql)
+            cursor = conn.execute(sql, params or {})
             if cursor.description is None:
                 raise ToolError("the statement returned no rows: send a single SELECT query")
             rows = cursor.fetchmany(row_cap + 1)
@@ -105,17 +112,22 @@ def sql_query(sql: str) -> dict[str, Any]:
     }
 
 
-def sql_check(sql: str) -> None:
-    """Raise the ToolError `sql_query` would give for `sql`, without running it or reading a row.
+def sql_check(sql: str, params: dict[str, Any] | None = None) -> None:
+    """Raise the ToolError `sql_query` would give for `sql` (and `params`), without running it or reading a row.
 
-    `EXPLAIN` compiles the statement through the same connection and allow-list, so unknown tables or
-    columns, syntax errors, writes and second statements are refused exactly as a run would refuse them.
+    `EXPLAIN QUERY PLAN` compiles the statement through the same connection and allow-list, so unknown
+    tables or columns, syntax errors, writes, second statements and missing placeholder values are refused
+    as a run would refuse them. A statement that is itself an EXPLAIN (or the tail of one, `QUERY PLAN
+    SELECT ...`, which only compiles behind the prefix) is refused: a check must never pass what a run
+    refuses.
     """
     if not sql.strip():
         raise ToolError("the statement is empty: send a single SELECT query")
+    if _LEADING_EXPLAIN.match(sql):
+        raise ToolError("send the query itself (a SELECT or WITH ... SELECT), not an EXPLAIN or QUERY PLAN of it")
     with _read_only_connection() as (conn, denied, time_limit):
         try:
-            conn.execute(f"EXPLAIN {sql}")
+            conn.execute(f"EXPLAIN QUERY PLAN {sql}", params or {})
         except (sqlite3.Error, sqlite3.Warning) as exc:
             raise _tool_error(exc, denied, time_limit) from exc
 
@@ -138,10 +150,9 @@ TOOL = register(
     Tool(
         name="sql_query",
         description=(
-            "Run one read-only SQL query (SQLite dialect) against the sample sales database and get back "
-            "{columns, rows, row_count, truncated}. Only a single SELECT (or WITH ... SELECT) statement is "
-            "allowed; writes, ATTACH and most PRAGMAs are refused. Results are capped (truncated=true means "
-            "more rows existed), so aggregate and use ORDER BY/LIMIT in SQL, and slow queries are stopped. "
+            "Run one read-only SQLite query on the sample sales database; returns {columns, rows, row_count, "
+            "truncated}. One SELECT (or WITH ... SELECT) only; writes are refused. params binds :name values. "
+            "Rows are capped (truncated=true: more existed) and slow queries stopped: aggregate, ORDER BY, LIMIT. "
             "Dates are text; for last month use "
             "month = strftime('%Y-%m', 'now', 'start of month', '-1 month').\n" + describe_schema()
         ),
@@ -149,6 +160,7 @@ TOOL = register(
             "type": "object",
             "properties": {
                 "sql": {"type": "string", "description": "A single SQLite SELECT statement."},
+                "params": {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean", "null"]}},
             },
             "required": ["sql"],
             "additionalProperties": False,

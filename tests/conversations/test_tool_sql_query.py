@@ -7,7 +7,7 @@ import pytest
 from conversations.tools.errors import ToolError
 from conversations.tools.registry import get_tool
 from conversations.tools.sales_db import ensure_sales_db
-from conversations.tools.sql_query import describe_schema, sql_query
+from conversations.tools.sql_query import describe_schema, sql_check, sql_query
 
 MONTH = "2025-06"
 TOP_10_SQL = """
@@ -160,3 +160,50 @@ def test_tool_is_registered_with_the_schema(sales_db):
     assert describe_schema() in tool.description
     for name in ("customers", "products", "orders", "monthly_sales", "is_overseas", "order_date", "amount"):
         assert name in tool.description
+
+
+def _count(month_value):
+    sql = "SELECT count(*) FROM monthly_sales WHERE month = :month"
+    return sql_query(sql, {"month": month_value})["rows"][0][0]
+
+
+@pytest.mark.parametrize("value", ["0 OR 1=1", "2025-06' OR '1'='1", "0 UNION SELECT name, 1 FROM customers"])
+def test_params_are_bound_as_data_never_as_sql(sales_db, value):
+    """S1: a value in `params` is bound to its :name placeholder: injected SQL matches nothing."""
+    assert _count(MONTH) > 0
+    assert _count(value) == 0
+
+
+def test_params_bind_typed_values_and_a_missing_one_is_an_error(sales_db):
+    sql = "SELECT count(*) FROM monthly_sales WHERE month = :month AND (is_overseas = 0 OR :overseas) LIMIT :limit"
+    everyone = sql_query(sql, {"month": MONTH, "overseas": True, "limit": 5})["rows"][0][0]
+    domestic = sql_query(sql, {"month": MONTH, "overseas": False, "limit": 5})["rows"][0][0]
+    assert everyone > domestic > 0
+    with pytest.raises(ToolError, match="binding parameter :limit"):
+        sql_query(sql, {"month": MONTH, "overseas": True})
+    with pytest.raises(ToolError, match="binding parameter :limit"):
+        sql_check(sql, {"month": MONTH, "overseas": True})
+    sql_check(sql, {"month": MONTH, "overseas": True, "limit": 5})
+
+
+@pytest.mark.parametrize("sql", ["QUERY PLAN SELECT 1", "query plan select * from orders",
+                                 "/* note */ QUERY PLAN SELECT 1", "-- note\nEXPLAIN SELECT 1",
+                                 "EXPLAIN QUERY PLAN SELECT 1"])
+def test_sql_check_refuses_what_sql_query_would_not_run_as_a_query(sales_db, sql):
+    """S2: `QUERY PLAN SELECT` compiles behind EXPLAIN but fails as a query: the check refuses it too."""
+    with pytest.raises(ToolError, match="not an EXPLAIN"):
+        sql_check(sql)
+
+
+def test_sql_check_uses_the_same_allow_list(sales_db, tmp_path):
+    with pytest.raises(ToolError, match="read-only"):
+        sql_check(f"ATTACH DATABASE '{tmp_path / 'x.db'}' AS x")
+    with pytest.raises(ToolError, match="read-only"):
+        sql_check("DELETE FROM orders")
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_the_tool_schema_allows_a_params_object_of_scalars(sales_db):
+    params = get_tool("sql_query").parameters["properties"]["params"]
+    assert params["type"] == "object"
+    assert params["additionalProperties"] == {"type": ["string", "number", "boolean", "null"]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from conversations import items as it
 from conversations import turns
 from conversations.models import Conversation, Node
 from playbooks.models import Playbook
@@ -100,6 +101,7 @@ def test_another_users_playbook_is_a_404_everywhere(api, other_api, conversation
     assert other_api.get("/api/playbooks/").json()["results"] == []
     for method, url in [("get", f"/api/playbooks/{pid}/"), ("post", f"/api/playbooks/{pid}/edit-conversation/"),
                         ("post", f"/api/playbooks/{pid}/save/"), ("post", f"/api/playbooks/{pid}/runs/"),
+                        ("get", f"/api/playbooks/{pid}/runs/"),
                         ("post", f"/api/conversations/{conversation.pk}/playbooks/")]:
         response = getattr(other_api, method)(url, {}, format="json")
         assert response.status_code == 404, url
@@ -110,8 +112,12 @@ def test_another_users_playbook_is_a_404_everywhere(api, other_api, conversation
 def test_the_openapi_schema_documents_the_playbook_endpoints(api):
     paths = api.get("/api/schema/", HTTP_ACCEPT="application/json").json()["paths"]
     for path in ["/api/conversations/{conversation_id}/playbooks/", "/api/playbooks/", "/api/playbooks/{id}/",
-                 "/api/playbooks/{id}/edit-conversation/", "/api/playbooks/{id}/save/", "/api/playbooks/{id}/runs/"]:
+                 "/api/playbooks/{id}/edit-conversation/", "/api/playbooks/{id}/save/", "/api/playbooks/{id}/runs/",
+                 "/api/playbooks/{id}/runs/{run_id}/"]:
         assert path.replace("{id}", "{playbook_id}") in paths
+    run = paths["/api/playbooks/{playbook_id}/runs/{run_id}/"]["get"]["responses"]["200"]
+    assert run["content"]["application/json"]["schema"]["$ref"].endswith("/RunOut")
+    assert "get" in paths["/api/playbooks/{playbook_id}/runs/"]
 
 
 def test_t9_convert_while_a_turn_runs_is_a_409_and_records_nothing(api, conversation):
@@ -124,3 +130,70 @@ def test_t9_convert_while_a_turn_runs_is_a_409_and_records_nothing(api, conversa
         turn.abandon()
     assert response.status_code == 409 and response.json()["error"]["code"] == "turn_in_progress"
     assert not Node.objects.filter(kind="playbook").exists()
+
+
+def _run(api, playbook_id, values):
+    response = api.post(f"/api/playbooks/{playbook_id}/runs/", {"values": values}, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()
+
+
+def test_s5_a_runs_result_is_readable_after_the_post_and_listed(api, conversation):
+    sales_conversation(conversation)
+    playbook = _convert(api, conversation).json()
+    posted = _run(api, playbook["id"], {"month": "2026-08"})
+    read = api.get(f"/api/playbooks/{playbook['id']}/runs/{posted['run']}/")
+    assert read.status_code == 200
+    body = read.json()
+    for key in ["run", "playbook", "version", "values", "conversation", "status", "answer", "head", "nodes",
+                "deviated"]:
+        assert body[key] == posted[key], key
+    assert body["status"] == "done" and body["deviated"] is False and len(body["nodes"]) == 2
+    second = _run(api, playbook["id"], {"month": "2026-07"})
+    listed = api.get(f"/api/playbooks/{playbook['id']}/runs/").json()["results"]
+    assert [r["run"] for r in listed] == [second["run"], posted["run"]]
+    assert listed[1]["values"]["month"] == "2026-08"
+
+
+def test_s5_a_run_paused_for_approval_shows_its_latest_state_once_decided(api, conversation):
+    """F3: the GET reads the run's conversation, so after the approval it says done, with the new nodes."""
+    sales_conversation(conversation)
+    playbook = Playbook.objects.get(pk=_convert(api, conversation).json()["id"])
+    version = playbook.versions.get()
+    version.definition["steps"].insert(1, {"tool": "send_email", "arguments": {
+        "to": "boss@example.com", "subject": "Sales for {{month}}", "body": "Top customers attached."}})
+    version.save()
+    posted = _run(api, playbook.pk, {"month": "2026-09"})
+    url = f"/api/playbooks/{playbook.pk}/runs/{posted['run']}/"
+    paused = api.get(url).json()
+    assert posted["status"] == paused["status"] == "approval_required" and paused["deviated"] is False
+    assert [c["name"] for c in paused["approval_required"]] == ["send_email"]
+    call_id = paused["approval_required"][0]["call_id"]
+    decided = api.post(f"/api/conversations/{posted['conversation']}/approvals/",
+                       {"tool_call_id": call_id, "approve": True}, format="json")
+    assert decided.status_code in (200, 201), decided.json()
+    done = api.get(url).json()
+    assert done["status"] == "done" and done["answer"].startswith("echo: Run the playbook")
+    assert done["head"] != paused["head"] and len(done["nodes"]) > len(paused["nodes"])
+    assert done["deviated"] is False and done["approval_required"] == []
+
+
+def test_s5_someone_elses_run_or_a_run_of_another_playbook_is_a_404(api, other_api, conversation):
+    sales_conversation(conversation)
+    playbook = _convert(api, conversation).json()
+    other = _convert(api, conversation).json()
+    run = _run(api, playbook["id"], {})
+    assert other_api.get(f"/api/playbooks/{playbook['id']}/runs/{run['run']}/").status_code == 404
+    assert api.get(f"/api/playbooks/{other['id']}/runs/{run['run']}/").status_code == 404
+    assert api.get(f"/api/playbooks/{playbook['id']}/runs/999999/").status_code == 404
+
+
+def test_s6_a_provider_failure_answers_with_every_try_in_the_error_body(api, conversation, monkeypatch):
+    """S6: like the 422, a 502 names every try (`nodes`), the failed one last."""
+    sales_conversation(conversation, "#draft-invalid 1")
+    monkeypatch.setattr("playbooks.prompts.conversion_retry", lambda errors: it.user("#fail"))
+    response = _convert(api, conversation)
+    assert response.status_code == 502
+    error = response.json()["error"]
+    tries = list(Node.objects.filter(kind="playbook").order_by("id").values_list("id", flat=True))
+    assert error["code"] == "provider_error" and error["nodes"] == tries and len(tries) == 2

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from conversations import budget, llm, turns
+from conversations import items as it
 from conversations import services as conversation_services
-from conversations import turns
-from conversations.errors import ApprovalPending, ArborError, BadInput, TurnInProgress
+from conversations.errors import ApprovalPending, ArborError, BadInput, TooLarge, TurnInProgress
 from conversations.models import Node
 from conversations.selectors import node_path
 from playbooks import services
 from playbooks.errors import PlaybookInvalid
-from playbooks.models import Playbook
-from playbooks.selectors import conversion_chain
+from playbooks.models import Playbook, PlaybookVersion
+from playbooks.selectors import conversion_chain, conversion_chains
+from playbooks.serializers import PlaybookDetailOut
 from tests.conversations.helpers import answer, ask, head
 from tests.playbooks.helpers import sales_conversation
 
@@ -157,3 +159,80 @@ def test_t11_a_saved_playbook_keeps_its_conversion_chain_and_source_path(convers
     chain = {playbook.conversion_node_id, *(p.id for p in node_path(playbook.conversion_node_id))}
     conversation_services.conversation_delete(conversation=conversation)
     assert set(Node.objects.values_list("pk", flat=True)) == chain
+
+
+def test_s6_a_provider_failure_on_a_retry_reports_every_try(conversation, monkeypatch):
+    """S6: like the 422, the error names every try (`nodes`), not only the one that failed."""
+    sales_conversation(conversation, "#draft-invalid 1")
+    monkeypatch.setattr("playbooks.prompts.conversion_retry", lambda errors: it.user("#fail"))
+    with pytest.raises(ArborError) as raised:
+        _convert(conversation)
+    tries = list(Node.objects.filter(kind="playbook").order_by("id"))
+    assert [t.status for t in tries] == ["succeeded", "failed"]
+    assert raised.value.status == 502 and raised.value.extra["nodes"] == [t.pk for t in tries]
+    assert raised.value.extra["node"] == tries[-1].pk
+
+
+def _measured_tries(conversation, monkeypatch) -> list[int]:
+    """What each of three always-invalid tries needs, as the budget check counts it."""
+    needed: list[int] = []
+    real = budget.call_tokens
+
+    def spy(*args, **kwargs):
+        needed.append(real(*args, **kwargs))
+        return needed[-1]
+
+    monkeypatch.setattr(budget, "call_tokens", spy)
+    with pytest.raises(PlaybookInvalid):
+        _convert(conversation)
+    monkeypatch.setattr(budget, "call_tokens", real)
+    Node.objects.filter(kind="playbook").delete()
+    return needed
+
+
+def test_s3_a_retry_that_cannot_fit_the_model_stops_before_the_call_with_the_tries_recorded(
+        conversation, settings, monkeypatch):
+    """S3, C1: each retry re-sends the drafts and errors; one that would pass the input limit is not sent."""
+    settings.ARBOR_PLAYBOOK_TRIES = 3
+    sales_conversation(conversation, "#draft-invalid always")
+    needed = _measured_tries(conversation, monkeypatch)
+    assert needed[0] < needed[1] < needed[2]
+    monkeypatch.setattr(budget, "budget_for", lambda model: budget.Budget(limit=needed[1], reserve=0,
+                                                                          threshold=needed[1]))
+    calls = []
+    real_call = llm.stream_call
+    monkeypatch.setattr(llm, "stream_call", lambda **kw: (calls.append(1), real_call(**kw))[1])
+    with pytest.raises(TooLarge, match="after 2 tries") as raised:
+        _convert(conversation)
+    tries = list(Node.objects.filter(kind="playbook").order_by("id"))
+    assert len(calls) == 2 and len(tries) == 2 and raised.value.extra["nodes"] == [t.pk for t in tries]
+    assert raised.value.status == 413 and raised.value.code == "too_large"
+    conversation.refresh_from_db()
+    assert all(t.parent_id in (conversation.head_id, tries[0].pk) for t in tries)
+
+
+def test_s3_a_first_try_that_cannot_fit_makes_no_call_and_no_node(conversation, monkeypatch):
+    sales_conversation(conversation)
+    monkeypatch.setattr(budget, "budget_for", lambda model: budget.Budget(limit=100, reserve=0, threshold=100))
+    with pytest.raises(TooLarge, match="Converting stopped: the next try needs about"):
+        _convert(conversation)
+    assert not Node.objects.filter(kind="playbook").exists()
+
+
+def test_n4_every_versions_chain_is_read_in_one_query(conversation, django_assert_num_queries):
+    """N4: the tries of every version come from one recursive query, however many versions and tries."""
+    sales_conversation(conversation, "#draft-invalid 2")
+    playbook = _convert(conversation)
+    first = playbook.versions.get()
+    other = _convert(conversation)  # a second conversion of three tries, as another version of the first
+    PlaybookVersion.objects.create(playbook=playbook, number=2, definition=first.definition,
+                                   conversion_node=other.conversion_node, head=first.head)
+    with django_assert_num_queries(1):
+        chains = conversion_chains([first.conversion_node_id, other.conversion_node_id])
+    assert [len(c) for c in chains.values()] == [3, 3]
+    assert chains[other.conversion_node_id][-1].pk == other.conversion_node_id
+    assert chains[other.conversion_node_id][0].parent_id == conversation.head_id
+    with django_assert_num_queries(2):  # the versions, then their chains
+        data = PlaybookDetailOut(playbook).data
+    assert [[n["id"] for n in v["conversion_nodes"]] for v in data["versions"]] == [
+        [n.pk for n in chains[other.conversion_node_id]], [n.pk for n in chains[first.conversion_node_id]]]

@@ -9,6 +9,8 @@ from django.urls import reverse
 from conversations.models import Conversation
 from playbooks import services
 from playbooks.models import Playbook, PlaybookRun
+from playbooks.pages import form_values
+from playbooks.schema import bind_values
 from tests.playbooks.helpers import sales_conversation
 
 pytestmark = pytest.mark.django_db
@@ -81,7 +83,8 @@ def test_the_run_form_has_one_input_per_parameter_and_shows_the_result(page, pla
     assert response.url == reverse("playbook-page-run-detail", args=[playbook.pk, run.pk])
     assert run.values == {"month": "2026-09", "limit": 3, "include_overseas": False}
     html = page.get(response.url).content.decode()
-    assert "Tool <code>sql_query</code>" in html and "month = &#x27;2026-09&#x27;" in html
+    assert "Tool <code>sql_query</code>" in html and "month = :month" in html
+    assert "&quot;month&quot;: &quot;2026-09&quot;" in html
     assert "echo: Run the playbook" in html and reverse("chat-conversation", args=[run.conversation_id]) in html
 
 
@@ -110,3 +113,20 @@ def test_anyone_elses_playbook_pages_are_not_found(playbook, other_user):
 def test_playbook_pages_need_a_signed_in_person(playbook):
     response = Client().get(reverse("playbook-page-detail", args=[playbook.pk]))
     assert response.status_code == 302 and response.url.startswith("/accounts/login/")
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-Infinity"])
+def test_n3_a_form_number_that_is_not_finite_is_refused(raw):
+    parameters = [{"name": "x", "type": "number", "description": ""}]
+    assert bind_values(parameters, form_values(parameters, {"x": raw}))[1] == [f"x: {float(raw)!r} is not a finite "
+                                                                                "number"]
+
+
+def test_s4_the_run_page_shows_the_status_and_a_deviated_run(page, playbook):
+    response = page.post(reverse("playbook-page-run", args=[playbook.pk]), {"month": "2026-09"})
+    html = page.get(response.url).content.decode()
+    assert 'run-done">done</span>' in html and "differ from this playbook" not in html
+    run = PlaybookRun.objects.get()
+    run.playbook_version.definition["steps"].insert(0, {"tool": "sql_query", "arguments": {"sql": "SELECT 1"}})
+    run.playbook_version.save()
+    assert "differ from this playbook's tool steps" in page.get(response.url).content.decode()

@@ -87,10 +87,11 @@ def test_a_draft_that_is_not_json_says_so():
     assert schema.parse('```json\n{"a": 1}\n```') == ({"a": 1}, [])
 
 
-def test_render_keeps_whole_references_typed_and_quotes_sql_text():
+def test_render_keeps_whole_references_typed_and_binds_sql_values():
     step = {"tool": "sql_query", "arguments": {"sql": "SELECT '{{month}}' LIMIT {{limit}}"}}
     assert schema.render_step(step, {"month": "x' OR '1", "limit": 3}) == {
-        "tool": "sql_query", "arguments": {"sql": "SELECT 'x'' OR ''1' LIMIT 3"}}
+        "tool": "sql_query", "arguments": {"sql": "SELECT :month LIMIT :limit", "params": {"month": "x' OR '1",
+                                                                                          "limit": 3}}}
     assert schema.render({"n": "{{limit}}", "b": "on={{flag}}"}, {"limit": 3, "flag": True}) == {"n": 3, "b": "on=true"}
 
 
@@ -103,3 +104,57 @@ def test_bind_values_names_each_bad_parameter():
     parameters = [{"name": "flag", "type": "boolean", "description": "f"}]
     assert schema.bind_values(parameters, {}) == ({}, ["flag: a value is required (boolean)"])
     assert schema.bind_values(parameters, {"flag": 1})[1] == ["flag: 1 is not a boolean"]
+
+
+@pytest.mark.parametrize(("sql", "where"), [
+    ('SELECT total FROM monthly_sales WHERE month = "{{month}}" LIMIT {{limit}}', "inside a quoted name"),
+    ("SELECT total FROM monthly_sales WHERE month = 'x{{month}}' LIMIT {{limit}}", "inside a longer quoted text"),
+    ("SELECT total FROM monthly_sales_{{month}} LIMIT {{limit}}", "part of a name or word"),
+    ("SELECT total FROM monthly_sales -- {{month}}\n LIMIT {{limit}}", "inside a comment"),
+])
+def test_s1_a_sql_reference_that_is_not_a_whole_value_is_refused_naming_step_and_field(sql, where):
+    errors = schema.validate(_with(lambda d: d["steps"][0]["arguments"].update(sql=sql)))
+    assert f"steps[0].arguments.sql: {{{{month}}}} is {where}: a parameter in SQL can only be a whole value, " \
+           "e.g. month = {{month}}" in errors
+
+
+def test_s1_the_whole_query_as_a_parameter_is_refused():
+    definition = _with(lambda d: (d["steps"][0]["arguments"].update(sql="{{month}}"),
+                                  d["steps"].append({"instruction": "{{limit}} rows"})))
+    errors = schema.validate(definition)
+    assert any(e.startswith("steps[0].arguments.sql: {{month}} is the whole query") for e in errors)
+
+
+@pytest.mark.parametrize("sql", [SQL, SQL.replace("'{{month}}'", "{{month}}")])
+def test_s1_sql_references_render_as_bound_placeholders_with_typed_params(sql):
+    """Quoted or bare, `{{month}}` becomes `:month`; the values go to `params`, not into the SQL text."""
+    step = {"tool": "sql_query", "arguments": {"sql": sql}}
+    assert schema.validate(_with(lambda d: d["steps"][0].update(step))) == []
+    rendered = schema.render_step(step, {"month": "0' OR '1'='1", "limit": 5})
+    assert rendered["arguments"] == {
+        "sql": "SELECT customer_name, total FROM monthly_sales WHERE month = :month ORDER BY total DESC LIMIT :limit",
+        "params": {"month": "0' OR '1'='1", "limit": 5}}
+
+
+def test_s1_render_refuses_sql_validate_refuses():
+    with pytest.raises(schema.UnsafeReference, match="inside a quoted name"):
+        schema.render_step({"tool": "sql_query", "arguments": {"sql": 'SELECT "{{month}}"'}}, {"month": "x"})
+
+
+def test_s1_the_sql_check_compiles_the_placeholder_form_with_the_params():
+    """`LIMIT {{limit}}` with a text sample still compiles; a placeholder where a name goes does not."""
+    sql = "SELECT customer_name FROM {{month}} LIMIT {{limit}}"
+    errors = schema.validate(_with(lambda d: d["steps"][0]["arguments"].update(sql=sql)))
+    assert errors == ['steps[0].arguments.sql: syntax error: near ":month"']
+
+
+def test_n3_a_pattern_must_match_the_whole_value():
+    """`re.search` let `2026-09; anything` through a `\\d{4}-\\d{2}` pattern; the whole value must match."""
+    parameter = {"name": "month", "type": "string", "description": "", "pattern": r"\d{4}-\d{2}"}
+    assert schema.value_problem(parameter, "2026-09") is None
+    assert schema.value_problem(parameter, "2026-09' OR 1=1") == r"does not match the pattern \d{4}-\d{2}"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_n3_a_number_must_be_finite(value):
+    assert schema.value_problem({"name": "x", "type": "number", "description": ""}, value) == "is not a finite number"
