@@ -148,10 +148,12 @@ def test_c2_compaction_keeps_the_last_turns_verbatim(conversation, small_echo):
     assert kept_questions[-1] == original_path[-1].sent[-1]["text"]
 
 
-def test_c2_compact_by_hand_moves_the_head_to_a_new_root(conversation, small_echo, api):
+def test_c2_compact_by_hand_moves_the_head_to_a_new_root(conversation, small_echo, api, settings):
     """C2, C3: POST /compact/ answers 201 with the root; the head moves there, the original is the old head."""
-    for i in range(4):
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1  # two short turns leave something to compact, far below the limit
+    for i in range(2):
         ask(conversation, f"question {i}")
+    assert not Node.objects.filter(kind="compaction").exists(), "no automatic compaction before the manual one"
     old_head = head(conversation).pk
     response = api.post(_url("conversation-compact", conversation))
     assert response.status_code == 201
