@@ -19,6 +19,7 @@ from conversations.side_calls import run_side_call
 # `#title` is also arbor/echo's directive for a title call (see llm.py).
 TITLE_PROMPT = "#title Give this conversation a short title: at most six words, no quotes, nothing else."
 MAX_TITLE_CHARS = 80
+TITLE_CONTEXT_NODES = 6
 
 
 def clean_title(text: str) -> str:
@@ -36,7 +37,8 @@ def title_conversation(conversation_id: int) -> str | None:
     if not title:  # a job that ran before and crashed after its call needs no second call
         model = conversation.model or settings.ARBOR_MODEL
         provider = llm.provider_of(model)
-        path = context_path(node_path(conversation.head_id), provider)
+        # The opening turns name a conversation; reading only those keeps a long (imported) one cheap.
+        path = context_path(node_path(conversation.head_id), provider)[:TITLE_CONTEXT_NODES]
         sent = [it.user(TITLE_PROMPT)]
         call = run_side_call(conversation=conversation, parent=path[-1] if path else None, kind=Node.Kind.TITLE,
                              sent=sent, messages=assemble(path, sent, provider=provider), model=model)

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from conversations import services, worker
+from conversations import services, turns, worker
 from conversations.models import Node, OutboxJob
 from conversations.selectors import path_bubbles
 from search.models import BubbleDocument
@@ -138,3 +138,18 @@ def test_r4_a_failed_title_call_is_recorded_and_the_job_retried(user, stub):
     conversation.refresh_from_db()
     assert conversation.title == "Sales by region"
     assert Node.objects.filter(kind="title").count() == 2, "both calls kept"
+
+
+def test_r4_a_long_untitled_conversation_is_titled_from_its_opening_turns(conversation):
+    """The title call reads the first nodes of the path only, and hangs below the last one it read."""
+    services.conversation_update(conversation=conversation, title="")
+    for n in range(9):
+        ask(conversation, f"question number {n}")
+    OutboxJob.objects.all().delete()  # only the job below
+    services.outbox_add(kind="turn_committed", payload={"conversation": conversation.pk})
+    worker.run_due()
+    conversation.refresh_from_db()
+    assert conversation.title == "question number 0"
+    call = Node.objects.get(kind="title")
+    assert call.parent_id == Node.objects.filter(conversation=conversation, kind="turn").order_by("id")[5].pk
+    assert "question number 6" not in str(turns.call_context(call))
