@@ -147,7 +147,7 @@ def compact(*, conversation: Conversation, path: list[PathNode], model: str, ins
     call, received = summariser.run(path, start, pending_results)
     root = _create_root(conversation=conversation, call=call, compacted_from=path[-1].id, model=model,
                         provider=provider, kept=path_items(path[start:], keep_ephemeral=keep_ephemeral),
-                        received=received)
+                        received=received, keep_ephemeral=keep_ephemeral)
     return Compaction(root=root, summary_call=call.pk, written=(*summariser.written, root.id))
 
 
@@ -202,7 +202,8 @@ class _Summariser:
             if end == start:
                 return call, received
             carried = _create_root(conversation=self.conversation, call=call, compacted_from=path[end - 1].id,
-                                   model=self.model, provider=self.provider, kept=[], received=received)
+                                   model=self.model, provider=self.provider, kept=[], received=received,
+                                   keep_ephemeral=self.keep_ephemeral, window=True)
             self.written.append(carried.id)
             begin = end
 
@@ -242,7 +243,7 @@ class _Summariser:
     def _call(self, parent: PathNode, sent: list[it.Item], messages: list[dict]) -> tuple[Node, list[it.Item]]:
         call = run_side_call(conversation=self.conversation, parent=parent, kind=Node.Kind.COMPACTION, sent=sent,
                              messages=messages, model=self.model, instructions=self.instructions,
-                             keep_alive=self.keep_alive, compaction=True)
+                             keep_ephemeral=self.keep_ephemeral, keep_alive=self.keep_alive, compaction=True)
         self.written.append(call.node.pk)
         if call.result is None:
             error = llm.LLMError(call.node.failure_reason, call.node.failure_message)
@@ -262,13 +263,14 @@ def summary_item(received: list[it.Item]) -> it.Item:
 
 
 def _create_root(*, conversation: Conversation, call: Node, compacted_from: int, model: str, provider: str,
-                 kept: list[it.Item], received: list[it.Item]) -> PathNode:
+                 kept: list[it.Item], received: list[it.Item], keep_ephemeral: bool,
+                 window: bool = False) -> PathNode:
     sent = [summary_item(received), *kept]
     tokens = budget.items_tokens(sent, model=model, provider=provider)
     root = Node.objects.create(
         parent=None, conversation=conversation, kind=Node.Kind.COMPACTION, status=Node.Status.SUCCEEDED,
         sent=sent, provider=provider, model=model, instructions=call.instructions,
         compacted_from_id=compacted_from, summary_call=call, tokens=tokens, path_tokens=tokens,
-        finished_at=timezone.now(),
+        keep_ephemeral=keep_ephemeral, window_root=window, finished_at=timezone.now(),
     )
     return path_node(root)

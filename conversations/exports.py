@@ -14,7 +14,7 @@ from conversations.selectors import conversation_nodes, history_ids, path_bubble
 TREE_FORMAT = "arbor.tree"
 TREE_VERSION = 1
 NODE_FIELDS = ("kind", "status", "failure_reason", "failure_message", "sent", "received", "provider", "model",
-               "usage", "instructions", "keep_ephemeral", "tokens", "path_tokens")
+               "usage", "instructions", "keep_ephemeral", "window_root", "tokens", "path_tokens")
 NODE_REFERENCES = ("parent_id", "compacted_from_id", "summary_call_id")
 
 

@@ -212,6 +212,7 @@ def _tree_node(raw: Any, where: str) -> PlannedNode:
             "usage": usage,
             "instructions": _text(raw.get("instructions", ""), f"{where}.instructions"),
             "keep_ephemeral": raw.get("keep_ephemeral") is True,
+            "window_root": raw.get("window_root") is True,
             "tokens": tokens,
             "finished_at": _when(raw.get("finished_at"), f"{where}.finished_at"),
         },
@@ -266,7 +267,7 @@ def _check_graph(plan: Plan) -> None:
         if not _is_reference(plan.head) or plan.head not in nodes:
             raise ImportRefused(f"conversation.head {plan.head!r} is not in the file.")
         head = nodes[plan.head].fields
-        root = head["kind"] == Node.Kind.COMPACTION and nodes[plan.head].parent is None
+        root = head["kind"] == Node.Kind.COMPACTION and nodes[plan.head].parent is None and not head["window_root"]
         overflowed = head["failure_reason"] == Node.FailureReason.CONTEXT_OVERFLOW
         if not (head["kind"] == Node.Kind.TURN or root) or head["status"] == Node.Status.PENDING or overflowed:
             # The same rule as NodeQuerySet.can_be_head: no side call, call under way or overflow (F2).
@@ -415,7 +416,7 @@ def _chatgpt_node(key: str, parent: Any, question: str | None, answer: str) -> P
     return PlannedNode(key=key, parent=parent, bubbles=bubbles, fields={
         "kind": Node.Kind.TURN, "status": Node.Status.SUCCEEDED, "failure_reason": "", "failure_message": "",
         "sent": sent, "received": received, "provider": "", "model": "", "usage": {}, "instructions": "",
-        "keep_ephemeral": False,
+        "keep_ephemeral": False, "window_root": False,
         "tokens": 0, "finished_at": None,
     })
 

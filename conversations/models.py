@@ -51,9 +51,11 @@ class NodeQuerySet(TreeQuerySet):
     def can_be_head(self) -> NodeQuerySet:
         """Nodes a head may rest on: turn nodes and compaction roots (C2), never a call under way (or
         crashed), never an overflow (F2), never a summarising call."""
-        return self.filter(Q(kind=Node.Kind.TURN) | Q(kind=Node.Kind.COMPACTION, parent__isnull=True)).exclude(
-            status=Node.Status.PENDING
-        ).exclude(status=Node.Status.FAILED, failure_reason=Node.FailureReason.CONTEXT_OVERFLOW)
+        return self.filter(
+            Q(kind=Node.Kind.TURN) | Q(kind=Node.Kind.COMPACTION, parent__isnull=True, window_root=False)
+        ).exclude(status=Node.Status.PENDING).exclude(
+            status=Node.Status.FAILED, failure_reason=Node.FailureReason.CONTEXT_OVERFLOW
+        )
 
 
 class Node(TreeNode):
@@ -103,6 +105,9 @@ class Node(TreeNode):
     instructions = models.TextField(blank=True)
     # R2: whether this call's context kept earlier calls' retrieved items (the conversation's policy then).
     keep_ephemeral = models.BooleanField(default=False)
+    # C3: a root that only carries one window's summary into the next window's summarising call, when a
+    # history is summarised in windows; never a head, a tip or a branch (only the final root is).
+    window_root = models.BooleanField(default=False)
     # C3: a compaction node points at the head it replaced; assembly never follows it by default.
     compacted_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="compactions"

@@ -255,7 +255,7 @@ def branch_infos(*, conversation: Conversation, path: list[PathNode]) -> dict[in
     # few roots (one every few turns): read its own, plus shared ones on the path (P3), and pick here.
     roots = {root_id: original for root_id, original in Node.objects.filter(
         Q(conversation=conversation) | Q(id__in=[p.id for p in path if is_compaction_root(p)]),
-        kind=Node.Kind.COMPACTION, parent__isnull=True).values_list("id", "compacted_from_id")
+        kind=Node.Kind.COMPACTION, parent__isnull=True, window_root=False).values_list("id", "compacted_from_id")
         if original in keys}
     below = Q(parent_id__in=history) | Q(parent_id__in=roots.keys())
     if any(p.parent_id is None for p in openers):

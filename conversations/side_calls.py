@@ -31,7 +31,7 @@ class SideCall:
 
 
 def run_side_call(*, conversation: Conversation | None, parent: PathNode | None, kind: str, sent: list[it.Item],
-                  messages: list[dict], model: str, instructions: str = "",
+                  messages: list[dict], model: str, instructions: str = "", keep_ephemeral: bool = False,
                   keep_alive: Callable[[], None] = lambda: None, **call_options) -> SideCall:
     """Record a pending node, make the call (`call_options` go to `llm.stream_call`), record how it ended.
 
@@ -42,7 +42,8 @@ def run_side_call(*, conversation: Conversation | None, parent: PathNode | None,
     tokens = budget.items_tokens(sent, model=model, provider=provider)
     node = Node.objects.create(
         parent_id=parent.id if parent else None, conversation=conversation, kind=kind, status=Node.Status.PENDING,
-        sent=sent, provider=provider, model=model, instructions=instructions, tokens=tokens,
+        sent=sent, provider=provider, model=model, instructions=instructions, keep_ephemeral=keep_ephemeral,
+        tokens=tokens,
         path_tokens=(parent.stored_path_tokens if parent else 0) + tokens,
     )
     release_connection()

@@ -281,7 +281,8 @@ def call_context(node: Node) -> list[dict[str, Any]]:
     """
     provider = node.provider or None
     if is_compaction_root(node):
-        return assemble([path_node(node)], (), instructions=node.instructions, provider=provider)
+        return assemble([path_node(node)], (), instructions=node.instructions, provider=provider,
+                        keep_ephemeral=node.keep_ephemeral)
     return assemble(context_path(node_path(node.parent_id), provider), node.sent, instructions=node.instructions,
                     provider=provider, keep_ephemeral=node.keep_ephemeral)
 

@@ -451,6 +451,7 @@ def test_t8_switching_back_reaches_a_branch_tip_beyond_its_compaction(conversati
     compare = page.get(reverse("chat-compare", args=[conversation.pk]) + f"?a={q1a}&b={q1b}")
     assert compare.status_code == 200
     assert "once more on A" in compare.content.decode()
+    assert "Failed (" not in compare.content.decode() and 'class="compaction-marker"' in compare.content.decode()
 
 
 def test_t7_t8_an_edit_that_compacts_keeps_both_questions_as_siblings(conversation, small_echo, api, settings):
@@ -580,3 +581,17 @@ def test_c3_the_screen_history_costs_four_queries_however_long(conversation, sma
         views = path_bubbles(conversation=conversation)
     assert [v.bubble.content for v in views if v.bubble.role == "user"] == list(
         Bubble.objects.filter(conversation=conversation, role="user").order_by("id").values_list("content", flat=True))
+
+
+def test_c3_a_window_root_is_never_a_head_a_tip_or_a_branch(conversation):
+    """An intermediate root that only carries one window's summary (left behind when a later window failed)
+    is no place a head can rest: switching never lands there, however new it is."""
+    ask(conversation, "first")
+    first = head(conversation)
+    ask(conversation, "second")
+    tip = head(conversation)
+    window = Node.objects.create(kind="compaction", status="succeeded", conversation=conversation, window_root=True,
+                                 compacted_from=first, sent=[{"type": "summary", "text": "window one"}])
+    assert not Node.objects.can_be_head().filter(pk=window.pk).exists()
+    services.head_switch(conversation=conversation, node_id=first.pk)
+    assert head(conversation).pk == tip.pk, "the branch's latest tip, not the newer window root"

@@ -104,6 +104,9 @@ def test_r2_kept_retrieved_items_survive_a_compaction(user, notes, settings):
     ask(conversation, "What does the enterprise tier cost?")
     turns.turn_compact(user=user, conversation_id=conversation.pk)
     root = head(conversation)
-    assert root.kind == "compaction" and any(i.get("ephemeral") for i in root.sent)
+    assert root.kind == "compaction" and any(i.get("ephemeral") for i in root.sent) and root.keep_ephemeral
+    summary_call = root.summary_call
+    assert summary_call.keep_ephemeral, "the summarising call read the kept items, and says so"
+    assert any(m["role"] == "system" for m in turns.call_context(summary_call)), "what it saw includes them"
     later = answer(ask(conversation, "unrelated zebra question"))
     assert "system:From the person's conversation" in later

@@ -51,7 +51,7 @@ UNFILTERED_CAP_S = 60
 BATCH = 2000  # bulk_create batch size when COPY is not available
 NODE_COLUMNS = ("id", "parent_id", "conversation_id", "kind", "status", "failure_reason", "failure_message",
                 "sent", "received", "provider", "model", "usage", "created_at", "finished_at", "instructions",
-                "tokens", "path_tokens", "keep_ephemeral")
+                "tokens", "path_tokens", "keep_ephemeral", "window_root")
 # What node_path reads.
 PATH_COLUMNS = "id, parent_id, kind, status, sent, received, provider, model, tokens, path_tokens, compacted_from_id"
 ANSWER = ("Revenue in the north rose 12% quarter on quarter, driven by the enterprise segment; the south was "
@@ -152,7 +152,7 @@ def full_rows(rows: Iterable[tuple], *, as_json: bool) -> Iterator[tuple]:
         if as_json:
             sent, received = json.dumps(sent), json.dumps(received)
         yield (node_id, parent_id, conversation_id, "turn", "succeeded", "", "", sent, received, PROVIDER, MODEL,
-               "{}" if as_json else {}, now, now, INSTRUCTIONS, 0, 0, False)
+               "{}" if as_json else {}, now, now, INSTRUCTIONS, 0, 0, False, False)
 
 
 def copy_nodes(rows: Iterable[tuple]) -> None:
