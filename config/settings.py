@@ -155,6 +155,7 @@ ARBOR_PATH_DEPTH_LIMIT = int(os.environ.get("ARBOR_PATH_DEPTH_LIMIT", "100000"))
 ARBOR_TOOL_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_TOOL_TIMEOUT_SECONDS", "30"))
 ARBOR_SALES_DB_PATH = BASE_DIR / "var" / "sales.sqlite3"
 ARBOR_SEARCH_CONFIG = os.environ.get("ARBOR_SEARCH_CONFIG", "simple")  # PostgreSQL text search configuration
+ARBOR_SCREEN_NODES = int(os.environ.get("ARBOR_SCREEN_NODES", "400"))  # a chat page shows its history's end
 ARBOR_RETRIEVAL_RESULTS = int(os.environ.get("ARBOR_RETRIEVAL_RESULTS", "3"))
 ARBOR_WORKER_MAX_ATTEMPTS = int(os.environ.get("ARBOR_WORKER_MAX_ATTEMPTS", "5"))
 ARBOR_WORKER_LEASE_SECONDS = int(os.environ.get("ARBOR_WORKER_LEASE_SECONDS", "300"))

@@ -36,6 +36,7 @@ from conversations.selectors import (
     node_for_user,
     node_path,
     path_bubbles,
+    screen_bubbles,
     screen_history,
     user_instructions,
 )
@@ -114,10 +115,13 @@ class Message:
                 and self.bubble.data.get("reason") != Node.FailureReason.CONTEXT_OVERFLOW)
 
 
-def _bubbles(conversation: Conversation) -> list[Message]:
+def _bubbles(conversation: Conversation, *, everything: bool = False) -> tuple[list[Message], bool]:
+    """The chat's messages: the end of a long history unless `everything` is asked for; and whether
+    earlier ones were left out."""
+    views, hidden = screen_bubbles(conversation=conversation,
+                                   last=None if everything else settings.ARBOR_SCREEN_NODES)
     return [Message(bubble=view.bubble, branch=view.branch, is_head=view.bubble.node_id == conversation.head_id,
-                    editable=view.editable)
-            for view in path_bubbles(conversation=conversation)]
+                    editable=view.editable) for view in views], hidden
 
 
 def _overflow_notice(conversation: Conversation) -> Node | None:
@@ -140,8 +144,9 @@ def chat_context(request: HttpRequest, conversation: Conversation | None) -> dic
     }
 
 
-def _bubbles_context(conversation: Conversation) -> dict[str, Any]:
-    return {"conversation": conversation, "bubbles": _bubbles(conversation),
+def _bubbles_context(conversation: Conversation, request: HttpRequest) -> dict[str, Any]:
+    bubbles, hidden = _bubbles(conversation, everything=request.GET.get("all") == "1")
+    return {"conversation": conversation, "bubbles": bubbles, "hidden": hidden,
             "overflow": _overflow_notice(conversation), "turn_running": conversation.turn_running}
 
 
@@ -179,7 +184,7 @@ def chat_new(request: HttpRequest) -> HttpResponse:
 @page
 def chat_conversation(request: HttpRequest, conversation_id: int) -> HttpResponse:
     conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-    context = {**chat_context(request, conversation), **_bubbles_context(conversation)}
+    context = {**chat_context(request, conversation), **_bubbles_context(conversation, request)}
     return render(request, "chat/conversation.html", context)
 
 
@@ -188,7 +193,7 @@ def chat_conversation(request: HttpRequest, conversation_id: int) -> HttpRespons
 def chat_messages(request: HttpRequest, conversation_id: int) -> HttpResponse:
     """The message list alone: the page redraws it from the server's record when a turn ends."""
     conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-    return render(request, "chat/_messages.html", _bubbles_context(conversation))
+    return render(request, "chat/_messages.html", _bubbles_context(conversation, request))
 
 
 @require_POST

@@ -110,10 +110,21 @@ def history_ids(head_id: int | None) -> list[int]:
     return [row[0] for row in _rows_up(_HISTORY_IDS_SQL, head_id)]
 
 
-def screen_history(head_id: int | None) -> list[PathNode]:
+def screen_history(head_id: int | None, *, last: int | None = None) -> list[PathNode]:
     """`history_path` for the screen, in one query: ids, links, kind and status, and only a turn's sent
-    items (to tell questions, T8); no received items, nothing of a compaction root's kept turns."""
-    rows = _rows_up(_SCREEN_SQL, head_id)
+    items (to tell questions, T8); no received items, nothing of a compaction root's kept turns.
+
+    With `last`, the recursion stops after that many nodes above the head and one more, which only says
+    there is more: the end of a long history costs what it shows.
+    """
+    if last is None:
+        rows = _rows_up(_SCREEN_SQL, head_id)
+    elif head_id is None:
+        rows = []
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(_SCREEN_SQL, [head_id, last])
+            rows = cursor.fetchall()
     return [PathNode(r[0], r[1], r[2], r[3], _json(r[4]) or [], [], compacted_from_id=r[5]) for r in rows]
 
 
@@ -315,10 +326,24 @@ def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = No
     one query. Behind a compaction root the original path's bubbles are shown too (C3), with a marker entry
     (role `compaction`, no id) where compaction happened; bubbles before the last one are not editable.
     """
+    return screen_bubbles(conversation=conversation, path=path)[0]
+
+
+def screen_bubbles(*, conversation: Conversation, path: list[PathNode] | None = None,
+                   last: int | None = None) -> tuple[list[BubbleView], bool]:
+    """`path_bubbles` for the last `last` nodes of the history only; also say whether earlier ones were left out.
+
+    A long conversation's screen shows its end: the history, branch infos and bubbles are then read for
+    those nodes alone, so the cost follows `last`, not the whole history. (Whatever lies before the shown
+    part, every shown node is after its compaction roots that are not shown: editability needs no more.)
+    """
     tip = conversation.head_id if path is None else path[-1].id if path else None
-    path = screen_history(tip)
+    path = screen_history(tip, last=last)
     if not path:
-        return []
+        return [], False
+    hidden = last is not None and len(path) > last
+    if hidden:
+        path = path[1:]  # the one read past the window: it only says there is more
     last_root = max((i for i, p in enumerate(path) if is_compaction_root(p)), default=-1)
     order = {p.id: i for i, p in enumerate(path)}
     infos = branch_infos(conversation=conversation, path=path)
@@ -329,13 +354,14 @@ def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = No
             current = p.id
         if current is not None:
             opener_of[p.id] = current
-    shown = Bubble.objects.filter(node_id__in=_history_subquery(path[-1].id)).values_list(
-        "id", "node_id", "role", "content", "data")
+    nodes = [p.id for p in path] if hidden else _history_subquery(path[-1].id)
+    shown = Bubble.objects.filter(node_id__in=nodes).values_list("id", "node_id", "role", "content", "data")
     bubbles = [*(ShownBubble(*row) for row in shown),
                *(_compaction_marker(p) for p in path if is_compaction_root(p))]
     bubbles.sort(key=lambda b: (order[b.node_id], b.id or 0))
-    return [BubbleView(bubble=b, branch=None if b.pk is None else infos.get(opener_of.get(b.node_id, -1)),
-                       editable=order[b.node_id] > last_root) for b in bubbles]
+    views = [BubbleView(bubble=b, branch=None if b.pk is None else infos.get(opener_of.get(b.node_id, -1)),
+                        editable=order[b.node_id] > last_root) for b in bubbles]
+    return views, hidden
 
 
 def latest_tip(*, conversation: Conversation, node_id: int) -> int | None:

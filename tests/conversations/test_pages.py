@@ -227,3 +227,18 @@ def test_what_the_model_saw_for_an_anthropic_call_shows_text_parts(page, convers
     html = response.content.decode()
     assert response.status_code == 200 and "<pre>first</pre>" in html and "<pre>second</pre>" in html
     assert "cache_control" not in html
+
+
+def test_a_long_conversation_shows_its_end_and_can_show_everything(page, conversation, settings):
+    """The chat page reads the end of a long history only (its cost follows ARBOR_SCREEN_NODES); "show
+    earlier" shows all, and edit controls and arrows still work on what is shown (T7, T8)."""
+    settings.ARBOR_SCREEN_NODES = 3
+    for n in range(5):
+        ask(conversation, f"question {n}")
+    html = page.get(reverse("chat-conversation", args=[conversation.pk])).content.decode()
+    assert "Show the earlier messages" in html
+    assert '<div class="body plain">question 0</div>' not in html
+    assert '<div class="body plain">question 4</div>' in html
+    assert html.count('data-action="edit"') == 3
+    everything = page.get(reverse("chat-conversation", args=[conversation.pk]), {"all": "1"}).content.decode()
+    assert "Show the earlier" not in everything and everything.count('data-action="edit"') == 5
