@@ -1,10 +1,11 @@
 """Import a conversation from Arbor's tree JSON (lossless) or ChatGPT's conversations.json (branches kept).
 
-Everything is checked before anything is written, and the writes are one transaction: a malformed or
-hostile file (deep nesting, cycles, dangling references, huge fields, too many nodes) gets a clear
-error and creates nothing. Node ids are allocated up front, so the whole tree goes in with a few bulk
-inserts whatever its shape (the tree's foreign keys are deferred to the commit). Creation times are
-the import's own: `created_at` says when a row entered this database.
+Everything is checked before anything is written (where a head may rest, by the one query that says
+so, just before the head moves), and the writes are one transaction: a malformed or hostile file (deep
+nesting, cycles, dangling references, huge fields, too many nodes) gets a clear error and creates
+nothing. Node ids are allocated up front, so the whole tree goes in with a few bulk inserts whatever its
+shape (the tree's foreign keys are deferred to the commit). Creation times are the import's own:
+`created_at` says when a row entered this database.
 """
 
 from __future__ import annotations
@@ -263,15 +264,8 @@ def _check_graph(plan: Plan) -> None:
             raise ImportRefused(f"node {node.key!r}: only a parentless compaction node points at an original.")
     _order(plan)  # raises on a cycle of parents
     _check_acyclic(plan)  # and of parents, originals and summarising calls together (C3)
-    if plan.head is not None:
-        if not _is_reference(plan.head) or plan.head not in nodes:
-            raise ImportRefused(f"conversation.head {plan.head!r} is not in the file.")
-        head = nodes[plan.head].fields
-        root = head["kind"] == Node.Kind.COMPACTION and nodes[plan.head].parent is None and not head["window_root"]
-        overflowed = head["failure_reason"] == Node.FailureReason.CONTEXT_OVERFLOW
-        if not (head["kind"] == Node.Kind.TURN or root) or head["status"] == Node.Status.PENDING or overflowed:
-            # The same rule as NodeQuerySet.can_be_head: no side call, call under way or overflow (F2).
-            raise ImportRefused("conversation.head must be a turn or a compaction node that a head can rest on.")
+    if plan.head is not None and (not _is_reference(plan.head) or plan.head not in nodes):
+        raise ImportRefused(f"conversation.head {plan.head!r} is not in the file.")
 
 
 def _is_reference(value: Any) -> bool:
@@ -469,6 +463,10 @@ def _write(*, owner, plan: Plan) -> Conversation:
         [ToolApproval(node_id=ids[p.key], decided_by=owner, **a) for p in ordered for a in p.approvals],
         batch_size=_BATCH)
     if plan.head is not None:
+        # The one rule for where a head may rest (no side call, call under way or overflow, F2); refusing
+        # here rolls the whole import back, so a refused file still creates nothing.
+        if not Node.objects.can_be_head().filter(pk=ids[plan.head]).exists():
+            raise ImportRefused("conversation.head must be a turn or a compaction node that a head can rest on.")
         services.head_move(conversation=conversation, to=ids[plan.head])
     # R4: indexed for search (and titled if it has none) by the worker, after the commit.
     services.outbox_add(kind="turn_committed", payload={"conversation": conversation.pk, "head": conversation.head_id})

@@ -29,13 +29,12 @@ from conversations.errors import ArborError, BadInput, NotFound
 from conversations.models import Bubble, Conversation, Node
 from conversations.selectors import (
     BranchInfo,
+    branch_infos,
     conversation_for_user,
     conversation_has_node,
     conversation_list,
     latest_tip,
     node_for_user,
-    node_path,
-    path_bubbles,
     screen_bubbles,
     screen_history,
     user_instructions,
@@ -118,7 +117,7 @@ class Message:
 def _bubbles(conversation: Conversation, *, everything: bool = False) -> tuple[list[Message], bool]:
     """The chat's messages: the end of a long history unless `everything` is asked for; and whether
     earlier ones were left out."""
-    views, hidden = screen_bubbles(conversation=conversation,
+    views, hidden = screen_bubbles(conversation=conversation, tip=conversation.head_id,
                                    last=None if everything else settings.ARBOR_SCREEN_NODES)
     return [Message(bubble=view.bubble, branch=view.branch, is_head=view.bubble.node_id == conversation.head_id,
                     editable=view.editable) for view in views], hidden
@@ -301,13 +300,10 @@ class Branch:
 def _branch(conversation: Conversation, opener: int, siblings: list[int]) -> Branch:
     """The bubbles of one branch, from its question down to the latest tip of that branch (T8)."""
     tip = latest_tip(conversation=conversation, node_id=opener) or opener
-    path = screen_history(tip)  # the tip may lie beyond a compaction of the branch (C3)
-    start = next(i for i, p in enumerate(path) if p.id == opener)
-    views = path_bubbles(conversation=conversation, path=path)
-    below = {p.id for p in path[start:]}
+    views, _ = screen_bubbles(conversation=conversation, tip=tip)  # the tip may lie beyond a compaction (C3)
+    start = next((i for i, v in enumerate(views) if v.bubble.node_id == opener), len(views))
     return Branch(opener=opener, index=siblings.index(opener) + 1,
-                  messages=[Message(bubble=v.bubble, branch=None, is_head=False) for v in views
-                            if v.bubble.node_id in below])
+                  messages=[Message(bubble=v.bubble, branch=None, is_head=False) for v in views[start:]])
 
 
 @require_GET
@@ -332,11 +328,11 @@ def chat_compare(request: HttpRequest, conversation_id: int) -> HttpResponse:
 
 
 def _siblings_of(conversation: Conversation, opener: int) -> list[int]:
-    """The turns that share `opener`'s parent: its branch info, read from a path that holds it."""
-    for view in path_bubbles(conversation=conversation, path=node_path(opener)):
-        if view.branch and opener in view.branch.siblings:
-            return view.branch.siblings
-    raise NotFound(f"No question node {opener} in this conversation.")
+    """The turns that share `opener`'s parent: its branch info, read from the history that ends at it."""
+    info = branch_infos(conversation=conversation, path=screen_history(opener)).get(opener)
+    if info is None:
+        raise NotFound(f"No question node {opener} in this conversation.")
+    return info.siblings
 
 
 @page

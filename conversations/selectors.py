@@ -326,18 +326,18 @@ def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = No
     one query. Behind a compaction root the original path's bubbles are shown too (C3), with a marker entry
     (role `compaction`, no id) where compaction happened; bubbles before the last one are not editable.
     """
-    return screen_bubbles(conversation=conversation, path=path)[0]
+    tip = conversation.head_id if path is None else path[-1].id if path else None
+    return screen_bubbles(conversation=conversation, tip=tip)[0]
 
 
-def screen_bubbles(*, conversation: Conversation, path: list[PathNode] | None = None,
-                   last: int | None = None) -> tuple[list[BubbleView], bool]:
+def screen_bubbles(*, conversation: Conversation, tip: int | None, last: int | None = None
+                   ) -> tuple[list[BubbleView], bool]:
     """`path_bubbles` for the last `last` nodes of the history only; also say whether earlier ones were left out.
 
     A long conversation's screen shows its end: the history, branch infos and bubbles are then read for
     those nodes alone, so the cost follows `last`, not the whole history. (Whatever lies before the shown
     part, every shown node is after its compaction roots that are not shown: editability needs no more.)
     """
-    tip = conversation.head_id if path is None else path[-1].id if path else None
     path = screen_history(tip, last=last)
     if not path:
         return [], False
