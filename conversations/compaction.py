@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.utils import timezone
 
+from config.errors import ArborError
 from conversations import budget, llm
 from conversations import items as it
 from conversations.context import PathNode, assemble, is_compaction_root, path_items
-from conversations.errors import ArborError
 from conversations.models import Conversation, Node
 from conversations.selectors import opens_turn, path_node
 from conversations.side_calls import run_side_call

@@ -13,8 +13,8 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from config.errors import ArborError, NotFound
 from conversations import turns
-from conversations.errors import ArborError, NotFound
 from conversations.selectors import conversation_for_user
 from conversations.streaming import events_in_thread
 

@@ -1,30 +1,8 @@
-"""Domain errors. Each carries the API's error code and HTTP status; nothing here knows about DRF."""
+"""The conversation domain's errors; the generic ones (bad input, not found, too large) are `config.errors`."""
 
 from __future__ import annotations
 
-
-class ArborError(Exception):
-    code = "error"
-    status = 400
-
-    def __init__(self, message: str, *, code: str | None = None, status: int | None = None, **extra):
-        super().__init__(message)
-        self.message = message
-        if code:
-            self.code = code
-        if status:
-            self.status = status
-        self.extra = extra
-
-
-class BadInput(ArborError):
-    code = "bad_input"
-    status = 400
-
-
-class NotFound(ArborError):
-    code = "not_found"
-    status = 404
+from config.errors import ArborError
 
 
 class TurnInProgress(ArborError):
@@ -54,11 +32,6 @@ class ProviderFailed(ArborError):
 
     def __init__(self, reason: str, message: str, **extra):
         super().__init__(message, code=reason, status=FAILURE_STATUS.get(reason, 502), **extra)
-
-
-class TooLarge(ArborError):
-    code = "too_large"
-    status = 413
 
 
 class CorruptTree(ArborError):

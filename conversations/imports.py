@@ -20,9 +20,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from config.errors import BadInput, TooLarge
 from conversations import items as it
 from conversations import services
-from conversations.errors import BadInput, TooLarge
 from conversations.exports import TREE_FORMAT, TREE_VERSION
 from conversations.models import Bubble, Conversation, Node, ToolApproval
 

@@ -7,25 +7,21 @@ Nothing here assembles context, runs a turn or moves a head its own way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import wraps
 from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from config.errors import ArborError, BadInput, NotFound
+from config.web import off_the_shared_thread, page
 from conversations import imports, services, turns
 from conversations.apis.serializers import ConversationIn, PreferencesIn
 from conversations.apis.transfer import read_upload
-from conversations.apis.views import off_the_shared_thread
-from conversations.errors import ArborError, BadInput, NotFound
 from conversations.models import Bubble, Conversation, Node
 from conversations.selectors import (
     BranchInfo,
@@ -41,35 +37,6 @@ from conversations.selectors import (
 )
 
 SIDEBAR_SIZE = 200
-
-# Scripts and styles come only from our own static files: markup that slipped past the sanitiser
-# still could not run a script.
-CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'; object-src 'none'"
-)
-
-
-def page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """A signed-in page: our errors become a message and a redirect, every response gets the CSP header."""
-
-    @login_required
-    @wraps(view)
-    def run(request: HttpRequest, *args, **kwargs) -> HttpResponse:
-        try:
-            response = view(request, *args, **kwargs)
-        except NotFound as error:
-            raise Http404(error.message) from None
-        except ArborError as error:
-            messages.error(request, error.message)
-            back = request.META.get("HTTP_REFERER", "")
-            safe = url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()})
-            response = redirect(back if safe else reverse("chat"))
-        response.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
-        return response
-
-    return run
-
 
 # --- what a page shows --------------------------------------------------------------------------------
 

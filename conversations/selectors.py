@@ -12,8 +12,9 @@ from django.db import connection
 from django.db.models import BooleanField, Max, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
+from config.errors import NotFound
 from conversations.context import PathNode, is_compaction_root, readable_by
-from conversations.errors import CorruptTree, NotFound
+from conversations.errors import CorruptTree
 from conversations.items import question_of
 from conversations.models import Bubble, Conversation, Node, Preferences
 

@@ -11,7 +11,8 @@ from django.db import connection, models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from conversations.errors import BadInput, NotFound, TurnInProgress
+from config.errors import BadInput, NotFound
+from conversations.errors import TurnInProgress
 from conversations.models import Bubble, Conversation, Node, OutboxJob, Preferences, ToolApproval
 from conversations.selectors import conversation_has_node, latest_tip
 

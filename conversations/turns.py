@@ -26,18 +26,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from config.errors import BadInput, NotFound, TooLarge
 from conversations import budget, compaction, llm, services
 from conversations import items as it
 from conversations.context import PathNode, assemble, is_compaction_root
-from conversations.errors import (
-    ApprovalPending,
-    BadInput,
-    BeforeCompaction,
-    NotFound,
-    ProviderFailed,
-    TooLarge,
-    TurnInProgress,
-)
+from conversations.errors import ApprovalPending, BeforeCompaction, ProviderFailed, TurnInProgress
 from conversations.models import Bubble, Conversation, Node, ToolApproval
 from conversations.retrieval import retrieved_items
 from conversations.selectors import (

@@ -9,8 +9,8 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
+from config.api import valid_input
 from conversations.apis.serializers import ConversationOut
-from conversations.apis.views import valid_input
 from playbooks import serializers as s
 from playbooks import services
 from playbooks.selectors import playbook_for_user, playbook_list, run_for_user, run_list, run_view

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conversations.errors import ArborError
+from config.errors import ArborError
 
 
 class PlaybookInvalid(ArborError):

@@ -16,9 +16,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
 from django.views.decorators.http import require_GET, require_POST
 
-from conversations.apis.views import off_the_shared_thread
-from conversations.errors import BadInput
-from conversations.pages import chat_context, page
+from config.errors import BadInput
+from config.web import off_the_shared_thread, page
+from conversations.pages import chat_context
 from conversations.selectors import path_bubbles
 from playbooks import services
 from playbooks.models import PlaybookRun

@@ -9,9 +9,9 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from config.errors import NotFound
 from conversations import items as it
 from conversations.context import PathNode
-from conversations.errors import NotFound
 from conversations.models import Conversation, Node
 from conversations.selectors import conversation_nodes, node_path, opens_turn
 from conversations.tools import get_tool

@@ -23,10 +23,11 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
 
+from config.errors import ArborError, BadInput, TooLarge
 from conversations import budget, llm, services, turns
 from conversations import items as it
 from conversations.context import PathNode, assemble
-from conversations.errors import FAILURE_STATUS, ApprovalPending, ArborError, BadInput, TooLarge
+from conversations.errors import FAILURE_STATUS, ApprovalPending
 from conversations.models import Conversation, Node
 from conversations.selectors import context_path, conversation_for_user, instructions_for, node_path
 from conversations.side_calls import run_side_call

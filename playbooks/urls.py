@@ -1,6 +1,6 @@
 from django.urls import path
 
-from conversations.apis.views import off_the_shared_thread
+from config.web import off_the_shared_thread
 from playbooks import apis as v
 
 # Conversions and runs call the model: keep them off ASGI's shared thread, like turns.

@@ -5,7 +5,8 @@ from django.shortcuts import render
 from django.urls import path
 from django.views.decorators.http import require_GET
 
-from conversations.pages import chat_context, page
+from config.web import page
+from conversations.pages import chat_context
 from search.query import search_bubbles
 
 

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils.safestring import SafeString, mark_safe
 
-from conversations.errors import BadInput
+from config.errors import BadInput
 from conversations.models import Conversation
 from conversations.selectors import history_ids
 

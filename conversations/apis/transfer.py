@@ -13,9 +13,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.errors import BadInput
 from conversations import exports, imports
 from conversations.apis import serializers as s
-from conversations.errors import BadInput
 from conversations.selectors import conversation_for_user
 
 EXPORT_FORMATS = ("md", "json", "chatgpt")

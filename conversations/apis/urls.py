@@ -1,9 +1,10 @@
 from django.urls import path
 
+from config.web import off_the_shared_thread
 from conversations.apis import transfer
 from conversations.apis import views as v
 
-_turn_view = v.off_the_shared_thread
+_turn_view = off_the_shared_thread
 
 urlpatterns = [
     path("conversations/", v.ConversationListCreate.as_view(), name="conversation-list"),

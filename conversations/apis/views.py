@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 
-from asgiref.sync import sync_to_async
-from django.core.handlers.asgi import ASGIRequest
-from django.db import connections
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
@@ -17,9 +13,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.api import error_body, paginated, valid_input
 from conversations import services, turns
 from conversations.apis import serializers as s
-from conversations.apis.errors import error_body
 from conversations.errors import FAILURE_STATUS
 from conversations.models import Node
 from conversations.selectors import (
@@ -34,52 +30,19 @@ from conversations.streaming import events_in_thread
 logger = logging.getLogger("arbor.api")
 
 
-def off_the_shared_thread(view: Callable) -> Callable:
-    """Run a long (turn-running) view in a thread of its own under ASGI.
-
-    Under ASGI, Django runs every sync view on one shared thread; a turn lasting seconds there would
-    hold up every other request (an edit's immediate 409, say). Under WSGI nothing is shared.
-    """
-
-    def run(request, *args, **kwargs):
-        try:
-            return view(request, *args, **kwargs)
-        finally:
-            connections.close_all()  # this thread's connections, not the server's
-
-    async def wrapper(request, *args, **kwargs):
-        if isinstance(request, ASGIRequest):
-            return await sync_to_async(run, thread_sensitive=False)(request, *args, **kwargs)
-        return await sync_to_async(view, thread_sensitive=True)(request, *args, **kwargs)
-
-    for attribute in ("cls", "initkwargs", "csrf_exempt", "view_class", "view_initkwargs"):
-        if hasattr(view, attribute):
-            setattr(wrapper, attribute, getattr(view, attribute))
-    return wrapper
-
-
 # --- conversations ---------------------------------------------------------------------------------
 
 
 class ConversationListCreate(APIView):
     @extend_schema(responses=s.ConversationOut(many=True))
     def get(self, request: Request) -> Response:
-        paginator = self.pagination_class() if self.pagination_class else None
-        queryset = conversation_list(user=request.user)
-        page = paginator.paginate_queryset(queryset, request, view=self)
-        return paginator.get_paginated_response(s.ConversationOut(page, many=True).data)
+        return paginated(self, request, conversation_list(user=request.user), s.ConversationOut)
 
     @extend_schema(request=s.ConversationIn, responses={201: s.ConversationOut})
     def post(self, request: Request) -> Response:
         data = valid_input(s.ConversationIn, request)
         conversation = services.conversation_create(owner=request.user, **data)
         return Response(s.ConversationOut(conversation).data, status=status.HTTP_201_CREATED)
-
-    @property
-    def pagination_class(self):
-        from rest_framework.settings import api_settings
-
-        return api_settings.DEFAULT_PAGINATION_CLASS
 
 
 class ConversationDetail(APIView):
@@ -100,16 +63,6 @@ class ConversationDetail(APIView):
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
         services.conversation_delete(conversation=conversation)
         return Response(status=status.HTTP_204_NO_CONTENT)
-
-
-def valid_input(serializer_class, request: Request) -> dict:
-    if not isinstance(request.data, dict):
-        from rest_framework.exceptions import ValidationError
-
-        raise ValidationError({"non_field_errors": ["The body must be a JSON object."]})
-    serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 # --- turns -----------------------------------------------------------------------------------------

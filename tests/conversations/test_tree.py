@@ -7,9 +7,10 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from config.errors import NotFound
 from conversations import items as it
 from conversations import services, turns
-from conversations.errors import BeforeCompaction, CorruptTree, NotFound, TurnInProgress
+from conversations.errors import BeforeCompaction, CorruptTree, TurnInProgress
 from conversations.models import Bubble, Conversation, Node
 from conversations.selectors import node_path, path_bubbles
 from tests.conversations.helpers import answer, ask, head

@@ -7,8 +7,9 @@ import json
 import pytest
 from django.core import mail
 
+from config.errors import BadInput
 from conversations import services, turns
-from conversations.errors import ApprovalPending, BadInput, TurnInProgress
+from conversations.errors import ApprovalPending, TurnInProgress
 from conversations.models import Bubble, Node, OutboxJob, ToolApproval
 from conversations.selectors import node_path, path_bubbles
 from tests.conversations.helpers import answer, ask, head

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from config.errors import ArborError, BadInput, TooLarge
 from conversations import budget, llm, turns
 from conversations import items as it
 from conversations import services as conversation_services
-from conversations.errors import ApprovalPending, ArborError, BadInput, TooLarge, TurnInProgress
+from conversations.errors import ApprovalPending, TurnInProgress
 from conversations.models import Node
 from conversations.selectors import node_path
 from playbooks import services

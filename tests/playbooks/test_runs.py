@@ -7,8 +7,8 @@ import json
 import pytest
 from django.core import mail
 
+from config.errors import BadInput
 from conversations import turns
-from conversations.errors import BadInput
 from conversations.models import Conversation, Node
 from conversations.selectors import node_path
 from conversations.tools.sql_query import sql_query

@@ -1,4 +1,5 @@
-"""The API's one error shape: {"error": {"code": ..., "message": ...}}."""
+"""What every app's API views share: the one error shape ({"error": {"code": ..., "message": ...}}), input
+validation and pagination. Imports no app."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
 from django.http import Http404
 from rest_framework import exceptions, status
+from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from conversations.errors import ArborError
+from config.errors import ArborError
 
 logger = logging.getLogger("arbor.api")
 
@@ -71,3 +74,19 @@ def exception_handler(exc, context):
     logger.exception("unexpected error answering an API request")
     return Response(error_body("server_error", "Something went wrong on the server."),
                     status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+
+
+def valid_input(serializer_class, request: Request) -> dict:
+    """The request's JSON object, checked by `serializer_class`; a 400 names every problem."""
+    if not isinstance(request.data, dict):
+        raise exceptions.ValidationError({"non_field_errors": ["The body must be a JSON object."]})
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def paginated(view, request: Request, queryset, serializer_class) -> Response:
+    """One page of `queryset` with the project's paginator (read when called, never at import)."""
+    paginator = api_settings.DEFAULT_PAGINATION_CLASS()
+    page = paginator.paginate_queryset(queryset, request, view=view)
+    return paginator.get_paginated_response(serializer_class(page, many=True).data)
