@@ -13,7 +13,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from conversations.routing import websocket_urlpatterns  # noqa: E402
+from conversations.web.routing import websocket_urlpatterns  # noqa: E402
 
 # Every middleware in settings is async-capable: one sync-only middleware would put every request,
 # a running turn included, back on the one shared thread.

@@ -14,5 +14,5 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("search.pages")),
     path("playbooks/", include("playbooks.pages")),
-    path("", include("conversations.pages")),
+    path("", include("conversations.web.pages")),
 ]

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from conversations.models import Bubble, Conversation, Node, ToolApproval
-from conversations.selectors import conversation_nodes, history_ids, path_bubbles
+from conversations.screen import path_bubbles
+from conversations.selectors import conversation_nodes, history_ids
 
 TREE_FORMAT = "arbor.tree"
 TREE_VERSION = 1

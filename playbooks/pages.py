@@ -18,8 +18,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from config.errors import BadInput
 from config.web import off_the_shared_thread, page
-from conversations.pages import chat_context
-from conversations.selectors import path_bubbles
+from conversations.screen import path_bubbles
 from playbooks import services
 from playbooks.models import PlaybookRun
 from playbooks.selectors import conversion_chains, playbook_for_user, playbook_list, playbook_versions, run_view
@@ -54,7 +53,7 @@ def form_values(parameters: list[dict[str, Any]], data) -> dict[str, Any]:
 @require_GET
 @page
 def playbook_list_page(request: HttpRequest) -> HttpResponse:
-    context = {**chat_context(request, None), "playbooks": playbook_list(user=request.user)}
+    context = {"conversation": None, "playbooks": playbook_list(user=request.user)}
     return render(request, "playbooks/list.html", context)
 
 
@@ -65,7 +64,7 @@ def playbook_detail_page(request: HttpRequest, playbook_id: int) -> HttpResponse
     listed = playbook_versions(playbook)
     chains = conversion_chains(v.conversion_node_id for v in listed)
     versions = [{"version": v, "tries": chains[v.conversion_node_id]} for v in listed]
-    context = {**chat_context(request, None), "playbook": playbook, "definition": playbook.definition,
+    context = {"conversation": None, "playbook": playbook, "definition": playbook.definition,
                "versions": versions, "runs": playbook.runs.select_related("conversation")[:10]}
     return render(request, "playbooks/detail.html", context)
 
@@ -117,7 +116,7 @@ def playbook_run_page(request: HttpRequest, playbook_id: int) -> HttpResponse:
         else:
             return redirect("playbook-page-run-detail", playbook.pk, result.run.pk)
     fields = [{**p, "value": submitted.get(p["name"], p.get("default", ""))} for p in parameters]
-    context = {**chat_context(request, None), "playbook": playbook, "fields": fields, "errors": errors}
+    context = {"conversation": None, "playbook": playbook, "fields": fields, "errors": errors}
     return render(request, "playbooks/run.html", context, status=400 if errors else 200)
 
 
@@ -128,7 +127,7 @@ def playbook_run_detail_page(request: HttpRequest, playbook_id: int, run_id: int
     run = get_object_or_404(PlaybookRun.objects.select_related("conversation"), pk=run_id, playbook=playbook)
     bubbles = [view.bubble for view in path_bubbles(conversation=run.conversation)] if run.conversation else []
     waiting = any(b.role == "tool" and b.data.get("status") == "awaiting_approval" for b in bubbles)
-    context = {**chat_context(request, None), "playbook": playbook, "run": run, "bubbles": bubbles,
+    context = {"conversation": None, "playbook": playbook, "run": run, "bubbles": bubbles,
                "waiting": waiting, "view": run_view(run)}
     return render(request, "playbooks/run_detail.html", context)
 

@@ -6,7 +6,6 @@ from django.urls import path
 from django.views.decorators.http import require_GET
 
 from config.web import page
-from conversations.pages import chat_context
 from search.query import search_bubbles
 
 
@@ -15,7 +14,7 @@ from search.query import search_bubbles
 def search(request: HttpRequest) -> HttpResponse:
     query = request.GET.get("q", "")
     hits = search_bubbles(user=request.user, query=query) if query.strip() else []
-    return render(request, "search/results.html", {**chat_context(request, None), "query": query, "hits": hits})
+    return render(request, "search/results.html", {"conversation": None, "query": query, "hits": hits})
 
 
 urlpatterns = [path("search/", search, name="search")]

@@ -6,7 +6,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from conversations.models import Conversation, Node
-from conversations.selectors import BubbleView
+from conversations.screen import BubbleView
 
 
 class StrictCharField(serializers.CharField):

@@ -18,13 +18,8 @@ from conversations import services, turns
 from conversations.apis import serializers as s
 from conversations.errors import FAILURE_STATUS
 from conversations.models import Node
-from conversations.selectors import (
-    conversation_for_user,
-    conversation_list,
-    conversation_nodes,
-    node_for_user,
-    path_bubbles,
-)
+from conversations.screen import path_bubbles
+from conversations.selectors import conversation_for_user, conversation_list, conversation_nodes, node_for_user
 from conversations.streaming import events_in_thread
 
 logger = logging.getLogger("arbor.api")

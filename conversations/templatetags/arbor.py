@@ -2,7 +2,7 @@ import json
 
 from django import template
 
-from conversations.markdown import render_markdown
+from conversations.web.markdown import render_markdown
 
 register = template.Library()
 

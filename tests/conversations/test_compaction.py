@@ -12,7 +12,8 @@ from conversations import budget, llm, services, turns
 from conversations.compaction import COMPACTION_PROMPT
 from conversations.context import SUMMARY_PREFIX, is_compaction_root
 from conversations.models import Bubble, Node
-from conversations.selectors import context_path, history_path, node_path, path_bubbles
+from conversations.screen import path_bubbles
+from conversations.selectors import context_path, history_path, node_path
 from tests.conversations.helpers import answer, ask, head
 from tests.support.openai_stub import Reply
 

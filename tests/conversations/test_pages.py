@@ -8,8 +8,8 @@ from django.test import Client
 from django.urls import reverse
 
 from conversations import services, turns
-from conversations.markdown import render_markdown
 from conversations.models import Bubble, Conversation, Node
+from conversations.web.markdown import render_markdown
 from tests.conversations.helpers import ask, head
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,8 @@ import pytest
 
 from conversations import exports, services, turns
 from conversations.models import Bubble, Conversation, Node
-from conversations.selectors import node_path, path_bubbles
+from conversations.screen import path_bubbles
+from conversations.selectors import node_path
 from tests.conversations.helpers import ask, head
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,8 @@ from conversations import items as it
 from conversations import services, turns
 from conversations.errors import BeforeCompaction, CorruptTree, TurnInProgress
 from conversations.models import Bubble, Conversation, Node
-from conversations.selectors import node_path, path_bubbles
+from conversations.screen import path_bubbles
+from conversations.selectors import node_path
 from tests.conversations.helpers import answer, ask, head
 
 pytestmark = pytest.mark.django_db

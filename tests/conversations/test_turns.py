@@ -11,7 +11,8 @@ from config.errors import BadInput
 from conversations import services, turns
 from conversations.errors import ApprovalPending, TurnInProgress
 from conversations.models import Bubble, Node, OutboxJob, ToolApproval
-from conversations.selectors import node_path, path_bubbles
+from conversations.screen import path_bubbles
+from conversations.selectors import node_path
 from tests.conversations.helpers import answer, ask, head
 
 pytestmark = pytest.mark.django_db

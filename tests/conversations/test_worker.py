@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from conversations import services, turns, worker
 from conversations.models import Node, OutboxJob
-from conversations.selectors import path_bubbles
+from conversations.screen import path_bubbles
 from search.models import BubbleDocument
 from tests.conversations.helpers import ask, head
 from tests.support.openai_stub import Reply

@@ -43,7 +43,8 @@ from conversations.management.commands.bench_assembly import (
     reset_node_sequence,
 )
 from conversations.models import Bubble, Conversation, Node
-from conversations.selectors import context_path, node_path, path_bubbles
+from conversations.screen import path_bubbles
+from conversations.selectors import context_path, node_path
 
 PREFIX = "arbor-bench-compaction:"
 MODEL = "arbor/echo"

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.urls import path, reverse
+from django.urls import path
 from django.views.decorators.http import require_GET, require_POST
 
 from config.errors import ArborError, BadInput, NotFound
@@ -22,63 +22,19 @@ from config.web import off_the_shared_thread, page
 from conversations import imports, services, turns
 from conversations.apis.serializers import ConversationIn, PreferencesIn
 from conversations.apis.transfer import read_upload
-from conversations.models import Bubble, Conversation, Node
+from conversations.models import Conversation, Node
+from conversations.screen import Message, branch_infos, screen_bubbles
 from conversations.selectors import (
-    BranchInfo,
-    branch_infos,
     conversation_for_user,
     conversation_has_node,
     conversation_list,
     latest_tip,
     node_for_user,
-    screen_bubbles,
     screen_history,
     user_instructions,
 )
 
-SIDEBAR_SIZE = 200
-
 # --- what a page shows --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Message:
-    """One bubble as the chat shows it: the bubble, its turn's branch place, what its controls act on."""
-
-    bubble: Bubble
-    branch: BranchInfo | None
-    is_head: bool
-    editable: bool = True  # T10: nothing before the latest compaction is edited, regenerated or switched
-
-    @property
-    def question_node(self) -> int | None:
-        """The node that sent this bubble's question: what ✎, ↻ and compare act on."""
-        return self.branch.siblings[self.branch.index - 1] if self.branch else None
-
-    @property
-    def has_siblings(self) -> bool:
-        return bool(self.editable and self.branch and self.branch.count > 1)
-
-    @property
-    def previous_sibling(self) -> int | None:
-        return self.branch.siblings[self.branch.index - 2] if self.has_siblings and self.branch.index > 1 else None
-
-    @property
-    def next_sibling(self) -> int | None:
-        if self.has_siblings and self.branch.index < self.branch.count:
-            return self.branch.siblings[self.branch.index]
-        return None
-
-    @property
-    def other_sibling(self) -> int | None:
-        """The sibling a compare link opens next to this one."""
-        return self.next_sibling or self.previous_sibling
-
-    @property
-    def can_retry(self) -> bool:
-        """F1: a failed call at the head can be called again; an overflow (F2) needs a shorter context."""
-        return (self.bubble.role == Bubble.Role.ERROR and self.is_head
-                and self.bubble.data.get("reason") != Node.FailureReason.CONTEXT_OVERFLOW)
 
 
 def _bubbles(conversation: Conversation, *, everything: bool = False) -> tuple[list[Message], bool]:
@@ -97,17 +53,6 @@ def _overflow_notice(conversation: Conversation) -> Node | None:
     if newest and newest.failure_reason == Node.FailureReason.CONTEXT_OVERFLOW:
         return newest
     return None
-
-
-def chat_context(request: HttpRequest, conversation: Conversation | None) -> dict[str, Any]:
-    sidebar = list(conversation_list(user=request.user).only("id", "title", "updated_at")[:SIDEBAR_SIZE])
-    return {
-        "conversation": conversation,
-        "sidebar": sidebar,
-        "palette": [{"title": c.title or f"Conversation {c.pk}", "url": reverse("chat-conversation", args=[c.pk])}
-                    for c in sidebar],
-        "models": settings.ARBOR_MODELS,
-    }
 
 
 def _bubbles_context(conversation: Conversation, request: HttpRequest) -> dict[str, Any]:
@@ -132,7 +77,7 @@ def chat(request: HttpRequest) -> HttpResponse:
     newest = conversation_list(user=request.user).only("id").first()
     if newest:
         return redirect("chat-conversation", newest.pk)
-    return render(request, "chat/empty.html", chat_context(request, None))
+    return render(request, "chat/empty.html", {"conversation": None})
 
 
 @require_POST
@@ -150,7 +95,7 @@ def chat_new(request: HttpRequest) -> HttpResponse:
 @page
 def chat_conversation(request: HttpRequest, conversation_id: int) -> HttpResponse:
     conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-    context = {**chat_context(request, conversation), **_bubbles_context(conversation, request)}
+    context = {"conversation": conversation, **_bubbles_context(conversation, request)}
     return render(request, "chat/conversation.html", context)
 
 
@@ -232,7 +177,7 @@ def chat_import(request: HttpRequest) -> HttpResponse:
         created = imports.import_any(owner=request.user, document=imports.parse(read_upload(upload)))
         messages.success(request, f"Imported {len(created)} conversation{'s' if len(created) != 1 else ''}.")
         return redirect("chat-conversation", created[0].pk)
-    return render(request, "chat/import.html", chat_context(request, None))
+    return render(request, "chat/import.html", {"conversation": None})
 
 
 @require_GET
@@ -289,7 +234,7 @@ def chat_compare(request: HttpRequest, conversation_id: int) -> HttpResponse:
     siblings = _siblings_of(conversation, chosen[0])
     if chosen[1] not in siblings or chosen[0] == chosen[1]:
         raise ArborError("Those two are not different branches of the same question.")
-    context = {**chat_context(request, conversation), "siblings": siblings,
+    context = {"conversation": conversation, "siblings": siblings,
                "branches": [_branch(conversation, opener, siblings) for opener in chosen]}
     return render(request, "chat/compare.html", context)
 
@@ -312,7 +257,7 @@ def preferences(request: HttpRequest) -> HttpResponse:
             messages.success(request, "Saved. Your instructions go before every conversation's own.")
             return redirect("preferences")
         messages.error(request, "Nothing was changed. " + " ".join(map(str, form.errors.get("instructions", []))))
-    context = {**chat_context(request, None), "instructions": user_instructions(user_id=request.user.pk)}
+    context = {"conversation": None, "instructions": user_instructions(user_id=request.user.pk)}
     return render(request, "chat/preferences.html", context)
 
 
