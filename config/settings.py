@@ -5,6 +5,9 @@ from pathlib import Path
 
 import dj_database_url
 
+# litellm reads this when it is first imported: never fetch the price list at run time (no network here).
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -137,6 +140,7 @@ ARBOR_API_BASE = os.environ.get("ARBOR_API_BASE") or None
 ARBOR_MODELS = [m for m in os.environ.get("ARBOR_MODELS", "").split(",") if m] or [ARBOR_MODEL]
 ARBOR_LLM_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_LLM_TIMEOUT_SECONDS", "120"))
 ARBOR_ECHO_MAX_INPUT_TOKENS = int(os.environ.get("ARBOR_ECHO_MAX_INPUT_TOKENS", "4000"))
+ARBOR_ECHO_WORD_SECONDS = float(os.environ.get("ARBOR_ECHO_WORD_SECONDS", "0.1"))  # `#slow`: one word each
 # C1: the budget is max input tokens (litellm's model info unless overridden here) minus a reserve for
 # the answer; compaction runs before a call that would pass the threshold, a share of that budget.
 # ARBOR_MAX_INPUT_TOKENS: "8192" for every model, or "openai/gpt-4o=100000,hosted_vllm/x=8192".

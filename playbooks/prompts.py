@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 from conversations import items as it
-from conversations.llm import PLAYBOOK_DRAFT_MARKER
 from conversations.tools import all_tools
+from playbooks.echo_draft import PLAYBOOK_DRAFT_MARKER
 from playbooks.schema import PLAYBOOK_SCHEMA, render_step
 
 

@@ -20,6 +20,7 @@ import pytest
 from litellm.exceptions import MidStreamFallbackError
 
 from conversations import llm
+from conversations.llm import echo as echo_model
 from tests.support.openai_stub import Reply
 
 QUESTION = [{"role": "user", "content": "how many customers do we have?"}]
@@ -440,7 +441,7 @@ def test_echo_digest_truncates_to_30_characters_and_shows_tool_calls_and_results
         {"role": "tool", "tool_call_id": "c1", "content": '{"columns": ["n"], "rows": [[60]], "truncated": false}'},
         {"role": "assistant", "content": [{"type": "text", "text": "parts "}, {"type": "text", "text": "joined"}]},
     ]
-    assert llm.echo_digest(messages) == (
+    assert echo_model.digest(messages) == (
         "user:a question that is much longer | assistant:[call sql_query] | assistant:[call send_email] | "
         'tool:{"columns": ["n"], "rows": [[6 | assistant:parts joined'
     )
@@ -570,14 +571,14 @@ def test_echo_usage_is_about_characters_over_four(stub):
 
 def test_echo_plan_is_a_pure_function_of_the_messages():
     messages = [{"role": "user", "content": '#tool sql_query {"sql": "select 2"} #slow'}]
-    plan = llm.echo_plan(messages, tools_offered=True)
+    plan = echo_model.make_plan(messages, tools_offered=True)
     assert plan.tool_call == ("sql_query", '{"sql": "select 2"}')
     assert plan.words == []
-    answered = llm.echo_plan(messages, tools_offered=False)
+    answered = echo_model.make_plan(messages, tools_offered=False)
     assert answered.tool_call is None
     assert answered.slow is True
     assert "".join(answered.words) == f"echo: {messages[0]['content']}\nseen: user:{messages[0]['content'][:30]}"
-    assert llm.echo_plan(messages, tools_offered=False) == answered
+    assert echo_model.make_plan(messages, tools_offered=False) == answered
 
 
 def test_closing_an_echo_stream_mid_answer_raises_cancelled_with_the_partial_text():

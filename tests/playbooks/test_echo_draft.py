@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from conversations.llm import PLAYBOOK_DRAFT_MARKER, echo_playbook_draft
-from playbooks import schema
+from playbooks import echo_draft, schema
+from playbooks.echo_draft import PLAYBOOK_DRAFT_MARKER
 
 SQL = "SELECT customer_name, total FROM monthly_sales WHERE month = '2026-10' ORDER BY total DESC LIMIT 3"
 
@@ -23,8 +23,8 @@ def _messages(*extra: dict) -> list[dict]:
 
 
 def test_the_draft_is_deterministic_valid_and_parameterised():
-    draft = echo_playbook_draft(_messages())
-    assert draft == echo_playbook_draft(_messages())
+    draft = echo_draft.draft(_messages())
+    assert draft == echo_draft.draft(_messages())
     definition = json.loads(draft)
     assert schema.validate(definition) == []
     assert definition["name"] == "Top 3 customers in 2026-10"
@@ -36,13 +36,13 @@ def test_the_draft_is_deterministic_valid_and_parameterised():
 def test_the_last_tool_using_turn_gives_the_steps():
     later = [{"role": "user", "content": "only customers now"}, _call("SELECT name FROM customers"),
              {"role": "tool", "tool_call_id": "c1", "content": "{}"}, {"role": "assistant", "content": "ok"}]
-    definition = json.loads(echo_playbook_draft(_messages(*later)))
+    definition = json.loads(echo_draft.draft(_messages(*later)))
     assert definition["name"] == "only customers now" and definition["parameters"] == []
     assert definition["steps"][0] == {"tool": "sql_query", "arguments": {"sql": "SELECT name FROM customers"}}
 
 
 def test_without_tool_calls_the_draft_is_one_instruction():
-    definition = json.loads(echo_playbook_draft([{"role": "user", "content": "hello"},
+    definition = json.loads(echo_draft.draft([{"role": "user", "content": "hello"},
                                                  {"role": "assistant", "content": "hi"},
                                                  {"role": "user", "content": PLAYBOOK_DRAFT_MARKER}]))
     assert definition["steps"] == [{"instruction": "Answer: hello"}] and schema.validate(definition) == []

@@ -31,9 +31,10 @@ from django.db import connection, transaction
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from conversations import budget, llm, services, turns
+from conversations import budget, services, turns
 from conversations import items as it
 from conversations.context import assemble, is_compaction_root
+from conversations.llm import echo
 from conversations.management.commands.bench_assembly import (
     ANSWER,
     BENCH_USER,
@@ -97,10 +98,10 @@ def prefix_stable(calls: list[Node]) -> tuple[int, int]:
 
 def before_a_call(head_id: int) -> list[dict]:
     """What the turn runner does before a call from a head: path, C3 check, budget check, assembly."""
-    path = context_path(node_path(head_id), llm.ECHO_PROVIDER)
+    path = context_path(node_path(head_id), echo.PROVIDER)
     new = [it.user("One more question?")]
-    budget.call_tokens(path, new, model=MODEL, provider=llm.ECHO_PROVIDER, instructions=INSTRUCTIONS)
-    return assemble(path, new, instructions=INSTRUCTIONS, provider=llm.ECHO_PROVIDER)
+    budget.call_tokens(path, new, model=MODEL, provider=echo.PROVIDER, instructions=INSTRUCTIONS)
+    return assemble(path, new, instructions=INSTRUCTIONS, provider=echo.PROVIDER)
 
 
 def last_heads(conversation: Conversation) -> list[int]:
@@ -124,7 +125,7 @@ def write_compacted_history(conversation: Conversation, turns_count: int) -> Non
 
     def add(**fields) -> Node:
         nonlocal next_id
-        node = Node(id=next_id, conversation=conversation, status=Node.Status.SUCCEEDED, provider=llm.ECHO_PROVIDER,
+        node = Node(id=next_id, conversation=conversation, status=Node.Status.SUCCEEDED, provider=echo.PROVIDER,
                     model=MODEL, instructions=INSTRUCTIONS, finished_at=now, **fields)
         next_id += 1
         rows.append(node)

@@ -1,0 +1,304 @@
+"""The one seam to model providers: the only package that imports litellm.
+
+`stream_call` streams one model call and returns its received items and usage; errors come out as
+`LLMError` with a failure reason from T1. `max_input_tokens` and `count_tokens` are the model facts the
+budget (C1) needs. A provider of Arbor's own (the offline `arbor/echo`, in `echo/`) is a litellm custom
+provider registered through `register_provider`, with the facts litellm cannot know about it; this
+module knows nothing else about it.
+
+A provider registered with `native_compaction` answers a summarising call (`stream_call(..., compaction=True)`)
+with an opaque item of its own as well as its text: it receives `arbor_compaction=True` and streams the item
+in its delta's `provider_specific_fields["arbor_compaction"]`, like the encrypted compaction items of hosted
+providers. Only that provider can read it back; any other gets the original path expanded instead (C3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import uuid
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import litellm
+from django.conf import settings
+from litellm import CustomLLM
+
+from conversations import items as it
+
+litellm.telemetry = False
+# litellm logs every streamed chunk at a cost that grows with the prompt (measured: 2.4 ms a token
+# at path 400; a path-2,000 echo turn took 432 s). Arbor records usage itself.
+litellm.disable_streaming_logging = True
+litellm.suppress_debug_info = True
+
+
+@dataclass(frozen=True)
+class ProviderFacts:
+    """What litellm cannot know about a provider of Arbor's own: its counter, its input limit, whether it
+    compacts natively. Read when asked (the limit may be a setting a test changes)."""
+
+    count_tokens: Callable[[list[dict]], int]
+    max_input_tokens: Callable[[], int]
+    native_compaction: bool = False
+
+
+_OWN_PROVIDERS: dict[str, ProviderFacts] = {}
+
+
+def register_provider(name: str, handler: CustomLLM, facts: ProviderFacts) -> None:
+    """Register a litellm custom provider (`name/<model>`) with its facts; registering again replaces it."""
+    litellm.custom_provider_map = [
+        *[p for p in litellm.custom_provider_map if p.get("provider") != name],
+        {"provider": name, "custom_handler": handler},
+    ]
+    litellm.utils.custom_llm_setup()
+    _OWN_PROVIDERS[name] = facts
+
+
+def native_compaction(provider: str | None) -> bool:
+    """Does `provider` answer a summarising call with an opaque item only it can read (C3)?"""
+    facts = _OWN_PROVIDERS.get(provider or "")
+    return bool(facts and facts.native_compaction)
+
+
+class LLMError(Exception):
+    """A failed call, with the T1 failure reason and whatever items had arrived before it failed."""
+
+    def __init__(self, reason: str, message: str, *, partial: list[dict] | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.partial = partial or []
+
+
+@dataclass
+class CallResult:
+    received: list[dict]
+    usage: dict[str, Any]
+    provider: str
+    model: str
+
+
+@dataclass
+class _StreamState:
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    thinking_blocks: list[dict] = field(default_factory=list)
+    calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)
+    opaque_summary: list[str] = field(default_factory=list)
+
+    def items(self, provider: str) -> list[dict]:
+        received: list[dict] = []
+        if self.opaque_summary:
+            received.append(it.summary("", provider=provider, data="".join(self.opaque_summary)))
+        if self.reasoning or self.thinking_blocks:
+            received.append(
+                {"type": "reasoning", "provider": provider, "text": "".join(self.reasoning),
+                 "data": self.thinking_blocks or None}
+            )
+        if self.text:
+            received.append(it.text("".join(self.text)))
+        for _, call in sorted(self.calls.items()):
+            received.append(it.tool_call(call["id"] or f"call_{uuid.uuid4().hex[:16]}", call["name"],
+                                         call["arguments"] or "{}"))
+        return received
+
+
+def provider_of(model: str) -> str:
+    """Return litellm's provider name for a model string such as `openai/gpt-4o` or `arbor/echo`."""
+    try:
+        return litellm.get_llm_provider(model)[1]
+    except Exception:  # an unknown provider is reported when the call is made
+        return model.split("/", 1)[0] if "/" in model else ""
+
+
+def max_input_tokens(model: str) -> int:
+    """The model's input limit (C1): a settings override, an own provider's limit, else litellm's model info.
+
+    Never the context window (`max_tokens` in litellm's list may be the output limit); a model litellm
+    does not know gets `ARBOR_DEFAULT_MAX_INPUT_TOKENS`.
+    """
+    overrides = settings.ARBOR_MAX_INPUT_TOKENS
+    if model in overrides:
+        return overrides[model]
+    own = _OWN_PROVIDERS.get(provider_of(model))
+    if own is not None:
+        return own.max_input_tokens()
+    if "*" in overrides:
+        return overrides["*"]
+    try:
+        known = litellm.get_model_info(model).get("max_input_tokens")
+    except Exception:  # not in litellm's list: local servers, new models
+        known = None
+    return int(known) if known else settings.ARBOR_DEFAULT_MAX_INPUT_TOKENS
+
+
+def count_tokens(model: str, messages: list[dict], tools: list[dict] | None = None) -> int:
+    """Input tokens of `messages` (and tool specs) for `model`, with litellm's counter.
+
+    An own provider counts like it reports usage, so its budget and its limit agree.
+    """
+    if not messages and not tools:
+        return 0
+    own = _OWN_PROVIDERS.get(provider_of(model))
+    if own is not None:
+        return own.count_tokens([*messages, *(tools or [])])
+    try:
+        return litellm.token_counter(model=model, messages=messages, tools=tools or None)
+    except Exception:  # a message shape the counter cannot read: estimate from its JSON size
+        return estimate_tokens([*messages, *(tools or [])])
+
+
+def estimate_tokens(parts: list[dict]) -> int:
+    """About a token per four characters of JSON: what arbor/echo reports, and the fallback estimate."""
+    return max(1, sum(len(json.dumps(p, ensure_ascii=False)) for p in parts) // 4)
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """The error and what it wraps: litellm's `original_exception`, else `__cause__` / `__context__`."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and not any(current is seen for seen in chain):
+        chain.append(current)
+        current = getattr(current, "original_exception", None) or current.__cause__ or current.__context__
+    return chain
+
+
+def classify(error: BaseException) -> str:
+    """Map a provider exception to a failure reason. Order matters: overflow is also a BadRequestError.
+
+    litellm wraps failures that happen mid-stream (MidStreamFallbackError, a 503) around the real
+    error, so every check looks through the whole chain.
+    """
+    chain = _causes(error)
+    if any(isinstance(e, litellm.ContextWindowExceededError) for e in chain):
+        return "context_overflow"
+    if any(isinstance(e, litellm.Timeout | httpx.TimeoutException | TimeoutError) for e in chain):
+        return "timeout"
+    if any(isinstance(e, litellm.RateLimitError) for e in chain):
+        return "rate_limit"
+    return "provider_error"
+
+
+def stream_call(
+    *, model: str, messages: list[dict], tools: list[dict] | None = None, api_base: str | None = None,
+    compaction: bool = False,
+    response_format: dict[str, Any] | None = None,
+) -> Generator[str, None, CallResult]:
+    """Stream one call: yield text tokens as they arrive, return the received items and usage.
+
+    Closing the generator (the user pressed stop) raises `LLMError('cancelled')` with the partial items.
+    `compaction` marks a summarising call; a provider with native compaction answers it with an opaque
+    `summary` item as well as its text.
+    """
+    provider = provider_of(model)
+    state = _StreamState()
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "timeout": settings.ARBOR_LLM_TIMEOUT_SECONDS,
+        "num_retries": 0,
+        "max_retries": 0,
+    }
+    if tools:
+        kwargs["tools"] = tools
+    if compaction and native_compaction(provider):
+        kwargs["arbor_compaction"] = True
+    if response_format:
+        kwargs["response_format"] = response_format
+    if api_base or (settings.ARBOR_API_BASE and provider not in _OWN_PROVIDERS):
+        kwargs["api_base"] = api_base or settings.ARBOR_API_BASE
+    stream = None
+    try:
+        stream = litellm.completion(**kwargs)
+        for chunk in stream:
+            token = _absorb(state, chunk)
+            if token:
+                yield token
+    except GeneratorExit:
+        _close(stream)
+        raise LLMError("cancelled", "stopped by the user", partial=state.items(provider)) from None
+    except LLMError:
+        raise
+    except Exception as error:  # every provider failure becomes a recorded failed node
+        raise LLMError(classify(error), _message(error), partial=state.items(provider)) from error
+    usage = dict(state.usage)
+    cost = _cost(model, usage)
+    if cost is not None:
+        usage["cost_usd"] = cost
+    return CallResult(received=state.items(provider), usage=usage, provider=provider, model=model)
+
+
+def _cost(model: str, usage: dict[str, Any]) -> float | None:
+    """The call's price from litellm's bundled price list; None for a model it does not price (arbor/echo)."""
+    if not usage:
+        return None
+    try:
+        prompt, completion = litellm.cost_per_token(
+            model=model, prompt_tokens=usage.get("prompt_tokens", 0),
+            completion_tokens=usage.get("completion_tokens", 0),
+        )
+    except Exception:  # unpriced models are normal: local servers, the offline echo
+        return None
+    return round(prompt + completion, 10)
+
+
+def _absorb(state: _StreamState, chunk: Any) -> str:
+    usage = getattr(chunk, "usage", None)
+    if usage:
+        state.usage = {
+            "prompt_tokens": getattr(usage, "prompt_tokens", 0) or 0,
+            "completion_tokens": getattr(usage, "completion_tokens", 0) or 0,
+            "total_tokens": getattr(usage, "total_tokens", 0) or 0,
+        }
+    if not chunk.choices:
+        return ""
+    delta = chunk.choices[0].delta
+    for call in getattr(delta, "tool_calls", None) or []:
+        slot = state.calls.setdefault(call.index or 0, {"id": "", "name": "", "arguments": ""})
+        if call.id:
+            slot["id"] = call.id
+        if call.function and call.function.name:
+            slot["name"] = call.function.name
+        if call.function and call.function.arguments:
+            slot["arguments"] += call.function.arguments
+    opaque = (getattr(delta, "provider_specific_fields", None) or {}).get("arbor_compaction")
+    if opaque:
+        state.opaque_summary.append(opaque)
+    reasoning = getattr(delta, "reasoning_content", None)
+    if reasoning:
+        state.reasoning.append(reasoning)
+    for block in getattr(delta, "thinking_blocks", None) or []:
+        state.thinking_blocks.append(dict(block))
+    token = delta.content or ""
+    if token:
+        state.text.append(token)
+    return token
+
+
+def _close(stream: Any) -> None:
+    close = getattr(getattr(stream, "completion_stream", None), "close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):  # closing a dead stream is best effort
+            close()
+
+
+def _message(error: BaseException) -> str:
+    message = getattr(error, "message", None) or str(error) or error.__class__.__name__
+    return re.sub(r"\s+", " ", message)[:2000]
+
+
+def supports_json_mode(model: str) -> bool:
+    """Does litellm know `model` to take `response_format={"type": "json_object"}`?"""
+    try:
+        params = litellm.get_supported_openai_params(model=model, custom_llm_provider=provider_of(model))
+    except Exception:  # an unknown model: ask for JSON in words only
+        return False
+    return "response_format" in (params or [])
