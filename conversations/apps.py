@@ -7,4 +7,9 @@ class ConversationsConfig(AppConfig):
     name = "conversations"
 
     def ready(self) -> None:
+        # Imported here, not at the top: they import models, which exist only once the registry is ready.
+        from conversations import jobs
+        from conversations.jobs import title
+
         echo.register()  # the offline model is a litellm provider like any other
+        jobs.register("title", title.run, after_turn=True)

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from config.errors import BadInput, TooLarge
 from conversations import items as it
-from conversations import services
+from conversations import jobs, services
 from conversations.exports import TREE_FORMAT, TREE_VERSION
 from conversations.models import Bubble, Conversation, Node, ToolApproval
 
@@ -469,5 +469,5 @@ def _write(*, owner, plan: Plan) -> Conversation:
             raise ImportRefused("conversation.head must be a turn or a compaction node that a head can rest on.")
         services.head_move(conversation=conversation, to=ids[plan.head])
     # R4: indexed for search (and titled if it has none) by the worker, after the commit.
-    services.outbox_add(kind="turn_committed", payload={"conversation": conversation.pk, "head": conversation.head_id})
+    jobs.enqueue_after_turn(conversation_id=conversation.pk, head=conversation.head_id)
     return conversation

@@ -7,7 +7,8 @@ everything a call was sent, so "what the model saw" shows them.
 from __future__ import annotations
 
 import logging
-import re
+from collections.abc import Callable
+from typing import NamedTuple
 
 from django.conf import settings
 
@@ -15,37 +16,40 @@ from conversations import items as it
 from conversations.models import Bubble, Conversation
 
 RETRIEVED_CHARS = 800  # per hit: enough for the gist, never a whole other conversation
-QUERY_WORDS = 30  # the question's first distinct words make the query: a long question stays one cheap search
 
 logger = logging.getLogger("arbor.retrieval")
 
 
-def retrieval_query(question: str) -> str:
-    """The question's first distinct words, as many as fit a search query."""
-    from search.query import MAX_QUERY_CHARS
+class Hit(NamedTuple):
+    """One earlier utterance found for a question: which bubble, of which conversation, said by whom."""
 
-    words = list(dict.fromkeys(w for w in re.findall(r"\w+", question.lower()) if len(w) > 2))[:QUERY_WORDS]
-    while len(" ".join(words)) > MAX_QUERY_CHARS:
-        words.pop()
-    return " ".join(words)
+    bubble: int
+    conversation: int
+    conversation_title: str
+    role: str
+
+
+Retriever = Callable[[Conversation, str, int], list[Hit]]
+_retrievers: list[Retriever] = []
+
+
+def register_retriever(retriever: Retriever) -> None:
+    """Let another app find hits: `retriever(conversation, question, limit)`. The search app registers one."""
+    if retriever not in _retrievers:
+        _retrievers.append(retriever)
 
 
 def retrieved_items(conversation: Conversation, question: str) -> list[it.Item]:
     """The best hits for `question` in the owner's other conversations, as ephemeral items.
 
-    Retrieval helps a call; it never stops one: if the search fails, the question goes without it.
+    Retrieval helps a call; it never stops one: if a retriever fails, the question goes without it.
     """
-    from search.query import search_bubbles  # the search app builds on this one
-
-    query = retrieval_query(question)
-    if not query:
-        return []
-    try:
-        hits = search_bubbles(user=conversation.owner, query=query, match_any=True,
-                              limit=settings.ARBOR_RETRIEVAL_RESULTS, exclude_conversation=conversation.pk)
-    except Exception:
-        logger.exception("retrieval failed for conversation %s; the question goes without it", conversation.pk)
-        return []
+    hits: list[Hit] = []
+    for retriever in _retrievers:
+        try:
+            hits += retriever(conversation, question, settings.ARBOR_RETRIEVAL_RESULTS)
+        except Exception:
+            logger.exception("retrieval failed for conversation %s; the question goes without it", conversation.pk)
     if not hits:
         return []
     contents = dict(Bubble.objects.filter(pk__in=[h.bubble for h in hits]).values_list("pk", "content"))

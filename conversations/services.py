@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from config.errors import BadInput, NotFound
 from conversations.errors import TurnInProgress
-from conversations.models import Bubble, Conversation, Node, OutboxJob, Preferences, ToolApproval
+from conversations.models import Bubble, Conversation, Node, Preferences, ToolApproval
 from conversations.selectors import conversation_has_node, latest_tip
 
 _NODE = Node._meta.db_table
@@ -190,8 +190,3 @@ def approval_record(*, node_id: int, call_id: str, approved: bool, user) -> Tool
 
 def approval_store_result(*, node_id: int, call_id: str, result: dict) -> None:
     ToolApproval.objects.filter(node_id=node_id, call_id=call_id).update(result=result)
-
-
-def outbox_add(*, kind: str, payload: dict[str, Any]) -> OutboxJob:
-    """Queue post-commit work (R4); called inside the turn's transaction so it commits with it."""
-    return OutboxJob.objects.create(kind=kind, payload=payload)

@@ -27,7 +27,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from config.errors import BadInput, NotFound, TooLarge
-from conversations import budget, compaction, llm, services
+from conversations import budget, compaction, jobs, llm, services
 from conversations import items as it
 from conversations.context import PathNode, assemble, is_compaction_root
 from conversations.errors import ApprovalPending, BeforeCompaction, ProviderFailed, TurnInProgress
@@ -568,8 +568,7 @@ class Turn:
             if head_moves:
                 moved = self._move_head(node.pk)
                 if moved and not waiting:
-                    services.outbox_add(kind="turn_committed",
-                                        payload={"conversation": self.conversation.pk, "head": node.pk})
+                    jobs.enqueue_after_turn(conversation_id=self.conversation.pk, head=node.pk)
         self._pending = None
         return moved
 
@@ -606,8 +605,7 @@ class Turn:
             if error.reason != Node.FailureReason.CONTEXT_OVERFLOW:
                 self._move_head(node.pk)
             # R4: a failed turn's question is searchable too (the job indexes whatever is not yet).
-            services.outbox_add(kind="turn_committed", payload={"conversation": self.conversation.pk,
-                                                                "head": self.conversation.head_id})
+            jobs.enqueue_after_turn(conversation_id=self.conversation.pk, head=self.conversation.head_id)
         self._pending = None
         return TurnEvent("error", {"code": error.reason, "message": error.message, "node": node.pk,
                                    "head": self.conversation.head_id, "nodes": list(self.nodes)})

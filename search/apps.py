@@ -4,3 +4,13 @@ from django.apps import AppConfig
 class SearchConfig(AppConfig):
     name = "search"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Imported here, not at the top: they import models, which exist only once the registry is ready.
+        from conversations import jobs
+        from conversations.retrieval import register_retriever
+        from search import jobs as search_jobs
+        from search.retrieval import find_hits
+
+        jobs.register("index", search_jobs.run, after_turn=True)
+        register_retriever(find_hits)

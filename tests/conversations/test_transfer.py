@@ -198,7 +198,7 @@ def test_an_import_names_only_an_offered_model_and_is_queued_for_search(api, use
     document["conversation"]["model"] = "openai/o1-pro"
     (created,) = _import(api, document).json()["conversations"]
     assert created["model"] == settings.ARBOR_MODEL, "a file cannot pick a model this server does not offer"
-    from conversations import worker
+    from conversations.jobs import worker
     from search.query import search_bubbles
 
     worker.run_due()
@@ -207,7 +207,7 @@ def test_an_import_names_only_an_offered_model_and_is_queued_for_search(api, use
 
 def test_the_chatgpt_export_leaves_side_calls_out(api, user, conversation):
     """A title call (R4) is no turn: it must not come back from a round trip as a sibling question."""
-    from conversations import worker
+    from conversations.jobs import worker
 
     services.conversation_update(conversation=conversation, title="")
     ask(conversation, "first question")

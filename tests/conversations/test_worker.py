@@ -8,7 +8,8 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from conversations import services, turns, worker
+from conversations import jobs, services, turns
+from conversations.jobs import worker
 from conversations.models import Node, OutboxJob
 from conversations.screen import path_bubbles
 from search.models import BubbleDocument
@@ -18,15 +19,15 @@ from tests.support.openai_stub import Reply
 pytestmark = pytest.mark.django_db
 
 
-def test_r4_a_committed_turn_queues_a_job_the_worker_runs_once(conversation):
+def test_r4_a_committed_turn_queues_one_job_per_kind_the_worker_runs_once(conversation):
     ask(conversation, "hello there")
-    (job,) = OutboxJob.objects.all()
-    assert (job.kind, job.status, job.payload["conversation"]) == ("turn_committed", "pending", conversation.pk)
+    queued = OutboxJob.objects.order_by("kind")
+    assert [(j.kind, j.status, j.payload["conversation"]) for j in queued] == [
+        ("index", "pending", conversation.pk), ("title", "pending", conversation.pk)]
     assert not BubbleDocument.objects.exists(), "nothing is indexed inside the turn itself"
     stats = worker.run_due()
-    assert (stats.done, stats.retried, stats.failed) == (1, 0, 0)
-    job.refresh_from_db()
-    assert (job.status, job.attempts) == ("done", 1)
+    assert (stats.done, stats.retried, stats.failed) == (2, 0, 0)
+    assert [(j.status, j.attempts) for j in queued.all()] == [("done", 1), ("done", 1)]
     assert BubbleDocument.objects.count() == 2, "the question and the answer"
     assert worker.run_due().total == 0, "a done job does not run again"
 
@@ -34,14 +35,16 @@ def test_r4_a_committed_turn_queues_a_job_the_worker_runs_once(conversation):
 def test_r4_running_a_job_twice_changes_nothing_more(conversation):
     """At least once: the handler is idempotent, so a job re-run after a crash leaves one index entry per bubble."""
     ask(conversation, "hello")
-    job = OutboxJob.objects.get()
-    worker._turn_committed(job.payload)
-    worker._turn_committed(job.payload)
+    job = OutboxJob.objects.get(kind="index")
+    for _ in range(2):
+        jobs.handler_for("index")(job.payload)
+        jobs.handler_for("title")(job.payload)
     assert BubbleDocument.objects.count() == 2
 
 
 def test_r4_a_crashed_job_is_claimed_again_when_its_lease_runs_out(conversation, settings):
     ask(conversation, "hello")
+    OutboxJob.objects.exclude(kind="index").delete()  # one job is enough here
     (claimed,) = worker.claim(limit=10)  # a worker claims it, then dies without a word
     assert worker.claim(limit=10) == [], "the lease keeps other workers off it"
     OutboxJob.objects.filter(pk=claimed.pk).update(run_after=timezone.now() - timedelta(seconds=1))
@@ -53,6 +56,7 @@ def test_r4_a_crashed_job_is_claimed_again_when_its_lease_runs_out(conversation,
 def test_r4_a_job_whose_worker_dies_every_time_ends_failed_not_retried_for_ever(conversation, settings):
     settings.ARBOR_WORKER_MAX_ATTEMPTS = 2
     ask(conversation, "hello")
+    OutboxJob.objects.exclude(kind="index").delete()  # one job is enough here
     for _ in range(2):  # claimed, then its worker dies: the lease runs out
         (job,) = worker.claim(limit=10)
         OutboxJob.objects.filter(pk=job.pk).update(run_after=timezone.now() - timedelta(seconds=1))
@@ -63,6 +67,7 @@ def test_r4_a_job_whose_worker_dies_every_time_ends_failed_not_retried_for_ever(
 
 def test_r4_a_worker_whose_lease_ran_out_does_not_overwrite_the_newer_claim(conversation):
     ask(conversation, "hello")
+    OutboxJob.objects.exclude(kind="index").delete()  # one job is enough here
     (stale,) = worker.claim(limit=10)
     OutboxJob.objects.filter(pk=stale.pk).update(run_after=timezone.now() - timedelta(seconds=1))
     (fresh,) = worker.claim(limit=10)
@@ -77,7 +82,7 @@ def test_r4_a_worker_whose_lease_ran_out_does_not_overwrite_the_newer_claim(conv
 
 def test_r4_failures_are_retried_with_backoff_then_kept_as_failed(settings, monkeypatch):
     settings.ARBOR_WORKER_MAX_ATTEMPTS = 2
-    job = services.outbox_add(kind="turn_committed", payload={"conversation": "not a number"})
+    job = jobs.enqueue(kind="index", payload={"conversation": "not a number"})
     before = timezone.now()
     assert worker.run_due().retried == 1
     job.refresh_from_db()
@@ -87,7 +92,7 @@ def test_r4_failures_are_retried_with_backoff_then_kept_as_failed(settings, monk
     assert worker.run_due().failed == 1
     job.refresh_from_db()
     assert (job.status, job.attempts) == ("failed", 2)
-    unknown = services.outbox_add(kind="no_such_kind", payload={})
+    unknown = jobs.enqueue(kind="no_such_kind", payload={})
     assert worker.run_due().failed == 1
     unknown.refresh_from_db()
     assert unknown.status == "failed" and "no handler" in unknown.last_error
@@ -96,8 +101,8 @@ def test_r4_failures_are_retried_with_backoff_then_kept_as_failed(settings, monk
 def test_the_worker_command_runs_what_is_due(conversation, capsys):
     ask(conversation, "hello")
     call_command("arbor_worker", "--once")
-    assert "done 1, retried 0, failed 0" in capsys.readouterr().out
-    assert OutboxJob.objects.get().status == "done"
+    assert "done 2, retried 0, failed 0" in capsys.readouterr().out
+    assert set(OutboxJob.objects.values_list("status", flat=True)) == {"done"}
 
 
 def test_r4_a_new_conversation_gets_a_title_from_a_recorded_side_call(conversation):
@@ -146,7 +151,7 @@ def test_r4_a_long_untitled_conversation_is_titled_from_its_opening_turns(conver
     for n in range(9):
         ask(conversation, f"question number {n}")
     OutboxJob.objects.all().delete()  # only the job below
-    services.outbox_add(kind="turn_committed", payload={"conversation": conversation.pk})
+    jobs.enqueue(kind="title", payload={"conversation": conversation.pk})
     worker.run_due()
     conversation.refresh_from_db()
     assert conversation.title == "question number 0"

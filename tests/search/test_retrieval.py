@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from conversations import services, turns, worker
+from conversations import services, turns
+from conversations.jobs import worker
 from tests.conversations.helpers import answer, ask, head
 
 pytestmark = pytest.mark.django_db

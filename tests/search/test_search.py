@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from conversations import services, turns, worker
+from conversations import services, turns
+from conversations.jobs import worker
 from search.query import search_bubbles
 from tests.conversations.helpers import ask, head
 

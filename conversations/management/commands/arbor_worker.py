@@ -7,7 +7,7 @@ import signal
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from conversations import worker
+from conversations.jobs import worker
 
 
 class Command(BaseCommand):

@@ -19,8 +19,10 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 
-from conversations import exports, imports, services, worker
+from conversations import exports, imports, services
 from conversations import items as it
+from conversations import jobs as job_kinds
+from conversations.jobs import worker
 from conversations.models import Bubble, Conversation, Node, OutboxJob
 from search.index import index_bubbles, unindexed_bubbles
 from search.query import search_bubbles
@@ -142,7 +144,7 @@ class Command(BaseCommand):
     # --- worker -------------------------------------------------------------------------------------------
 
     def _worker(self, user, rng: random.Random, *, jobs: int) -> None:
-        """Queue `jobs` turn_committed jobs for fresh conversations of 4 bubbles each, then run them."""
+        """Queue the after-turn jobs (index, title) for fresh conversations of 4 bubbles each, then run them."""
         others = OutboxJob.objects.filter(status=OutboxJob.Status.PENDING).count()
         if others:
             raise CommandError(f"{others} pending jobs are someone else's: run the benchmark on its own database.")
@@ -156,13 +158,14 @@ class Command(BaseCommand):
         Bubble.objects.bulk_create([Bubble(conversation_id=n.conversation_id, node=n, role=role,
                                            content=(n.sent[0]["text"] if role == "user" else n.received[0]["text"]))
                                     for n in nodes for role in ("user", "assistant", "user", "assistant")])
-        OutboxJob.objects.bulk_create([OutboxJob(kind="turn_committed", payload={"conversation": c.pk})
-                                       for c in fresh])
+        for conversation in fresh:
+            job_kinds.enqueue_after_turn(conversation_id=conversation.pk, head=conversation.head_id)
         started = time.perf_counter()
         stats = worker.run_due()
         elapsed = time.perf_counter() - started
         titled = Conversation.objects.filter(pk__in=[c.pk for c in fresh]).exclude(title="").count()
-        self.stdout.write(f"== Worker: {jobs} turn_committed jobs (index 4 bubbles + one arbor/echo title call each)")
+        self.stdout.write(f"== Worker: {jobs} committed turns: {stats.total} jobs "
+                          "(index 4 bubbles; one arbor/echo title call)")
         self.stdout.write(f"worker {stats.done / elapsed:.1f} jobs/s  ({stats.done} done, {stats.retried} retried, "
                           f"{stats.failed} failed, {titled} titled, {elapsed:.2f} s, one worker process)")
 

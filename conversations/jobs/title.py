@@ -7,6 +7,8 @@ set in the meantime is never overwritten.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 
 from conversations import items as it
@@ -25,6 +27,11 @@ TITLE_CONTEXT_NODES = 6
 def clean_title(text: str) -> str:
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     return line.strip("\"'“”‘’# ").removeprefix("Title:").strip()[:MAX_TITLE_CHARS]
+
+
+def run(payload: dict[str, Any]) -> None:
+    """The `title` job: name a conversation after its first committed turn."""
+    title_conversation(int(payload["conversation"]))
 
 
 def title_conversation(conversation_id: int) -> str | None:

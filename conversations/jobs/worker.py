@@ -15,32 +15,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from conversations import jobs
 from conversations.models import OutboxJob
-from conversations.titles import title_conversation
 
 logger = logging.getLogger("arbor.worker")
 
 BACKOFF_CAP_SECONDS = 3600
-
-
-def _turn_committed(payload: dict[str, Any]) -> None:
-    from search.index import index_conversation  # the search app depends on this one, not the reverse
-
-    conversation_id = int(payload["conversation"])
-    index_conversation(conversation_id)
-    title_conversation(conversation_id)
-
-
-HANDLERS: dict[str, Callable[[dict[str, Any]], None]] = {
-    "turn_committed": _turn_committed,
-}
 
 
 @dataclass
@@ -84,7 +70,7 @@ def _backoff(attempts: int) -> timedelta:
 
 def run_job(job: OutboxJob) -> str:
     """Run one claimed job; record done, a retry, or the final failure. Return which."""
-    handler = HANDLERS.get(job.kind)
+    handler = jobs.handler_for(job.kind)
     try:
         if handler is None:
             raise LookupError(f"no handler for job kind {job.kind!r}")

@@ -1,0 +1,39 @@
+"""Work after the commit (R4): one job kind per handler module, queued in the turn's own transaction.
+
+An app adds a kind with `register`; a kind registered `after_turn` is queued by every committed turn (and
+import) through `enqueue_after_turn`. This app registers `title` (`title.py`); the search app registers
+`index`. The worker (`worker.py`) runs them at least once, so every handler is idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from conversations.models import OutboxJob
+
+Handler = Callable[[dict[str, Any]], None]
+
+_handlers: dict[str, Handler] = {}
+_after_turn: list[str] = []
+
+
+def register(kind: str, handler: Handler, *, after_turn: bool = False) -> None:
+    _handlers[kind] = handler
+    if after_turn and kind not in _after_turn:
+        _after_turn.append(kind)
+
+
+def handler_for(kind: str) -> Handler | None:
+    return _handlers.get(kind)
+
+
+def enqueue(*, kind: str, payload: dict[str, Any]) -> OutboxJob:
+    """Queue one job; called inside the caller's transaction so it commits (or not) with its data."""
+    return OutboxJob.objects.create(kind=kind, payload=payload)
+
+
+def enqueue_after_turn(*, conversation_id: int, head: int | None) -> list[OutboxJob]:
+    """Queue every after-turn kind for a conversation whose turn (or import) just committed."""
+    payload = {"conversation": conversation_id, "head": head}
+    return OutboxJob.objects.bulk_create([OutboxJob(kind=kind, payload=payload) for kind in _after_turn])
