@@ -28,7 +28,7 @@ from conversations.errors import TurnInProgress
 from conversations.items import answer_text, question_of
 from conversations.models import Bubble, Conversation, Node, Preferences
 from conversations.selectors import node_path, tree_scope
-from conversations.turns import call_context
+from conversations.turns.seen import call_context
 
 SNIPPET_CHARS = 60
 TREE_ROW_FIELDS = ("id", "parent_id", "conversation_id", "kind", "status", "failure_reason", "compacted_from_id",

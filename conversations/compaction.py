@@ -52,7 +52,7 @@ from conversations import items as it
 from conversations.context import PathNode, assemble, is_compaction_root, path_items
 from conversations.models import Conversation, Node
 from conversations.selectors import opens_turn, path_node
-from conversations.side_calls import run_side_call
+from conversations.turns.records import run_side_call
 
 logger = logging.getLogger("arbor.compaction")
 

@@ -2,44 +2,48 @@
 
 from __future__ import annotations
 
-import uuid
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, models, transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 
 from config.errors import BadInput, NotFound
 from conversations.errors import TurnInProgress
+from conversations.locks import TurnLock, head_guard
 from conversations.models import Bubble, Conversation, Node, Preferences, ToolApproval
 from conversations.selectors import conversation_has_node, latest_tip
 
 _NODE = Node._meta.db_table
 
 
-def _lock_is_free() -> Q:
-    return Q(turn_token__isnull=True) | Q(turn_expires_at__lt=timezone.now())
-
-
-def head_move(*, conversation: Conversation, to: int | None, turn_token: uuid.UUID | None = None) -> None:
-    """Move the head (T2, T9, R3): refused while another turn holds the conversation.
+def head_move(*, conversation: Conversation, to: int | None, lock: TurnLock | None = None) -> None:
+    """Move the head (T2, T9, R3): refused while a turn lock is held, unless `lock` is that lock.
 
     The check and the move are one UPDATE, so a stale or concurrent caller cannot slip in between.
-    A move without a token also clears an expired lock, so the turn that let it expire can no longer
+    A move without a lock also clears an expired one, so the turn that let it expire can no longer
     move the head when it finally ends.
     """
-    changes = {"head_id": to, "version": F("version") + 1, "updated_at": timezone.now()}
-    if turn_token:
-        guard = Q(turn_token=turn_token)
-    else:
-        guard = _lock_is_free()
-        changes.update(turn_token=None, turn_expires_at=None)
+    guard, cleared = head_guard(lock)
+    changes = {"head_id": to, "version": F("version") + 1, "updated_at": timezone.now(), **cleared}
     if not Conversation.objects.filter(guard, pk=conversation.pk).update(**changes):
         raise TurnInProgress()
     conversation.head_id = to
     conversation.version += 1
+
+
+def head_move_held(*, conversation: Conversation, to: int, lock: TurnLock) -> bool:
+    """Move the head with a held turn lock; False if the lock was lost meanwhile (R3).
+
+    A savepoint: a refused move never undoes what the caller wrote before it in the same transaction.
+    """
+    try:
+        with transaction.atomic():
+            head_move(conversation=conversation, to=to, lock=lock)
+    except TurnInProgress:
+        return False
+    return True
 
 
 def head_switch(*, conversation: Conversation, node_id: Any) -> None:
@@ -55,29 +59,6 @@ def head_switch(*, conversation: Conversation, node_id: Any) -> None:
         raise BadInput(f"The branch of node {node_id} has no answer to switch to.")
     with transaction.atomic():
         head_move(conversation=conversation, to=tip)
-
-
-def turn_lock_acquire(*, conversation: Conversation) -> uuid.UUID:
-    """Take the conversation's turn lock in the database (R3); it expires if its holder dies."""
-    token = uuid.uuid4()
-    expires = timezone.now() + timedelta(seconds=settings.ARBOR_TURN_LOCK_SECONDS)
-    taken = Conversation.objects.filter(_lock_is_free(), pk=conversation.pk).update(
-        turn_token=token, turn_expires_at=expires
-    )
-    if not taken:
-        raise TurnInProgress()
-    conversation.turn_token, conversation.turn_expires_at = token, expires
-    return token
-
-
-def turn_lock_renew(*, conversation: Conversation, token: uuid.UUID) -> None:
-    expires = timezone.now() + timedelta(seconds=settings.ARBOR_TURN_LOCK_SECONDS)
-    Conversation.objects.filter(pk=conversation.pk, turn_token=token).update(turn_expires_at=expires)
-
-
-def turn_lock_release(*, conversation: Conversation, token: uuid.UUID) -> None:
-    Conversation.objects.filter(pk=conversation.pk, turn_token=token).update(turn_token=None, turn_expires_at=None)
-    conversation.turn_token = conversation.turn_expires_at = None
 
 
 def conversation_create(*, owner, title: str = "", model: str = "", instructions: str = "") -> Conversation:

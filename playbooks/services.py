@@ -15,7 +15,6 @@ Where the nodes go (DESIGN.md's two questions):
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,13 +23,16 @@ from django.db import transaction
 from django.db.models import Max
 
 from config.errors import ArborError, BadInput, TooLarge
-from conversations import budget, llm, services, turns
+from conversations import budget, llm, services
 from conversations import items as it
 from conversations.context import PathNode, assemble
 from conversations.errors import FAILURE_STATUS, ApprovalPending
+from conversations.locks import TurnLock
 from conversations.models import Conversation, Node
 from conversations.selectors import context_path, conversation_for_user, instructions_for, node_path
-from conversations.side_calls import run_side_call
+from conversations.turns.events import EventType, TurnEvent, TurnOutcome
+from conversations.turns.records import run_side_call
+from conversations.turns.start import turn_ask
 from playbooks import prompts, schema
 from playbooks.errors import PlaybookInvalid
 from playbooks.models import Playbook, PlaybookRun, PlaybookVersion
@@ -50,8 +52,7 @@ class Conversion:
 
 def _convert(conversation: Conversation) -> Conversion:
     """Draft, validate and retry under the conversation's turn lock; the head stays where it is (P2)."""
-    token = services.turn_lock_acquire(conversation=conversation)
-    try:
+    with TurnLock.acquire(conversation) as lock:
         conversation.refresh_from_db(fields=["head", "model", "instructions"])
         if conversation.head_id is None:
             raise BadInput("This conversation has no messages yet: there is nothing to turn into a playbook.")
@@ -61,12 +62,10 @@ def _convert(conversation: Conversation) -> Conversion:
         if path[-1].status == Node.Status.SUCCEEDED and it.tool_calls(path[-1].received):
             # Like a turn (F3): a call waiting for a person has no result yet, so the context is unfinished.
             raise ApprovalPending("A tool call is waiting for approval: approve or refuse it before converting.")
-        return _draft_until_valid(conversation, path, token)
-    finally:
-        services.turn_lock_release(conversation=conversation, token=token)
+        return _draft_until_valid(conversation, path, lock)
 
 
-def _draft_until_valid(conversation: Conversation, path: list[PathNode], token: uuid.UUID) -> Conversion:
+def _draft_until_valid(conversation: Conversation, path: list[PathNode], lock: TurnLock) -> Conversion:
     model = conversation.model or settings.ARBOR_MODEL
     provider = llm.provider_of(model)
     instructions = instructions_for(conversation)
@@ -92,7 +91,7 @@ def _draft_until_valid(conversation: Conversation, path: list[PathNode], token: 
             return Conversion(definition=definition, node=node, head_id=conversation.head_id, nodes=tries)
         path = [*path, call.path_node()]
         sent = [prompts.conversion_retry(errors)]
-        services.turn_lock_renew(conversation=conversation, token=token)
+        lock.renew()
     raise PlaybookInvalid(f"The playbook is still invalid after {len(tries)} tries: {'; '.join(errors)}",
                           errors=errors, nodes=tries)
 
@@ -225,17 +224,12 @@ def playbook_run(*, user, playbook_id: Any, values: Any) -> RunResult:
             owner=user, title=f"Run: {playbook.name}{f' ({shown})' if shown else ''}"[:200], model=model)
         run = PlaybookRun.objects.create(playbook=playbook, playbook_version=version, version=version.number,
                                          values=bound, conversation=conversation)
-    events = turns.turn_ask(user=user, conversation_id=conversation.pk, content=question).run()
+    events = turn_ask(user=user, conversation_id=conversation.pk, content=question).run()
     return _run_result(run, events)
 
 
-def _run_result(run: PlaybookRun, events: list[turns.TurnEvent]) -> RunResult:
-    last = events[-1] if events else turns.TurnEvent("error", {"code": "server_error", "message": "no events"})
-    nodes = sorted({e.data["node"] for e in events if "node" in e.data} | set(last.data.get("nodes", [])))
-    if last.type == "done":
-        return RunResult(run=run, status="done", answer=last.data["answer"], head=last.data["head"], nodes=nodes)
-    if last.type == "approval_required":
-        return RunResult(run=run, status="approval_required", head=last.data["node"], nodes=nodes,
-                         approval_required=last.data["calls"])
-    return RunResult(run=run, status="failed", head=last.data.get("head"), nodes=nodes,
-                     error={"code": last.data.get("code"), "message": last.data.get("message")})
+def _run_result(run: PlaybookRun, events: list[TurnEvent]) -> RunResult:
+    outcome = TurnOutcome.of(events)
+    status = {EventType.DONE: "done", EventType.APPROVAL_REQUIRED: "approval_required"}.get(outcome.ending, "failed")
+    return RunResult(run=run, status=status, answer=outcome.answer, head=outcome.head, nodes=outcome.nodes,
+                     approval_required=outcome.approval_required, error=outcome.error)

@@ -14,13 +14,16 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.api import error_body, paginated, valid_input
-from conversations import services, turns
+from conversations import services
 from conversations.apis import serializers as s
-from conversations.errors import FAILURE_STATUS
 from conversations.models import Node
 from conversations.screen import path_bubbles
 from conversations.selectors import conversation_for_user, conversation_list, conversation_nodes, node_for_user
-from conversations.streaming import events_in_thread
+from conversations.turns.events import EventType, TurnEvent, TurnOutcome
+from conversations.turns.runner import Turn
+from conversations.turns.seen import next_context
+from conversations.turns.start import turn_ask, turn_compact, turn_decide, turn_edit, turn_regenerate, turn_retry
+from conversations.turns.streaming import events_in_thread
 
 logger = logging.getLogger("arbor.api")
 
@@ -74,45 +77,43 @@ def _sse(event) -> bytes:
 class TurnStream(StreamingHttpResponse):
     """A turn as server-sent events. A turn whose client left before the stream began gives its lock back."""
 
-    def __init__(self, turn: turns.Turn):
+    def __init__(self, turn: Turn):
         super().__init__(self._events(turn), content_type="text/event-stream")
         self["Cache-Control"] = "no-cache"
         self["X-Accel-Buffering"] = "no"
         self.turn = turn
 
     @staticmethod
-    async def _events(turn: turns.Turn):
+    async def _events(turn: Turn):
         try:
             async for event in events_in_thread(turn.events):
                 yield _sse(event)
         except Exception as error:  # the stream has begun: the status is sent, so say it as an event
             logger.exception("turn stream failed")
-            yield _sse(turns.TurnEvent("error", {"code": "server_error", "message": str(error) or repr(error)}))
+            yield _sse(TurnEvent(EventType.ERROR, {"code": "server_error", "message": str(error) or repr(error)}))
 
     def close(self):
         self.turn.abandon()
         super().close()
 
 
-def _turn_response(request: Request, turn: turns.Turn | None) -> Response | StreamingHttpResponse:
+def _turn_response(request: Request, turn: Turn | None) -> Response | StreamingHttpResponse:
     """Run the turn and answer: SSE when asked for, else one JSON body when the turn has ended."""
     if turn is None:  # an approval recorded, others still waiting
         return Response({"answer": None, "head": None, "nodes": [], "approval_required": []},
                         status=status.HTTP_202_ACCEPTED)
     if _wants_stream(request):
         return TurnStream(turn)
-    events = turn.run()
-    last = events[-1]
+    outcome = TurnOutcome.of(turn.run())
     nodes = s.NodeOut(Node.objects.filter(pk__in=turn.nodes).order_by("id"), many=True).data
-    if last.type == "error":
-        body = error_body(last.data["code"], last.data["message"], node=last.data.get("node"),
-                          head=last.data.get("head"), nodes=nodes)
-        return Response(body, status=FAILURE_STATUS.get(last.data["code"], 502))
-    if last.type == "approval_required":
-        return Response({"answer": None, "head": turn.conversation.head_id, "nodes": nodes,
-                         "approval_required": last.data["calls"]}, status=status.HTTP_202_ACCEPTED)
-    return Response({"answer": last.data["answer"], "head": last.data["head"], "nodes": nodes},
-                    status=status.HTTP_201_CREATED)
+    if outcome.ending == EventType.ERROR:
+        body = error_body(outcome.error["code"], outcome.error["message"], node=outcome.failed_node,
+                          head=outcome.head, nodes=nodes)
+        return Response(body, status=outcome.http_status)
+    body = {"answer": outcome.answer, "head": outcome.head, "nodes": nodes}
+    if outcome.ending == EventType.APPROVAL_REQUIRED:
+        body["approval_required"] = outcome.approval_required
+    return Response(body, status=outcome.http_status)
 
 
 class EventStreamRenderer(BaseRenderer):
@@ -152,7 +153,7 @@ class TurnCreate(TurnView):
                                "context was compacted before this call, C2), `done`, `error`.")
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.TurnIn, request)
-        turn = turns.turn_ask(user=request.user, conversation_id=conversation_id, content=data["content"])
+        turn = turn_ask(user=request.user, conversation_id=conversation_id, content=data["content"])
         return _turn_response(request, turn)
 
 
@@ -160,7 +161,7 @@ class TurnEdit(TurnView):
     @extend_schema(request=s.EditIn, responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.EditIn, request)
-        turn = turns.turn_edit(user=request.user, conversation_id=conversation_id, node_id=data["node"],
+        turn = turn_edit(user=request.user, conversation_id=conversation_id, node_id=data["node"],
                                content=data["content"])
         return _turn_response(request, turn)
 
@@ -169,7 +170,7 @@ class TurnRegenerate(TurnView):
     @extend_schema(request=s.RegenerateIn, responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.RegenerateIn, request)
-        turn = turns.turn_regenerate(user=request.user, conversation_id=conversation_id, node_id=data.get("node"))
+        turn = turn_regenerate(user=request.user, conversation_id=conversation_id, node_id=data.get("node"))
         return _turn_response(request, turn)
 
 
@@ -178,7 +179,7 @@ class TurnRetry(TurnView):
                    description="F1: call the model again from the failed node at the head, adding nothing: "
                                "its question or tool results are already on the path.")
     def post(self, request: Request, conversation_id: int):
-        turn = turns.turn_retry(user=request.user, conversation_id=conversation_id)
+        turn = turn_retry(user=request.user, conversation_id=conversation_id)
         return _turn_response(request, turn)
 
 
@@ -186,7 +187,7 @@ class ToolApprovalCreate(TurnView):
     @extend_schema(request=s.ApprovalIn, responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.ApprovalIn, request)
-        turn = turns.turn_decide(user=request.user, conversation_id=conversation_id,
+        turn = turn_decide(user=request.user, conversation_id=conversation_id,
                                  call_id=data["tool_call_id"], approve=data["approve"])
         return _turn_response(request, turn)
 
@@ -223,7 +224,7 @@ class ConversationCompact(APIView):
                     "that points at the old head (C3), and move the head there.",
     )
     def post(self, request: Request, conversation_id: int) -> Response:
-        root = turns.turn_compact(user=request.user, conversation_id=conversation_id)
+        root = turn_compact(user=request.user, conversation_id=conversation_id)
         return Response(s.NodeOut(root).data, status=status.HTTP_201_CREATED)
 
 
@@ -231,7 +232,7 @@ class ContextDetail(APIView):
     @extend_schema(responses=s.ContextOut)
     def get(self, request: Request, conversation_id: int) -> Response:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-        return Response({"messages": turns.next_context(conversation)})
+        return Response({"messages": next_context(conversation)})
 
 
 class BubbleList(APIView):

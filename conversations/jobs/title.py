@@ -16,7 +16,7 @@ from conversations import llm
 from conversations.context import assemble
 from conversations.models import Conversation, Node
 from conversations.selectors import context_path, node_path
-from conversations.side_calls import run_side_call
+from conversations.turns.records import run_side_call
 
 # `#title` is also arbor/echo's directive for a title call (see llm.py).
 TITLE_PROMPT = "#title Give this conversation a short title: at most six words, no quotes, nothing else."

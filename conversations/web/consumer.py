@@ -8,17 +8,47 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from config.errors import ArborError, NotFound
-from conversations import turns
+from config.errors import ArborError, BadInput, NotFound
+from conversations.apis.serializers import ApprovalIn, EditIn, RegenerateIn, TurnIn
 from conversations.selectors import conversation_for_user
-from conversations.streaming import events_in_thread
+from conversations.turns.events import EventType
+from conversations.turns.runner import Turn
+from conversations.turns.start import turn_ask, turn_decide, turn_edit, turn_regenerate, turn_retry
+from conversations.turns.streaming import events_in_thread
 
 TOKEN_BATCH_SECONDS = 0.05  # tokens go out in small batches, not one frame each
+
+
+def _ask(*, content: str, **common) -> Turn:
+    return turn_ask(content=content, **common)
+
+
+def _edit(*, node: int, content: str, **common) -> Turn:
+    return turn_edit(node_id=node, content=content, **common)
+
+
+def _regenerate(*, node: int | None = None, **common) -> Turn:
+    return turn_regenerate(node_id=node, **common)
+
+
+def _approve(*, tool_call_id: str, approve: bool, **common) -> Turn | None:
+    return turn_decide(call_id=tool_call_id, approve=approve, **common)
+
+
+# A message's type -> the API serializer its fields must pass, and the turn start it calls.
+_STARTS: dict[str, tuple[type | None, Callable[..., Turn | None]]] = {
+    "ask": (TurnIn, _ask),
+    "edit": (EditIn, _edit),
+    "regenerate": (RegenerateIn, _regenerate),
+    "retry": (None, turn_retry),
+    "approve": (ApprovalIn, _approve),
+}
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -48,7 +78,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             # Sent once the stopped node is written, so a page can redraw from the server's record.
             await self.send_json({"type": "stopped"})
             return
-        begin = self._begin_for(content)
+        try:
+            begin = self._begin_for(content)
+        except ArborError as error:
+            await self.send_json({"type": "error", "code": error.code, "message": error.message})
+            return
         if begin is None:
             await self.send_json({"type": "error", "code": "bad_input",
                                   "message": f"Unknown message type {content['type']!r}."})
@@ -67,23 +101,21 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         self.generation = asyncio.create_task(self._stream(turn))
 
-    def _begin_for(self, content: dict[str, Any]):
-        common = {"user": self.user, "conversation_id": self.conversation_id}
+    def _begin_for(self, content: dict[str, Any]) -> Callable[[], Turn | None] | None:
+        """The turn start a message asks for, its fields checked by the API's own input serializer;
+        None for an unknown type. Raises BadInput (a 400's message) for bad fields."""
         kind = content["type"]
-        if kind == "ask":
-            return lambda: turns.turn_ask(**common, content=content.get("content"))
-        if kind == "edit":
-            return lambda: turns.turn_edit(**common, node_id=content.get("node"), content=content.get("content"))
-        if kind == "regenerate":
-            return lambda: turns.turn_regenerate(**common, node_id=content.get("node"))
-        if kind == "retry":
-            return lambda: turns.turn_retry(**common)
-        if kind == "approve":
-            return lambda: turns.turn_decide(**common, call_id=content.get("tool_call_id"),
-                                             approve=content.get("approve"))
-        return None
+        if kind not in _STARTS:
+            return None
+        serializer_class, start = _STARTS[kind]
+        fields = {k: v for k, v in content.items() if k != "type"}
+        data = serializer_class(data=fields) if serializer_class else None
+        if data is not None and not data.is_valid():
+            raise BadInput(" ".join(f"{name}: {' '.join(map(str, errors))}" for name, errors in data.errors.items()))
+        values = data.validated_data if data is not None else {}
+        return lambda: start(user=self.user, conversation_id=self.conversation_id, **values)
 
-    async def _stream(self, turn: turns.Turn) -> None:
+    async def _stream(self, turn: Turn) -> None:
         pending: list[str] = []
         node = None
         loop = asyncio.get_running_loop()
@@ -99,7 +131,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         try:
             async with contextlib.aclosing(events_in_thread(turn.events)) as events:
                 async for event in events:
-                    if event.type == "token":
+                    if event.type == EventType.TOKEN:
                         pending.append(event.data["text"])
                         node = event.data["node"]
                         if loop.time() - flushed_at >= TOKEN_BATCH_SECONDS:

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from config.errors import ArborError, BadInput, NotFound
 from config.web import off_the_shared_thread, page
-from conversations import imports, services, turns
+from conversations import imports, services
 from conversations.apis.serializers import ConversationIn, PreferencesIn
 from conversations.apis.transfer import read_upload
 from conversations.models import Conversation, Node
@@ -33,6 +33,8 @@ from conversations.selectors import (
     screen_history,
     user_instructions,
 )
+from conversations.turns.seen import call_context
+from conversations.turns.start import turn_compact
 
 # --- what a page shows --------------------------------------------------------------------------------
 
@@ -152,7 +154,7 @@ def chat_clear(request: HttpRequest, conversation_id: int) -> HttpResponse:
 @page
 def chat_compact(request: HttpRequest, conversation_id: int) -> HttpResponse:
     """C2: compact now; the head moves to a new compaction node, the history stays on screen."""
-    turns.turn_compact(user=request.user, conversation_id=conversation_id)
+    turn_compact(user=request.user, conversation_id=conversation_id)
     messages.success(request, "Compacted: from here on the model reads a summary of the earlier messages.")
     return redirect("chat-conversation", conversation_id)
 
@@ -187,7 +189,7 @@ def chat_seen(request: HttpRequest, node_id: int) -> HttpResponse:
     node = node_for_user(user=request.user, node_id=node_id)
     retrieved = {item.get("text") for item in node.sent if item.get("ephemeral")}
     context = {"node": node, "usage": node.usage or {},
-               "context": [_shown_message(message, retrieved) for message in turns.call_context(node)]}
+               "context": [_shown_message(message, retrieved) for message in call_context(node)]}
     if request.headers.get("X-Fragment"):
         return render(request, "chat/_seen.html", context)
     return render(request, "chat/seen.html", context)

@@ -6,13 +6,13 @@ from io import StringIO
 
 from django.core.management import call_command
 
-from conversations import turns
 from conversations.models import Conversation, Node
+from conversations.turns.start import turn_ask
 
 
 def ask(conversation: Conversation, content: str):
     """Ask a question through the one turn runner; return the list of events."""
-    return turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=content).run()
+    return turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=content).run()
 
 
 def head(conversation: Conversation) -> Node | None:

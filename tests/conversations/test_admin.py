@@ -11,10 +11,11 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from conversations import services, turns
+from conversations import services
 from conversations.context import assemble
 from conversations.models import Conversation, Node
 from conversations.selectors import node_path
+from conversations.turns.start import turn_ask, turn_compact
 from tests.conversations.helpers import ask, head
 
 pytestmark = pytest.mark.django_db
@@ -173,7 +174,7 @@ def test_move_head_here_is_refused_while_a_turn_runs(admin_client, tree):
     """T9: the admin moves the head only through head_move, which a running turn's lock refuses."""
     conversation, failed = tree["conversation"], tree["failed"]
     before = conversation.head_id
-    turn = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="x")
+    turn = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="x")
     try:
         listing = admin_client.get(reverse("admin:conversations_conversation_changelist"))
         assert listing.context["cl"].result_list[0].turn_running
@@ -275,7 +276,7 @@ def test_c2_the_compaction_node_page_links_its_summarising_call_and_back(admin_c
     settings.ARBOR_COMPACTION_KEEP_TURNS = 1
     for i in range(3):
         ask(conversation, f"question {i}")
-    root = turns.turn_compact(user=conversation.owner, conversation_id=conversation.pk)
+    root = turn_compact(user=conversation.owner, conversation_id=conversation.pk)
     page = admin_client.get(node_url(root.pk)).content.decode()
     assert f'class="summary-call" href="{node_url(root.summary_call_id)}"' in page
     assert f'class="compacted-from" href="{node_url(root.compacted_from_id)}"' in page

@@ -11,8 +11,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
-from conversations import services, turns
+from conversations import services
 from conversations.models import Node
+from conversations.turns.start import turn_edit
 from tests.conversations.helpers import ask, head
 from tests.support.browser import screenshot
 
@@ -25,7 +26,7 @@ def _branched_tree_with_compaction(conversation):
     ask(conversation, "Which region grew fastest?")
     second = head(conversation)
     ask(conversation, "And which one shrank?")
-    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=second.pk,
+    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=second.pk,
                     content="Which region grew fastest, in percent?").run()
     compacted = head(conversation)
     compaction = Node.objects.create(kind="compaction", status="succeeded", compacted_from=compacted,

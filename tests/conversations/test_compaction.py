@@ -8,12 +8,15 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from conversations import budget, llm, services, turns
+from conversations import budget, llm, services
 from conversations.compaction import COMPACTION_PROMPT
 from conversations.context import SUMMARY_PREFIX, is_compaction_root
+from conversations.locks import TurnLock
 from conversations.models import Bubble, Node
 from conversations.screen import path_bubbles
 from conversations.selectors import context_path, history_path, node_path
+from conversations.turns.seen import call_context
+from conversations.turns.start import turn_compact
 from tests.conversations.helpers import answer, ask, head
 from tests.support.openai_stub import Reply
 
@@ -84,7 +87,7 @@ def test_c1_every_node_stores_its_count_and_its_paths(conversation, small_echo):
         assert node.path_tokens == node.parent.path_tokens + node.tokens
     # The stored figure is what the assembled context costs, give or take rounding per message.
     tip = head(conversation)
-    context = turns.call_context(tip)
+    context = call_context(tip)
     assert abs(budget.llm.count_tokens("arbor/echo", context) - tip.path_tokens + tip.tokens) < 40
 
 
@@ -136,7 +139,7 @@ def test_c2_the_summarising_call_is_recorded_and_never_a_head_nor_in_a_context(c
     assert refused.status_code == 400 and head(conversation).pk != call.pk
     ask(conversation, "after the compaction")
     assert node_path(head(conversation).pk)[0].id == root.pk
-    assert COMPACTION_PROMPT not in str(turns.call_context(head(conversation)))
+    assert COMPACTION_PROMPT not in str(call_context(head(conversation)))
 
 
 def test_c2_compaction_keeps_the_last_turns_verbatim(conversation, small_echo):
@@ -176,10 +179,10 @@ def test_c2_compact_by_hand_refuses_bad_states_and_changes_nothing(conversation,
     short = api.post(_url("conversation-compact", conversation))
     assert short.status_code == 400 and short.json()["error"]["code"] == "nothing_to_compact"
     assert other_api.post(_url("conversation-compact", conversation)).status_code == 404
-    token = services.turn_lock_acquire(conversation=conversation)
+    lock = TurnLock.acquire(conversation)
     locked = api.post(_url("conversation-compact", conversation))
     assert locked.status_code == 409 and locked.json()["error"]["code"] == "turn_in_progress"
-    services.turn_lock_release(conversation=conversation, token=token)
+    lock.release()
     assert (Node.objects.count(), head(conversation).pk) == before
 
 
@@ -309,13 +312,13 @@ def test_c2_what_the_model_saw_after_a_compaction(conversation, small_echo, api)
     root = _ask_until_compacted(conversation)
     ask(conversation, "after the compaction")
     node = head(conversation)
-    seen = turns.call_context(node)
+    seen = call_context(node)
     assert seen[0]["role"] == "user" and seen[0]["content"] == root.sent[0]["data"]
     assert seen[-1] == {"role": "user", "content": "after the compaction"}
     assert answer_digest_count(node) == len(seen), "echo saw exactly the messages call_context shows"
     context = api.get(_url("conversation-context", conversation)).json()["messages"]
     assert context == [*seen, {"role": "assistant", "content": node.received[0]["text"]}]
-    root_context = turns.call_context(root)
+    root_context = call_context(root)
     assert seen[: len(root_context)] == root_context, "a compaction root's context is where its next call starts"
 
 
@@ -339,7 +342,7 @@ def test_c3_a_provider_that_cannot_read_the_summary_gets_the_original_expanded(c
     assert sent[-1]["content"] == "now on another provider"
     node = head(conversation)
     assert node_path(node.pk)[0].id == root.pk, "the tree is unchanged: the call still hangs below the root"
-    assert turns.call_context(node) == [{k: v for k, v in m.items() if v is not None} for m in sent]
+    assert call_context(node) == [{k: v for k, v in m.items() if v is not None} for m in sent]
     # C1: the stored count stays the one of the path the node really hangs on; the expansion is added
     # at check time, once, and the next call's check sees the whole expanded path.
     assert node.path_tokens == Node.objects.get(pk=node.parent_id).path_tokens + node.tokens
@@ -505,7 +508,7 @@ def test_c2_a_summarising_call_that_crashes_is_recorded_as_failed(conversation, 
     old_head = head(conversation).pk
     _failing_summary(monkeypatch, RuntimeError("a bug in the middle of the stream"))
     with pytest.raises(RuntimeError):
-        turns.turn_compact(user=conversation.owner, conversation_id=conversation.pk)
+        turn_compact(user=conversation.owner, conversation_id=conversation.pk)
     call = Node.objects.get(kind=Node.Kind.COMPACTION)
     assert (call.status, call.failure_reason, call.parent_id) == ("failed", "interrupted", old_head)
     assert "a bug in the middle" in call.failure_message
@@ -519,9 +522,9 @@ def test_t9_compacting_by_hand_renews_its_lock_while_the_model_summarises(conver
         ask(conversation, f"question {i}")
     settings.ARBOR_TURN_LOCK_SECONDS = 0  # every streamed piece is due for a renewal
     renewals = []
-    real = services.turn_lock_renew
-    monkeypatch.setattr(services, "turn_lock_renew", lambda **kw: renewals.append(1) or real(**kw))
-    turns.turn_compact(user=conversation.owner, conversation_id=conversation.pk)
+    real = TurnLock.renew
+    monkeypatch.setattr(TurnLock, "renew", lambda self: renewals.append(1) or real(self))
+    turn_compact(user=conversation.owner, conversation_id=conversation.pk)
     assert renewals, "the lock was renewed during the summarising call"
 
 

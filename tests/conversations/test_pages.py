@@ -7,8 +7,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.urls import reverse
 
-from conversations import services, turns
+from conversations import services
+from conversations.locks import TurnLock
 from conversations.models import Bubble, Conversation, Node
+from conversations.turns.start import turn_edit, turn_regenerate
 from conversations.web.markdown import render_markdown
 from tests.conversations.helpers import ask, head
 
@@ -51,7 +53,7 @@ def test_the_chat_page_shows_the_path_with_branch_arrows_and_sanitised_markdown(
     """T8: the page shows the path's bubbles; an edited question shows k/n with arrows and a compare link."""
     ask(conversation, "first <script>alert(1)</script>")
     first = head(conversation)
-    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
+    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
                     content="second **bold**").run()
     html = page.get(reverse("chat-conversation", args=[conversation.pk])).content.decode()
     assert "2/2" in html and 'aria-label="Previous version of this question"' in html
@@ -66,16 +68,16 @@ def test_switch_moves_the_head_to_the_other_branch_and_is_refused_while_a_turn_r
     """T8, T9: the arrows' form moves the head to the branch's latest tip; during a turn it changes nothing."""
     ask(conversation, "one")
     first = head(conversation)
-    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
+    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
                     content="two").run()
     second = head(conversation)
     url = reverse("chat-switch", args=[conversation.pk])
 
-    token = services.turn_lock_acquire(conversation=conversation)
+    lock = TurnLock.acquire(conversation)
     response = page.post(url, {"node": first.pk}, follow=True)
     assert head(conversation).pk == second.pk
     assert "A turn is running" in response.content.decode()
-    services.turn_lock_release(conversation=conversation, token=token)
+    lock.release()
 
     page.post(url, {"node": first.pk})
     assert head(conversation).pk == first.pk
@@ -133,7 +135,7 @@ def test_what_the_model_saw_is_the_exact_context_of_that_call(page, conversation
 def test_compare_shows_two_branches_of_the_same_question_and_refuses_anything_else(page, conversation):
     ask(conversation, "left question")
     left = head(conversation)
-    turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
+    turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
     right = head(conversation)
     url = reverse("chat-compare", args=[conversation.pk])
     html = page.get(f"{url}?a={left.pk}&b={right.pk}").content.decode()
@@ -146,7 +148,7 @@ def test_compare_never_shows_another_persons_branches(page, conversation, other_
     theirs = services.conversation_create(owner=other_user)
     ask(theirs, "their secret question")
     first = head(theirs)
-    turns.turn_regenerate(user=other_user, conversation_id=theirs.pk).run()
+    turn_regenerate(user=other_user, conversation_id=theirs.pk).run()
     url = reverse("chat-compare", args=[conversation.pk])
     response = page.get(f"{url}?a={first.pk}&b={head(theirs).pk}")
     assert response.status_code == 404 and "their secret" not in response.content.decode()

@@ -6,10 +6,12 @@ import json
 
 import pytest
 
-from conversations import exports, services, turns
+from conversations import exports, services
 from conversations.models import Bubble, Conversation, Node
 from conversations.screen import path_bubbles
 from conversations.selectors import node_path
+from conversations.turns.seen import call_context, next_context
+from conversations.turns.start import turn_compact, turn_decide, turn_edit, turn_regenerate
 from tests.conversations.helpers import ask, head
 
 pytestmark = pytest.mark.django_db
@@ -25,17 +27,17 @@ def _rich_tree(conversation, settings):
     services.conversation_update(conversation=conversation, instructions="Be brief.")
     ask(conversation, "first question")
     first = head(conversation)
-    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
+    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
                     content="edited first").run()
-    turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
+    turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
     ask(conversation, '#tool sql_query {"sql": "select count(*) as n from customers"}')
     ask(conversation, '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"}')
     (call,) = head(conversation).received
-    turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+    turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
                       approve=True).run()
     ask(conversation, "#fail")
     ask(conversation, "#overflow")
-    turns.turn_compact(user=conversation.owner, conversation_id=conversation.pk)
+    turn_compact(user=conversation.owner, conversation_id=conversation.pk)
     ask(conversation, "after the compaction")
 
 
@@ -69,17 +71,17 @@ def test_the_tree_json_imports_back_losslessly(api, user, conversation, settings
     old_nodes = Node.objects.filter(pk__in=[n["id"] for n in original["nodes"]]).order_by("id")
     new_nodes = Node.objects.filter(pk__in=[n["id"] for n in again["nodes"]]).order_by("id")
     for old, new in zip(old_nodes, new_nodes, strict=True):
-        assert turns.call_context(new) == turns.call_context(old), f"what node {old.pk} saw"
+        assert call_context(new) == call_context(old), f"what node {old.pk} saw"
         old_view = [(v.bubble.role, v.bubble.content) for v in path_bubbles(conversation=conversation,
                                                                               path=node_path(old.pk))]
         new_view = [(v.bubble.role, v.bubble.content) for v in path_bubbles(conversation=copy, path=node_path(new.pk))]
         assert new_view == old_view, f"the bubbles of the branch at node {old.pk}"
-    assert turns.next_context(copy) == turns.next_context(conversation)
+    assert next_context(copy) == next_context(conversation)
 
 
 def test_markdown_is_the_current_path(api, conversation):
     ask(conversation, "kept question")
-    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=head(conversation).pk,
+    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=head(conversation).pk,
                     content="shown question").run()
     response = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "md"})
     text = response.content.decode()
@@ -93,7 +95,7 @@ def test_chatgpt_export_keeps_branches_and_imports_back(api, user, conversation)
     ask(conversation, "apples?")
     first = head(conversation)
     ask(conversation, "and pears?")
-    turns.turn_edit(user=user, conversation_id=conversation.pk, node_id=first.pk, content="bananas?").run()
+    turn_edit(user=user, conversation_id=conversation.pk, node_id=first.pk, content="bananas?").run()
     document = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "chatgpt"}).json()
     (entry,) = document
     mapping = entry["mapping"]

@@ -9,11 +9,12 @@ from django.test.utils import CaptureQueriesContext
 
 from config.errors import NotFound
 from conversations import items as it
-from conversations import services, turns
+from conversations import services
 from conversations.errors import BeforeCompaction, CorruptTree, TurnInProgress
 from conversations.models import Bubble, Conversation, Node
 from conversations.screen import path_bubbles
 from conversations.selectors import node_path
+from conversations.turns.start import turn_ask, turn_edit, turn_regenerate
 from tests.conversations.helpers import answer, ask, head
 
 pytestmark = pytest.mark.django_db
@@ -111,9 +112,9 @@ def test_t10_a_question_before_the_compaction_node_cannot_be_edited(conversation
     after = head(conversation)
     count = Node.objects.count()
     with pytest.raises(BeforeCompaction):
-        turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=old.pk, content="x")
+        turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=old.pk, content="x")
     assert head(conversation) == after and Node.objects.count() == count
-    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=after.pk,
+    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=after.pk,
                     content="edited after compaction").run()
     assert head(conversation).parent_id == after.parent_id
 
@@ -133,7 +134,7 @@ def test_t11_delete_removes_its_nodes_but_keeps_those_another_path_passes_throug
     ask(source, "shared 1")
     ask(source, "shared 2")
     shared_head = head(source)
-    turns.turn_regenerate(user=user, conversation_id=source.pk).run()  # a branch only `source` has
+    turn_regenerate(user=user, conversation_id=source.pk).run()  # a branch only `source` has
     ask(source, "source only")
     other = services.conversation_create(owner=user)
     services.head_move(conversation=other, to=shared_head.pk)  # P3's edit conversation, nothing copied
@@ -163,7 +164,7 @@ def test_t11_delete_keeps_the_original_behind_a_shared_compaction_node(user):
 
 
 def test_t11_delete_is_refused_while_a_turn_runs(conversation):
-    running = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="busy")
+    running = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="busy")
     with pytest.raises(TurnInProgress):
         services.conversation_delete(conversation=conversation)
     running.run()

@@ -8,11 +8,14 @@ import pytest
 from django.core import mail
 
 from config.errors import BadInput
-from conversations import services, turns
+from conversations import services
 from conversations.errors import ApprovalPending, TurnInProgress
 from conversations.models import Bubble, Node, OutboxJob, ToolApproval
 from conversations.screen import path_bubbles
 from conversations.selectors import node_path
+from conversations.turns import start
+from conversations.turns.seen import call_context, next_context
+from conversations.turns.start import turn_ask, turn_decide, turn_edit, turn_regenerate
 from tests.conversations.helpers import answer, ask, head
 
 pytestmark = pytest.mark.django_db
@@ -56,9 +59,9 @@ def test_a_persons_instructions_go_before_the_conversations_and_each_node_keeps_
     assert first.instructions == "Answer in English.\n\nBe brief."
     services.preferences_update(user=conversation.owner, instructions="")
     services.conversation_update(conversation=conversation, instructions="Be long.")
-    assert turns.call_context(first) == [{"role": "system", "content": "Answer in English.\n\nBe brief."},
+    assert call_context(first) == [{"role": "system", "content": "Answer in English.\n\nBe brief."},
                                          {"role": "user", "content": "hi"}]
-    assert turns.next_context(conversation)[0] == {"role": "system", "content": "Be long."}
+    assert next_context(conversation)[0] == {"role": "system", "content": "Be long."}
 
 
 def test_t3_t4_tool_rounds_form_one_chain_and_results_are_the_next_nodes_sent_items(conversation):
@@ -143,14 +146,14 @@ def test_r1_each_step_commits_node_head_bubbles_and_an_outbox_job(conversation):
     node = head(conversation)
     assert list(Bubble.objects.filter(node=node).values_list("role", flat=True)) == ["user", "assistant"]
     assert sorted((j.kind, j.payload["conversation"], j.payload["head"]) for j in OutboxJob.objects.all()) == [
-        ("index", conversation.pk, node.pk), ("title", conversation.pk, node.pk)], "one job per kind, in the same commit"
+        ("index", conversation.pk, node.pk), ("title", conversation.pk, node.pk)], "one job per kind, one commit"
 
 
 def test_t9_r3_a_second_turn_is_refused_while_one_runs(conversation):
     """T9, R3: the database lock refuses a concurrent turn and any head move; it frees at the turn's end."""
-    running = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="one")
+    running = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="one")
     with pytest.raises(TurnInProgress):
-        turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="two")
+        turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="two")
     with pytest.raises(TurnInProgress):
         services.conversation_clear(conversation=conversation)
     running.run()
@@ -160,13 +163,13 @@ def test_t9_r3_a_second_turn_is_refused_while_one_runs(conversation):
 def test_r3_an_expired_lock_does_not_block_for_ever(conversation, settings):
     """R3: a process killed mid-turn leaves a lock that expires."""
     settings.ARBOR_TURN_LOCK_SECONDS = -1
-    turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="abandoned")
+    turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="abandoned")
     assert answer(ask(conversation, "later")).startswith("echo: later")
 
 
 def test_stopping_a_turn_records_it_as_cancelled_and_frees_the_conversation(conversation):
     """Closing the event stream (stop) fails the node as cancelled, keeps its partial text, frees the lock."""
-    events = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="one two three").events()
+    events = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="one two three").events()
     tokens = [next(events), next(events)]
     events.close()
     node = head(conversation)
@@ -180,7 +183,7 @@ def test_t7_edit_branches_from_the_turn_before_and_never_sees_the_old_answer(con
     ask(conversation, "q1")
     original = ask(conversation, "top 10 customers")
     old_head = head(conversation)
-    edited = turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=old_head.pk,
+    edited = turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=old_head.pk,
                              content="top 10 customers including overseas").run()
     new_head = head(conversation)
     assert new_head.parent_id == old_head.parent_id and new_head.pk != old_head.pk
@@ -193,7 +196,7 @@ def test_t7_edit_branches_from_the_turn_before_and_never_sees_the_old_answer(con
 def test_t7_regenerate_reruns_the_last_question_as_a_sibling(conversation):
     ask(conversation, "q1")
     first = head(conversation)
-    turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
+    turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
     second = head(conversation)
     assert second.pk != first.pk and second.parent_id == first.parent_id and second.sent == first.sent
 
@@ -204,10 +207,10 @@ def test_t7_edit_of_a_tool_turn_starts_before_its_first_round(conversation):
     tool_turn_end = head(conversation)
     opener = tool_turn_end.parent
     with pytest.raises(BadInput, match="did not send a question"):
-        turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=tool_turn_end.pk,
+        turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=tool_turn_end.pk,
                         content="x")
     assert head(conversation) == tool_turn_end, "a refused edit changes nothing"
-    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=opener.pk, content="q2").run()
+    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=opener.pk, content="q2").run()
     assert head(conversation).parent_id == opener.parent_id
 
 
@@ -217,7 +220,7 @@ def test_t8_switch_goes_to_the_latest_tip_and_bubbles_carry_branch_info(conversa
     ask(conversation, "q2")
     old_tip = head(conversation)
     q2 = old_tip
-    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=q2.pk, content="q2b").run()
+    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=q2.pk, content="q2b").run()
     ask(conversation, "q3 on the new branch")
     views = path_bubbles(conversation=head_conversation(conversation))
     q2b_view = [v for v in views if v.bubble.content == "q2b"][0]
@@ -240,11 +243,11 @@ def head_conversation(conversation):
 def test_t9_edit_regenerate_and_switch_are_refused_while_a_turn_runs(conversation):
     ask(conversation, "q1")
     node = head(conversation)
-    running = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="q2")
+    running = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="q2")
     with pytest.raises(TurnInProgress):
-        turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=node.pk, content="x")
+        turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=node.pk, content="x")
     with pytest.raises(TurnInProgress):
-        turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk)
+        turn_regenerate(user=conversation.owner, conversation_id=conversation.pk)
     with pytest.raises(TurnInProgress):
         services.head_switch(conversation=conversation, node_id=node.pk)
     running.run()
@@ -259,7 +262,7 @@ def test_f3_send_email_waits_for_approval_then_runs(conversation):
     assert mail.outbox == []
     with pytest.raises(ApprovalPending):
         ask(conversation, "something else")
-    resumed = turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+    resumed = turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
                                 approve=True).run()
     assert len(mail.outbox) == 1 and mail.outbox[0].to == ["cfo@example.com"]
     assert resumed[-1].type == "done"
@@ -271,7 +274,7 @@ def test_f3_send_email_waits_for_approval_then_runs(conversation):
 def test_f3_a_refused_call_gets_a_result_that_says_so(conversation):
     ask(conversation, '#tool send_email {"to": "x@example.com", "subject": "s", "body": "b"}')
     (call,) = head(conversation).received
-    turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+    turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
                       approve=False).run()
     (result,) = head(conversation).sent
     assert result["is_error"] and result["content"].startswith("refused")
@@ -284,10 +287,10 @@ def test_f3_switching_branches_neither_undoes_nor_repeats_a_sent_email(conversat
     q1 = head(conversation)
     ask(conversation, '#tool send_email {"to": "x@example.com", "subject": "s", "body": "b"}')
     (call,) = head(conversation).received
-    turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+    turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
                       approve=True).run()
     email_branch = head(conversation)
-    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=email_branch.parent_id,
+    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=email_branch.parent_id,
                     content="no email this time").run()
     services.head_switch(conversation=conversation, node_id=email_branch.pk)
     assert head(conversation) == email_branch
@@ -298,7 +301,7 @@ def test_f3_switching_branches_neither_undoes_nor_repeats_a_sent_email(conversat
 def test_r3_a_turn_that_outlived_its_lock_keeps_its_node_but_cannot_move_the_head(conversation, settings):
     """R3: a stale run (its lock expired and another turn took it) never moves the head; nothing is lost."""
     settings.ARBOR_TURN_LOCK_SECONDS = -1  # every lock is born expired
-    stale = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="stale").events()
+    stale = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="stale").events()
     next(stale)  # its node is pending, its call under way
     settings.ARBOR_TURN_LOCK_SECONDS = 300
     ask(conversation, "fresh")
@@ -313,7 +316,7 @@ def test_r3_a_turn_that_outlived_its_lock_keeps_its_node_but_cannot_move_the_hea
 def test_r1_a_turn_that_dies_mid_way_loses_nothing_already_answered(conversation, settings):
     """R1: each round commits on its own: if the process dies after round one, round one is in the tree."""
     settings.ARBOR_TURN_LOCK_SECONDS = -1  # the dead process's lock must not block the next turn
-    events = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk,
+    events = turn_ask(user=conversation.owner, conversation_id=conversation.pk,
                             content='#tool sql_query {"sql": "select 1"}').events()
     assert next(e for e in events if e.type == "tool_call")
     # The process "dies" here: the generator is never resumed nor closed.
@@ -336,7 +339,7 @@ def test_t9_the_lock_is_renewed_while_a_long_answer_streams(conversation, settin
     ask(conversation, "q1")
     q1 = head(conversation)
     settings.ARBOR_TURN_LOCK_SECONDS = 1
-    events = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk,
+    events = turn_ask(user=conversation.owner, conversation_id=conversation.pk,
                             content="#slow " + " ".join(f"w{i}" for i in range(25))).events()
     started = time.monotonic()
     for _ in events:
@@ -354,7 +357,7 @@ def test_f3_f2_an_approved_call_whose_next_round_overflows_does_not_lock_the_con
     ask(conversation, '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"} #overflow')
     paused = head(conversation)
     (call,) = paused.received
-    events = turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+    events = turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
                                approve=True).run()
     assert events[-1].data["code"] == "context_overflow"
     assert head(conversation) == paused and len(mail.outbox) == 1
@@ -368,21 +371,21 @@ def test_f3_f2_an_approved_call_whose_next_round_overflows_does_not_lock_the_con
 def test_f3_deciding_again_the_same_way_resumes_without_running_the_tool_twice(conversation):
     ask(conversation, '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"}')
     (call,) = head(conversation).received
-    turn = turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+    turn = turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
                              approve=True)
     turn.abandon()  # the client left before the turn ran
-    again = turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+    again = turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
                               approve=True).run()
     assert again[-1].type == "done" and len(mail.outbox) == 1
     with pytest.raises(Exception, match="No tool call"):
-        turns.turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+        turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
                           approve=False)
 
 
 def test_c4_f1_stopping_between_rounds_gives_the_open_calls_not_run_results(conversation):
     """C4, F1: stop after a round that asked for tools: the calls get 'not run' results in a failed node
     that becomes the head, so the question stays on the path."""
-    events = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk,
+    events = turn_ask(user=conversation.owner, conversation_id=conversation.pk,
                             content='#tool sql_query {"sql": "select 1"}').events()
     next(e for e in events if e.type == "tool_call")
     events.close()
@@ -429,22 +432,22 @@ def test_t6_a_healthy_tool_turn_never_drops_anything(conversation, caplog):
     with caplog.at_level(logging.WARNING, logger="arbor.context"):
         ask(conversation, '#tool sql_query {"sql": "select 1"} #tool sql_query {"sql": "select 2"}')
         ask(conversation, "and then?")
-        turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
+        turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
     assert [r for r in caplog.records if r.name == "arbor.context"] == []
 
 
 def test_r3_a_turn_reads_the_head_again_under_the_lock(conversation, monkeypatch):
     """R3: a turn that finishes between another request's read and its lock cannot be overwritten."""
     ask(conversation, "q1")
-    load = turns.conversation_for_user
+    load = start.conversation_for_user
 
     def load_then_let_another_turn_finish(**kwargs):
         stale = load(**kwargs)
-        monkeypatch.setattr(turns, "conversation_for_user", load)
+        monkeypatch.setattr(start, "conversation_for_user", load)
         ask(conversation, "finished in between")
         return stale
 
-    monkeypatch.setattr(turns, "conversation_for_user", load_then_let_another_turn_finish)
+    monkeypatch.setattr(start, "conversation_for_user", load_then_let_another_turn_finish)
     ask(conversation, "q3")
     texts = [p.sent[0]["text"] for p in node_path(head(conversation).pk)]
     assert texts == ["q1", "finished in between", "q3"]
@@ -455,8 +458,8 @@ def test_t7_an_edit_that_never_runs_moves_nothing(conversation):
     ask(conversation, "q1")
     ask(conversation, "q2")
     before = head(conversation)
-    turns.turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).abandon()
-    turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=before.pk,
+    turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).abandon()
+    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=before.pk,
                     content="x").abandon()
     assert head(conversation) == before
 
@@ -464,6 +467,6 @@ def test_t7_an_edit_that_never_runs_moves_nothing(conversation):
 def test_t7_f2_an_edit_that_overflows_leaves_the_head_on_the_old_branch(conversation):
     ask(conversation, "q1")
     before = head(conversation)
-    events = turns.turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=before.pk,
+    events = turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=before.pk,
                              content="#overflow").run()
     assert events[-1].data["code"] == "context_overflow" and head(conversation) == before

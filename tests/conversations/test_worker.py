@@ -8,10 +8,11 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from conversations import jobs, services, turns
+from conversations import jobs, services
 from conversations.jobs import worker
 from conversations.models import Node, OutboxJob
 from conversations.screen import path_bubbles
+from conversations.turns.seen import call_context
 from search.models import BubbleDocument
 from tests.conversations.helpers import ask, head
 from tests.support.openai_stub import Reply
@@ -157,4 +158,4 @@ def test_r4_a_long_untitled_conversation_is_titled_from_its_opening_turns(conver
     assert conversation.title == "question number 0"
     call = Node.objects.get(kind="title")
     assert call.parent_id == Node.objects.filter(conversation=conversation, kind="turn").order_by("id")[5].pk
-    assert "question number 6" not in str(turns.call_context(call))
+    assert "question number 6" not in str(call_context(call))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conversations import items as it
-from conversations import turns
 from conversations.models import Conversation, Node
+from conversations.turns.start import turn_ask
 from playbooks.models import Playbook
 from tests.playbooks.helpers import sales_conversation
 
@@ -123,7 +123,7 @@ def test_the_openapi_schema_documents_the_playbook_endpoints(api):
 def test_t9_convert_while_a_turn_runs_is_a_409_and_records_nothing(api, conversation):
     """T9, R3: the conversion needs the turn lock; a running turn holds it."""
     sales_conversation(conversation)
-    turn = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="still running")
+    turn = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="still running")
     try:
         response = _convert(api, conversation)
     finally:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from config.errors import ArborError, BadInput, TooLarge
-from conversations import budget, llm, turns
+from conversations import budget, llm
 from conversations import items as it
 from conversations import services as conversation_services
 from conversations.errors import ApprovalPending, TurnInProgress
+from conversations.locks import TurnLock
 from conversations.models import Node
 from conversations.selectors import node_path
+from conversations.turns.seen import call_context
+from conversations.turns.start import turn_ask
 from playbooks import services
 from playbooks.errors import PlaybookInvalid
 from playbooks.models import Playbook, PlaybookVersion
@@ -48,7 +51,7 @@ def test_p1_the_conversion_reads_the_whole_context_through_the_one_assembly(conv
     """P1, T5: the first try was sent the path (question, tool call, result, answer) then the request."""
     sales_conversation(conversation)
     playbook = _convert(conversation)
-    context = turns.call_context(playbook.conversion_node)
+    context = call_context(playbook.conversion_node)
     assert [m["role"] for m in context] == ["user", "assistant", "tool", "assistant", "user"]
     assert context[0]["content"].startswith("Top 5 domestic customers")
     assert context[-1]["content"].startswith("[arbor:playbook-draft]")
@@ -65,7 +68,7 @@ def test_p1_an_invalid_draft_is_retried_below_itself_with_its_errors(conversatio
     retry = second.sent[0]["text"]
     assert "steps[0].arguments.sql: SQL error: no such column: no_such_column" in retry
     assert "no_such_column" not in str(playbook.definition)
-    context = turns.call_context(second)  # the retry saw its own failed draft, then the errors
+    context = call_context(second)  # the retry saw its own failed draft, then the errors
     assert "no_such_column" in context[-2]["content"] and context[-1]["content"] == retry
 
 
@@ -96,7 +99,7 @@ def test_p2_the_head_never_moves_and_the_next_question_sees_no_draft_or_error(co
     events = ask(conversation, "and now?")
     new = head(conversation)
     assert new.parent_id == before
-    seen = str(turns.call_context(new))
+    seen = str(call_context(new))
     assert "playbook-draft" not in seen and "no_such_column" not in seen and "expected_output" not in seen
     assert answer(events).startswith("echo: and now?")
 
@@ -110,7 +113,7 @@ def test_a_conversation_without_a_head_cannot_be_converted(conversation):
 def test_t9_a_conversion_waits_for_no_turn_it_is_refused_while_one_runs(conversation):
     """T9, R3: the conversion takes the turn lock; a running turn refuses it and nothing is recorded."""
     sales_conversation(conversation)
-    turn = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="hold the lock")
+    turn = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="hold the lock")
     try:
         with pytest.raises(TurnInProgress):
             _convert(conversation)
@@ -130,7 +133,7 @@ def test_a_provider_failure_is_recorded_on_the_try_and_answers_502(conversation,
     assert node.status == "failed" and node.failure_reason == "provider_error"
     assert node.parent_id == conversation.head_id
     assert not Playbook.objects.exists()
-    conversation_services.turn_lock_acquire(conversation=conversation)  # the lock was given back
+    TurnLock.acquire(conversation)  # the lock was given back
 
 
 def test_f3_a_conversion_waits_for_a_pending_approval_to_be_decided(conversation):

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from conversations import services as conversation_services
-from conversations import turns
 from conversations.models import Bubble, Node
+from conversations.turns.seen import next_context
 from playbooks import services
 from playbooks.selectors import conversion_chain
 from tests.conversations.helpers import ask, head
@@ -30,7 +30,7 @@ def _edit(playbook):
 def _context(conversation) -> str:
     """What the conversation's next call would send, read from its current head."""
     conversation.refresh_from_db()
-    return str(turns.next_context(conversation))
+    return str(next_context(conversation))
 
 
 def test_p3_the_edit_conversation_starts_at_the_source_head_and_copies_nothing(conversation, playbook):
@@ -39,7 +39,7 @@ def test_p3_the_edit_conversation_starts_at_the_source_head_and_copies_nothing(c
     edit = _edit(playbook)
     assert edit.pk != conversation.pk and edit.head_id == conversation.head_id == playbook.source_head_id
     assert (Node.objects.count(), Bubble.objects.count()) == (nodes, bubbles)
-    assert turns.next_context(edit) == turns.next_context(conversation)
+    assert next_context(edit) == next_context(conversation)
     playbook.refresh_from_db()
     assert playbook.edit_conversation_id == edit.pk
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from conversations import services, turns
+from conversations import services
 from conversations.jobs import worker
+from conversations.turns.seen import call_context
+from conversations.turns.start import turn_compact
 from tests.conversations.helpers import answer, ask, head
 
 pytestmark = pytest.mark.django_db
@@ -71,7 +73,7 @@ def test_r2_what_the_model_saw_marks_the_retrieved_items(client, user, notes):
     assert "retrieved for this call only (ephemeral)" in seen
     later = client.get(reverse("chat-seen", args=[head(conversation).pk]), headers={"X-Fragment": "1"}).content.decode()
     assert "retrieved for this call only" not in later and "900 dollars" not in later
-    assert turns.call_context(first)[1]["role"] == "system"
+    assert call_context(first)[1]["role"] == "system"
 
 
 def test_r2_a_long_question_is_retrieved_for_with_a_bounded_query(user, notes):
@@ -93,7 +95,7 @@ def test_r2_the_panel_shows_the_policy_the_call_had_not_the_current_one(client, 
     second = head(conversation)
     services.conversation_update(conversation=conversation, keep_retrieved=True)
     assert not second.keep_ephemeral
-    assert [m["role"] for m in turns.call_context(second)] == ["user", "assistant", "user"], "no retrieved items"
+    assert [m["role"] for m in call_context(second)] == ["user", "assistant", "user"], "no retrieved items"
 
 
 def test_r2_kept_retrieved_items_survive_a_compaction(user, notes, settings):
@@ -103,11 +105,11 @@ def test_r2_kept_retrieved_items_survive_a_compaction(user, notes, settings):
     services.conversation_update(conversation=conversation, retrieval=True, keep_retrieved=True)
     ask(conversation, "filler one")
     ask(conversation, "What does the enterprise tier cost?")
-    turns.turn_compact(user=user, conversation_id=conversation.pk)
+    turn_compact(user=user, conversation_id=conversation.pk)
     root = head(conversation)
     assert root.kind == "compaction" and any(i.get("ephemeral") for i in root.sent) and root.keep_ephemeral
     summary_call = root.summary_call
     assert summary_call.keep_ephemeral, "the summarising call read the kept items, and says so"
-    assert any(m["role"] == "system" for m in turns.call_context(summary_call)), "what it saw includes them"
+    assert any(m["role"] == "system" for m in call_context(summary_call)), "what it saw includes them"
     later = answer(ask(conversation, "unrelated zebra question"))
     assert "system:From the person's conversation" in later

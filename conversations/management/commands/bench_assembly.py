@@ -36,7 +36,7 @@ from conversations.context import PathNode, assemble
 from conversations.models import Bubble, Conversation, Node, ToolApproval
 from conversations.selectors import node_path
 from conversations.services import head_move
-from conversations.turns import turn_ask
+from conversations.turns.start import turn_ask
 
 PREFIX = "arbor-bench:"
 BENCH_USER = "arbor-bench"

@@ -3,7 +3,7 @@
 1. Prefix stability. A conversation of --turns real arbor/echo turns, three ways: never compacted, compacted
    once by hand in the middle, and compacted automatically under a small input limit. For every call (turns
    and summarising calls, in order) it checks that the call's context ("what the model saw",
-   `turns.call_context`) starts with exactly the previous call's context, and prints the share that do.
+   `call_context`) starts with exactly the previous call's context, and prints the share that do.
    Providers' prompt caches pay off only on such calls.
 2. Assembly time. What the turn runner does before a call (the path query, the C3 expansion check, the
    budget check, `assemble`) at the head of a conversation at turn --short and at turn --long, both with
@@ -31,7 +31,7 @@ from django.db import connection, transaction
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from conversations import budget, services, turns
+from conversations import budget, services
 from conversations import items as it
 from conversations.context import assemble, is_compaction_root
 from conversations.llm import echo
@@ -46,6 +46,8 @@ from conversations.management.commands.bench_assembly import (
 from conversations.models import Bubble, Conversation, Node
 from conversations.screen import path_bubbles
 from conversations.selectors import context_path, node_path
+from conversations.turns.seen import call_context
+from conversations.turns.start import _before_compaction, turn_ask, turn_compact
 
 PREFIX = "arbor-bench-compaction:"
 MODEL = "arbor/echo"
@@ -62,7 +64,7 @@ def question(k: int) -> str:
 
 
 def ask(conversation: Conversation, k: int) -> None:
-    events = turns.turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=question(k)).run()
+    events = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=question(k)).run()
     if events[-1].type != "done":
         raise CommandError(f"bench turn {k} of {conversation.title} ended with {events[-1]}")
 
@@ -88,7 +90,7 @@ def calls_in_order(conversation: Conversation) -> list[Node]:
 
 def prefix_stable(calls: list[Node]) -> tuple[int, int]:
     """(calls whose context starts with the previous call's context, calls that have a previous call)."""
-    contexts = [turns.call_context(call) for call in calls]
+    contexts = [call_context(call) for call in calls]
     stable = sum(1 for before, after in zip(contexts, contexts[1:], strict=False) if after[: len(before)] == before)
     return stable, max(0, len(contexts) - 1)
 
@@ -194,7 +196,7 @@ class Command(BaseCommand):
                 for k in range(1, turns_count + 1):
                     ask(conversation, k)
                     if by_hand and k == turns_count // 2:
-                        turns.turn_compact(user=conversation.owner, conversation_id=conversation.pk)
+                        turn_compact(user=conversation.owner, conversation_id=conversation.pk)
                 calls = calls_in_order(conversation)
                 stable, pairs = prefix_stable(calls)
             compactions = sum(1 for c in calls if c.kind == Node.Kind.COMPACTION)
@@ -241,7 +243,7 @@ class Command(BaseCommand):
                      .values_list("id", flat=True).first())
             root = path[0] if is_compaction_root(path[0]) else None
             reads = {"screen": lambda c=conversation: path_bubbles(conversation=c),
-                     "t10": lambda r=root, f=first: r is not None and turns._before_compaction(r, f)}
+                     "t10": lambda r=root, f=first: r is not None and _before_compaction(r, f)}
             samples = interleaved_timings(reads, repeat)
             shown = len(path_bubbles(conversation=conversation))
             self.stdout.write(

@@ -1,0 +1,59 @@
+"""Tool calls still open at the end of a path, the people's decisions on them (F3), and their results (C4, T4).
+
+An open call is one on the path's last (succeeded) node with no result yet: its result goes out first in
+the next call's sent items. A call to a tool that acts on the outside world runs only after a person on
+this server approved it (D4): the decision is a `ToolApproval` row, and its result is stored with it so
+the action never runs twice.
+"""
+
+from __future__ import annotations
+
+from conversations import items as it
+from conversations import services
+from conversations.context import PathNode
+from conversations.models import Node, ToolApproval
+from conversations.tools import get_tool
+from conversations.tools.runner import run_tool_call
+
+
+def open_calls(tip: PathNode | None) -> list[it.Item]:
+    """Tool calls on the path's last node that have no result yet: their results must go out first."""
+    if tip is None or tip.status != Node.Status.SUCCEEDED:
+        return []
+    return it.tool_calls(tip.received)
+
+
+def needs_approval(call: it.Item) -> bool:
+    tool = get_tool(call["name"])
+    return bool(tool and tool.needs_approval)
+
+
+def undecided(tip: PathNode | None) -> list[it.Item]:
+    """The open calls that wait for a person's decision (F3)."""
+    calls = [c for c in open_calls(tip) if needs_approval(c)]
+    if not calls:
+        return []
+    decided = set(ToolApproval.objects.filter(node_id=tip.id).values_list("call_id", flat=True))
+    return [c for c in calls if c["id"] not in decided]
+
+
+def resolve(node: PathNode, *, run: bool, note: str = "") -> list[it.Item]:
+    """Results for `node`'s open calls (C4: every call gets one). Without `run`, nothing new executes:
+    a call with no stored result gets an error result that says `note`."""
+    calls = open_calls(node)
+    decisions = ({a.call_id: a for a in ToolApproval.objects.filter(node_id=node.id)}
+                 if any(needs_approval(c) for c in calls) else {})
+    results = []
+    for call in calls:
+        decision = decisions.get(call["id"])
+        if decision is not None and decision.result:
+            results.append(decision.result)
+        elif not run:
+            results.append(it.tool_result(call["id"], call["name"], note, is_error=True))
+        elif decision is not None:
+            result = run_tool_call(call, approved=decision.approved)
+            services.approval_store_result(node_id=node.id, call_id=call["id"], result=result)
+            results.append(result)
+        else:
+            results.append(run_tool_call(call))
+    return results

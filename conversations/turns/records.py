@@ -1,0 +1,173 @@
+"""The one node recorder (T1, T3): every model call is written here, whoever makes it.
+
+A turn's round, a title, a summarising call and a playbook try are all a node created `pending` right
+before its call (`start`), then `succeed`ed with what came back or `fail`ed with why (and what arrived
+before it failed). The bubbles a person sees of a turn, and the jobs queued after its commit, are written
+here too, so the three callers cannot drift apart.
+
+`run_side_call` is a recorded call beside the conversation (titles, summaries, playbook tries): its node
+hangs below the node whose context it read, so the admin shows it where it happened, and it never moves
+the head (`can_be_head` keeps it off every branch a person can switch to).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils import timezone
+
+from config.db import release_connection
+from conversations import budget, jobs, llm
+from conversations import items as it
+from conversations.context import PathNode
+from conversations.models import Bubble, Conversation, Node
+from conversations.selectors import path_node
+
+# --- nodes --------------------------------------------------------------------------------------------
+
+
+def start(*, conversation: Conversation | None, parent: PathNode | None, kind: str, sent: list[it.Item],
+          model: str, instructions: str = "", keep_ephemeral: bool = False) -> Node:
+    """T3: the node exists, pending, before its call; its token count and its path's are kept (C1)."""
+    provider = llm.provider_of(model)
+    tokens = budget.items_tokens(sent, model=model, provider=provider)
+    return Node.objects.create(
+        parent_id=parent.id if parent else None, conversation=conversation, kind=kind,
+        status=Node.Status.PENDING, sent=sent, provider=provider, model=model, instructions=instructions,
+        keep_ephemeral=keep_ephemeral, tokens=tokens, path_tokens=(parent.stored_path_tokens if parent else 0) + tokens,
+    )
+
+
+def succeed(node: Node, result: llm.CallResult) -> None:
+    """The answer arrived: what was received, its usage, who answered (the provider may differ from the ask)."""
+    received_tokens = budget.items_tokens(result.received, model=node.model, provider=result.provider)
+    node.status = Node.Status.SUCCEEDED
+    node.received = result.received
+    node.usage = result.usage
+    node.provider, node.model = result.provider, result.model
+    node.finished_at = timezone.now()
+    node.tokens += received_tokens
+    node.path_tokens += received_tokens
+    node.save(update_fields=["status", "received", "usage", "provider", "model", "finished_at", "tokens",
+                             "path_tokens"])
+
+
+def fail(node: Node, error: llm.LLMError) -> None:
+    """The call failed: why, and whatever had arrived before it did (kept, never sent again: T5)."""
+    node.status = Node.Status.FAILED
+    node.failure_reason = error.reason
+    node.failure_message = error.message
+    node.received = error.partial
+    node.finished_at = timezone.now()
+    node.save(update_fields=["status", "failure_reason", "failure_message", "received", "finished_at"])
+
+
+def stopped(error: BaseException) -> llm.LLMError:
+    """A call that ended by no failure of its own: closed by a stop (cancelled) or cut by anything else."""
+    reason = Node.FailureReason.CANCELLED if isinstance(error, GeneratorExit) else Node.FailureReason.INTERRUPTED
+    return llm.LLMError(reason, f"the call stopped: {error!r}")
+
+
+# --- what a person sees of a turn (T8) ------------------------------------------------------------------
+
+
+def tool_bubble_data(call: it.Item) -> dict[str, Any]:
+    return {"call_id": call["id"], "name": call["name"], "arguments": call["arguments"]}
+
+
+def question_bubble(node: Node, sent: list[it.Item]) -> None:
+    question = it.question_of(sent)
+    if question is not None:
+        Bubble.objects.create(conversation_id=node.conversation_id, node=node, role=Bubble.Role.USER,
+                              content=question)
+
+
+def answer_bubbles(node: Node, *, needs_approval: Callable[[it.Item], bool]) -> None:
+    """The answer's text, and one bubble per tool call (awaiting approval, or running)."""
+    answer = it.answer_text(node.received)
+    if answer:
+        Bubble.objects.create(conversation_id=node.conversation_id, node=node, role=Bubble.Role.ASSISTANT,
+                              content=answer)
+    for call in it.tool_calls(node.received):
+        status = "awaiting_approval" if needs_approval(call) else "running"
+        Bubble.objects.create(conversation_id=node.conversation_id, node=node, role=Bubble.Role.TOOL,
+                              content=call["name"], data={**tool_bubble_data(call), "status": status})
+
+
+def error_bubble(node: Node, error: llm.LLMError) -> None:
+    Bubble.objects.create(conversation_id=node.conversation_id, node=node, role=Bubble.Role.ERROR,
+                          content=error.message,
+                          data={"reason": error.reason, "partial": it.answer_text(error.partial)})
+
+
+def decision_bubble(node_id: int, call: it.Item, *, approved: bool) -> None:
+    """F3: the call's bubble says what the person decided."""
+    Bubble.objects.filter(node_id=node_id, role=Bubble.Role.TOOL, data__call_id=call["id"]).update(
+        data={**tool_bubble_data(call), "status": "approved" if approved else "refused"})
+
+
+def result_bubbles(caller_id: int, results: Iterable[it.Item]) -> None:
+    """T4: the calls' bubbles (on the node that made them) show their results."""
+    by_call = {r["call_id"]: r for r in results}
+    bubbles = list(Bubble.objects.filter(node_id=caller_id, role=Bubble.Role.TOOL))
+    for bubble in bubbles:
+        result = by_call.get(bubble.data.get("call_id"))
+        if result:
+            refused = bubble.data.get("status") == "refused"  # a refusal's error result says it was refused
+            bubble.data = {**bubble.data, "result": result["content"], "is_error": result["is_error"],
+                           "status": "refused" if refused else "error" if result["is_error"] else "done"}
+    Bubble.objects.bulk_update(bubbles, ["data"])
+
+
+def committed(conversation: Conversation) -> None:
+    """R4: queue the work after the commit (indexing, a title), inside the caller's transaction."""
+    jobs.enqueue_after_turn(conversation_id=conversation.pk, head=conversation.head_id)
+
+
+# --- a recorded call beside the conversation ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SideCall:
+    node: Node
+    result: llm.CallResult | None  # None: the call failed; `node` says why
+
+    def path_node(self) -> PathNode:
+        """The call as the last node of a path, so a follow-up call can hang below it."""
+        return path_node(self.node)
+
+
+def run_side_call(*, conversation: Conversation | None, parent: PathNode | None, kind: str, sent: list[it.Item],
+                  messages: list[dict], model: str, instructions: str = "", keep_ephemeral: bool = False,
+                  keep_alive: Callable[[], None] = lambda: None, **call_options) -> SideCall:
+    """Record a pending node, make the call (`call_options` go to `llm.stream_call`), record how it ended.
+
+    Only the node's own row is written. `keep_alive` runs as tokens arrive (a turn lock's renewer). The
+    node never stays pending: a failure, a bug or a closed turn (cancelled) is recorded before it goes on.
+    """
+    node = start(conversation=conversation, parent=parent, kind=kind, sent=sent, model=model,
+                 instructions=instructions, keep_ephemeral=keep_ephemeral)
+    release_connection()
+    stream = llm.stream_call(model=model, messages=messages, **call_options)
+    try:
+        result = _consume(stream, keep_alive)
+    except llm.LLMError as error:
+        fail(node, error)
+        return SideCall(node=node, result=None)
+    except BaseException as error:
+        stream.close()
+        fail(node, stopped(error))
+        raise
+    succeed(node, result)
+    return SideCall(node=node, result=result)
+
+
+def _consume(stream, keep_alive: Callable[[], None]) -> llm.CallResult:
+    while True:
+        try:
+            next(stream)
+        except StopIteration as stop:
+            return stop.value
+        keep_alive()

@@ -1,0 +1,267 @@
+"""The one turn runner (R1).
+
+Every way of asking the model something (`start.py`: a new question, an edit, a regenerate, a retry, a
+turn resumed after an approval) first decides *where the new node's parent is*, then hands over to
+`Turn.events`, which runs the rounds:
+
+    check ownership -> load state -> compact if needed -> gather instructions -> assemble -> call the
+    model, streaming -> keep what came back -> commit node, head, bubbles and jobs in one transaction.
+
+Loading the state expands a compaction root the conversation's model cannot read (C3,
+`selectors.context_path`); before each round's call, `conversations.compaction` runs when the call
+would pass the budget's threshold (C1, C2). `Turn.events` is a generator of `TurnEvent`s; closing it
+(stop, or a client that went away) ends the turn as failed/cancelled. Every node is written by the one
+recorder (`records.py`); the head moves only through `services.head_move`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Generator, Iterator
+
+from django.conf import settings
+from django.db import transaction
+
+from config.db import release_connection
+from conversations import compaction, llm, services
+from conversations import items as it
+from conversations.context import PathNode, assemble
+from conversations.locks import TurnLock
+from conversations.models import Conversation, Node
+from conversations.retrieval import retrieved_items
+from conversations.selectors import context_path, instructions_for, path_node
+from conversations.tools import all_tools
+from conversations.turns import calls, records
+from conversations.turns.events import EventType, TurnEvent
+
+
+class Turn:
+    """A turn whose lock is held and whose starting point is decided. Run it with `events()`, once."""
+
+    def __init__(self, *, conversation: Conversation, lock: TurnLock, path: list[PathNode],
+                 new_items: list[it.Item]):
+        self.conversation = conversation
+        self.lock = lock
+        self.new_items = new_items
+        self.nodes: list[int] = []
+        self.model = conversation.model or settings.ARBOR_MODEL
+        self.provider = llm.provider_of(self.model)
+        self.instructions = instructions_for(conversation)
+        question = it.question_of(new_items)
+        if conversation.retrieval and question:  # R2: for this call; later ones drop them unless kept
+            self.new_items = [*retrieved_items(conversation, question), *new_items]
+        self._path = path  # up to the first node's parent; each round's node is appended
+        tip = path[-1] if path else None
+        self._open: PathNode | None = tip if calls.open_calls(tip) else None  # calls still needing results
+        self._pending: Node | None = None  # the node whose call is under way
+        self._started = False
+        self._start_lock = threading.Lock()  # `events` (a worker thread) and `abandon` may race
+        self._summary_failed = False  # a failed summary is not tried again in the same turn
+
+    # --- running ---------------------------------------------------------------------------------------
+
+    def _claim(self) -> bool:
+        with self._start_lock:
+            claimed, self._started = not self._started, True
+        return claimed
+
+    def events(self) -> Iterator[TurnEvent]:
+        if not self._claim():
+            return  # abandoned before it began: the lock is already given back
+        with self.lock:
+            try:
+                yield from self._rounds()
+            except GeneratorExit:
+                self._fail(llm.LLMError("cancelled", "stopped by the user"))
+                raise
+            except BaseException as error:
+                self._fail(llm.LLMError("interrupted", f"the turn stopped: {error!r}"))
+                raise
+
+    def run(self) -> list[TurnEvent]:
+        """Run to the end without streaming (the plain JSON API, playbook runs, tests)."""
+        return list(self.events())
+
+    def abandon(self) -> None:
+        """Give the lock back if the turn was never started (its client left before the stream began)."""
+        if self._claim():
+            self.lock.release()
+
+    # --- the rounds ------------------------------------------------------------------------------------
+
+    def _rounds(self) -> Iterator[TurnEvent]:
+        max_rounds = max(1, settings.ARBOR_MAX_ROUNDS_PER_TURN)
+        # Read once, when the turn began (T5): later rounds append their own node. C3: expanded when
+        # this model cannot read the compaction result the path starts with.
+        path = context_path(self._path, self.provider)
+        for round_number in range(1, max_rounds + 1):
+            path, ended = yield from self._round(path, last_round=round_number == max_rounds)
+            if ended:
+                return
+        # The last round offered no tools, yet the model asked for some.
+        yield self._fail(llm.LLMError("round_limit", f"the model still asked for tools after {max_rounds} "
+                                      "rounds; those calls were not run"))
+
+    def _round(self, path: list[PathNode], *, last_round: bool
+               ) -> Generator[TurnEvent, None, tuple[list[PathNode], bool]]:
+        """One model call and what follows it; return the path for the next round and whether the turn ended."""
+        sent = [*(calls.resolve(self._open, run=True) if self._open else []), *self.new_items]
+        self.new_items = []
+        tools = None if last_round else [t.spec() for t in all_tools()]  # the last round must answer
+        path, compacted = self._compact_if_needed(path, sent, tools)
+        parent = path[-1] if path else None
+        messages = assemble(path, sent, instructions=self.instructions, provider=self.provider,
+                            keep_ephemeral=self.conversation.keep_retrieved)
+        node = self._start_node(parent=parent, sent=sent)
+        if compacted:
+            yield TurnEvent(EventType.COMPACTION, {"node": compacted.root.id, "summary_call": compacted.summary_call,
+                                                   "compacted_from": compacted.root.compacted_from_id})
+        for item in sent:
+            if item.get("type") == "tool_result":
+                yield TurnEvent(EventType.TOOL_RESULT, {"call_id": item["call_id"], "name": item["name"],
+                                                        "content": item["content"], "is_error": item["is_error"]})
+        result = yield from self._call_model(node, messages, tools)
+        if result is None:
+            return path, True
+        asked = it.tool_calls(result.received)
+        waiting = [c for c in asked if calls.needs_approval(c)] if not last_round else []
+        if not self._succeed(node, result, head_moves=not asked or bool(waiting), waiting=bool(waiting)):
+            yield self._superseded(node)
+            return path, True
+        if asked and not waiting:
+            # From here, a stop gives these calls 'not run' results. Shifted like its parent (C3).
+            self._open = path_node(node, shift=parent.shift if parent else 0)
+            path = [*path, self._open]
+        for call in asked:
+            yield TurnEvent(EventType.TOOL_CALL, {**records.tool_bubble_data(call), "node": node.pk})
+        if not asked:
+            yield TurnEvent(EventType.DONE, {"answer": it.answer_text(result.received), "head": node.pk,
+                                             "nodes": list(self.nodes)})
+            return path, True
+        if waiting:
+            yield TurnEvent(EventType.APPROVAL_REQUIRED, {"node": node.pk,
+                                                          "calls": [records.tool_bubble_data(c) for c in waiting]})
+            return path, True
+        return path, False  # the calls ran in the next round; after the last one, the round limit ends the turn
+
+    def _compact_if_needed(self, path: list[PathNode], sent: list[it.Item], tools: list[dict] | None
+                           ) -> tuple[list[PathNode], compaction.Compaction | None]:
+        """C1, C2: compact before a call that would pass the threshold; the call then hangs below the root.
+
+        When the path's tip is the head (a new question), the head moves to the root at once, so a call
+        that then fails leaves it on the compacted path; otherwise it moves at the turn's end, as always.
+        A failed summarising call is recorded and the turn goes on uncompacted, without trying again in
+        a later round: the call itself may still fit the limit, and if it does not, its overflow is
+        recorded like any other (F2).
+        """
+        if self._summary_failed or not compaction.needed(path, sent, model=self.model, provider=self.provider,
+                                                         instructions=self.instructions, tools=tools):
+            return path, None
+        results = [item for item in sent if item.get("type") == "tool_result"]
+        try:
+            done = compaction.compact(conversation=self.conversation, path=path, model=self.model,
+                                      instructions=self.instructions, pending_results=results,
+                                      keep_alive=self.lock.renew_if_due,
+                                      keep_ephemeral=self.conversation.keep_retrieved)
+        except compaction.NothingToCompact:
+            return path, None
+        except compaction.CannotCompact:
+            self._summary_failed = True
+            return path, None
+        except compaction.SummaryFailed as failed:
+            self.nodes.append(failed.node_id)
+            self._summary_failed = True
+            return path, None
+        self.nodes.extend(done.written)
+        if done.root.compacted_from_id == self.conversation.head_id:
+            self._move_head(done.root.id)
+        return [done.root], done
+
+    def _call_model(self, node: Node, messages: list[dict], tools: list[dict] | None
+                    ) -> Generator[TurnEvent, None, llm.CallResult | None]:
+        """Stream one call as token events; return its result, or None once its failure is recorded."""
+        release_connection()  # no database connection is held while the model thinks
+        call = llm.stream_call(model=self.model, messages=messages, tools=tools)
+        try:
+            while True:
+                try:
+                    token = next(call)
+                except StopIteration as stop:
+                    return stop.value
+                self.lock.renew_if_due()
+                yield TurnEvent(EventType.TOKEN, {"text": token, "node": node.pk})
+        except GeneratorExit:
+            try:
+                call.close()
+            except llm.LLMError as error:
+                self._fail(error)
+            raise
+        except llm.LLMError as error:
+            yield self._fail(error)
+            return None
+
+    # --- what is written -------------------------------------------------------------------------------
+
+    def _start_node(self, *, parent: PathNode | None, sent: list[it.Item]) -> Node:
+        """T3: the node exists, pending, before its call; the question's bubble commits with it."""
+        with transaction.atomic():
+            node = records.start(conversation=self.conversation, parent=parent, kind=Node.Kind.TURN, sent=sent,
+                                 model=self.model, instructions=self.instructions,
+                                 keep_ephemeral=self.conversation.keep_retrieved)
+            records.question_bubble(node, sent)
+            results = [i for i in sent if i.get("type") == "tool_result"]
+            if results and self._open is not None:
+                # The node that made the calls; after a compaction between rounds it is not the parent.
+                records.result_bubbles(self._open.id, results)
+            self.lock.renew()
+        self._pending = node
+        self._open = None
+        self.nodes.append(node.pk)
+        return node
+
+    def _succeed(self, node: Node, result: llm.CallResult, *, head_moves: bool, waiting: bool) -> bool:
+        """One transaction: the answered node, its bubbles, the head move at the turn's end, the jobs.
+
+        Return False if this turn lost its lock (it outlived its expiry and another turn took over):
+        its node is kept all the same, but it may not move the head (R3).
+        """
+        with transaction.atomic():
+            records.succeed(node, result)
+            records.answer_bubbles(node, needs_approval=calls.needs_approval)
+            moved = True
+            if head_moves:
+                moved = self._move_head(node.pk)
+                if moved and not waiting:
+                    records.committed(self.conversation)
+        self._pending = None
+        return moved
+
+    def _move_head(self, node_id: int) -> bool:
+        return services.head_move_held(conversation=self.conversation, to=node_id, lock=self.lock)
+
+    def _superseded(self, node: Node) -> TurnEvent:
+        return TurnEvent(EventType.ERROR, {"code": "turn_superseded", "node": node.pk, "head": None,
+                                           "message": "This turn ran past its lock and another took over; its "
+                                                      "answer is kept as a branch.", "nodes": list(self.nodes)})
+
+    def _fail(self, error: llm.LLMError) -> TurnEvent:
+        """F1/F2: record the failure; the head moves to the failed node unless the context overflowed.
+
+        Stopped between rounds, the open calls get 'not run' results in a failed node of their own,
+        so the question and the calls stay on the path (C4, F1).
+        """
+        if self._pending is None and self._open is not None:
+            self._start_node(parent=self._open, sent=calls.resolve(self._open, run=False,
+                                                                   note=f"not run: {error.message}"))
+        node = self._pending
+        if node is None:
+            return TurnEvent(EventType.ERROR, {"code": error.reason, "message": error.message})
+        with transaction.atomic():
+            records.fail(node, error)
+            records.error_bubble(node, error)
+            if error.reason != Node.FailureReason.CONTEXT_OVERFLOW:
+                self._move_head(node.pk)
+            records.committed(self.conversation)  # R4: a failed turn's question is searchable too
+        self._pending = None
+        return TurnEvent(EventType.ERROR, {"code": error.reason, "message": error.message, "node": node.pk,
+                                           "head": self.conversation.head_id, "nodes": list(self.nodes)})

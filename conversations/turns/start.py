@@ -1,0 +1,209 @@
+"""Where a turn starts: every way of asking the model something decides *where the new node's parent is*,
+takes the turn lock, and hands a `Turn` to the one runner (`runner.py`).
+
+- ask: below the head.
+- edit and regenerate (T7): below the last node of the turn before the question; the old branch is kept.
+- retry (F1): again from the failed node at the head, adding nothing.
+- decide (F3): a person's approval or refusal; once every open call is decided, the turn goes on.
+- compact (C2): not a turn, but it holds the lock like one (T9) while the summary is made.
+
+The entry points take values already parsed at the edge (the API's and the socket's serializers); the rules
+of the tree (T9, T10, F3) are checked here, under the lock, before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.conf import settings
+from django.db import transaction
+
+from config.errors import BadInput, NotFound, TooLarge
+from conversations import compaction, llm, services
+from conversations import items as it
+from conversations.context import PathNode, is_compaction_root
+from conversations.errors import ApprovalPending, BeforeCompaction, ProviderFailed, TurnInProgress
+from conversations.locks import TurnLock
+from conversations.models import Conversation, Node, ToolApproval
+from conversations.selectors import (
+    context_path,
+    conversation_for_user,
+    history_ids,
+    instructions_for,
+    node_path,
+    opens_turn,
+    turn_start,
+)
+from conversations.turns import calls, records
+from conversations.turns.runner import Turn
+
+T = TypeVar("T")
+
+
+def check_content(content: str) -> str:
+    if not content.strip():
+        raise BadInput("`content` must be a non-empty string.")
+    if len(content) > settings.ARBOR_MAX_CONTENT_CHARS:
+        raise TooLarge(f"`content` is longer than {settings.ARBOR_MAX_CONTENT_CHARS} characters.")
+    return content
+
+
+def _under_lock(user, conversation_id: int, begin: Callable[[Conversation, TurnLock], T]) -> T:
+    """Take the turn lock, then `begin`; the lock goes to what `begin` returns, or back if it refuses."""
+    conversation = conversation_for_user(user=user, conversation_id=conversation_id)
+    lock = TurnLock.acquire(conversation)
+    try:
+        # Read the state again under the lock: a turn that ended in between may have moved the head.
+        conversation.refresh_from_db(fields=["head", "version", "model", "instructions", "retrieval",
+                                             "keep_retrieved"])
+        return begin(conversation, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _turn(conversation: Conversation, lock: TurnLock, path: list[PathNode], new_items: list[it.Item]) -> Turn:
+    """A turn whose first node hangs below the last node of `path`; refused while a call waits for a person."""
+    if calls.undecided(path[-1] if path else None):
+        raise ApprovalPending("A tool call is waiting for approval: approve or refuse it first.")
+    return Turn(conversation=conversation, lock=lock, path=path, new_items=new_items)
+
+
+def turn_ask(*, user, conversation_id: int, content: str) -> Turn:
+    """A new question from the head."""
+    content = check_content(content)
+
+    def begin(conversation: Conversation, lock: TurnLock) -> Turn:
+        return _turn(conversation, lock, node_path(conversation.head_id), [it.user(content)])
+
+    return _under_lock(user, conversation_id, begin)
+
+
+def turn_edit(*, user, conversation_id: int, node_id: int, content: str) -> Turn:
+    """T7: the edited question as a new branch below the end of the turn before it."""
+    content = check_content(content)
+    return _under_lock(user, conversation_id, lambda c, lock: _reposition(c, lock, node_id, content))
+
+
+def turn_regenerate(*, user, conversation_id: int, node_id: int | None = None) -> Turn:
+    """T7: the same question again (default: the last one), as a new branch."""
+    return _under_lock(user, conversation_id, lambda c, lock: _reposition(c, lock, node_id, None))
+
+
+def _reposition(conversation: Conversation, lock: TurnLock, node_id: int | None, content: str | None) -> Turn:
+    """T7: a normal turn whose parent is the end of the turn before the question.
+
+    The head itself moves when that turn ends, like any turn's: a turn that never runs moves nothing.
+    """
+    path = node_path(conversation.head_id)
+    if node_id is None:
+        index = turn_start(path)
+        if index is None and path and is_compaction_root(path[0]):
+            raise BeforeCompaction(f"The last question lies before the compaction node {path[0].id}; ask a new one.")
+        if index is None:
+            raise BadInput("There is no question to regenerate yet.")
+    else:
+        index = _question_index(conversation, path, node_id)
+    question = content if content is not None else it.question_of(path[index].sent)
+    return _turn(conversation, lock, path[:index], [it.user(question)])
+
+
+def _question_index(conversation: Conversation, path: list[PathNode], node_id: int) -> int:
+    """Return the index on the path of the node that sent the question `node_id` (T7, T10)."""
+    for index, node in enumerate(path):
+        if node.id == node_id:
+            if is_compaction_root(node):
+                break
+            if not opens_turn(node):
+                raise BadInput(f"Node {node_id} did not send a question; pass the node that did.")
+            return index
+    if path and is_compaction_root(path[0]) and _before_compaction(path[0], node_id):
+        raise BeforeCompaction(f"Node {node_id} lies before the compaction node {path[0].id}; it cannot be edited.")
+    if Node.objects.filter(pk=node_id, conversation=conversation).exists():
+        raise BadInput(f"Node {node_id} is not on this conversation's current path; switch to its branch first.")
+    raise NotFound(f"No node {node_id} in this conversation.")
+
+
+def _before_compaction(root: PathNode, node_id: int) -> bool:
+    """T10: is `node_id` the root itself, or anywhere on the history behind it (through every earlier root)?
+
+    Ids only: the history behind a long conversation's roots is thousands of nodes, and their items are
+    not needed to compare ids.
+    """
+    return node_id == root.id or node_id in history_ids(root.compacted_from_id)
+
+
+def turn_retry(*, user, conversation_id: int) -> Turn:
+    """F1: call the model again from the failed node at the head, adding nothing.
+
+    The failed node's sent items (the question, or the previous round's tool results) are on the
+    path, so nothing is asked twice and no tool runs again.
+    """
+
+    def begin(conversation: Conversation, lock: TurnLock) -> Turn:
+        path = node_path(conversation.head_id)
+        if not path or path[-1].status != Node.Status.FAILED:
+            raise BadInput("Nothing to retry: the last call did not fail.")
+        return _turn(conversation, lock, path, [])
+
+    return _under_lock(user, conversation_id, begin)
+
+
+def turn_decide(*, user, conversation_id: int, call_id: str, approve: bool) -> Turn | None:
+    """Record a person's decision on a pending tool call (F3, D4); once all are decided, the turn goes on.
+
+    Return None while other calls still wait. Deciding the same way twice resumes again (a client that
+    lost the answer can retry); the action itself never runs twice, because its result is stored with
+    the decision.
+    """
+
+    def begin(conversation: Conversation, lock: TurnLock) -> Turn | None:
+        path = node_path(conversation.head_id)
+        tip = path[-1] if path else None
+        call = next((c for c in calls.open_calls(tip) if c["id"] == call_id and calls.needs_approval(c)), None)
+        if call is None:
+            raise NotFound(f"No tool call {call_id!r} is waiting for approval.")
+        earlier = (ToolApproval.objects.filter(node_id=tip.id, call_id=call_id)
+                   .values_list("approved", flat=True).first())
+        if earlier is not None and earlier != approve:
+            raise BadInput(f"Tool call {call_id!r} was already {'approved' if earlier else 'refused'}.")
+        if earlier is None:
+            with transaction.atomic():
+                services.approval_record(node_id=tip.id, call_id=call_id, approved=approve, user=user)
+                records.decision_bubble(tip.id, call, approved=approve)
+        if calls.undecided(tip):
+            lock.release()
+            return None
+        return Turn(conversation=conversation, lock=lock, path=path, new_items=[])
+
+    return _under_lock(user, conversation_id, begin)
+
+
+def turn_compact(*, user, conversation_id: int) -> Node:
+    """Compact now (C2): the head moves to a new compaction root. Holds the turn lock like a turn (T9)."""
+
+    def begin(conversation: Conversation, lock: TurnLock) -> Node:
+        with lock:
+            return _compact_now(conversation, lock)
+
+    return _under_lock(user, conversation_id, begin)
+
+
+def _compact_now(conversation: Conversation, lock: TurnLock) -> Node:
+    model = conversation.model or settings.ARBOR_MODEL
+    path = context_path(node_path(conversation.head_id), llm.provider_of(model))
+    if not path:
+        raise compaction.NothingToCompact("Nothing to compact: the conversation has no messages yet.")
+    if calls.open_calls(path[-1]):
+        raise ApprovalPending("A tool call is still open: approve or refuse it (or let its turn end) first.")
+    try:
+        done = compaction.compact(conversation=conversation, path=path, model=model,
+                                  instructions=instructions_for(conversation), keep_alive=lock.renew_if_due,
+                                  keep_ephemeral=conversation.keep_retrieved)
+    except compaction.SummaryFailed as failed:
+        raise ProviderFailed(failed.error.reason, f"The summarising call failed: {failed.error.message}",
+                             node=failed.node_id, head=conversation.head_id) from failed
+    if not services.head_move_held(conversation=conversation, to=done.root.id, lock=lock):
+        raise TurnInProgress("The compaction outlived its lock and another turn took over; its nodes are kept.")
+    return Node.objects.get(pk=done.root.id)
