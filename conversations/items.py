@@ -11,11 +11,69 @@ An item is a plain dict with a `type`:
 Any item may carry `ephemeral: true` (R2). Opaque provider fields are never rewritten here.
 """
 
-from __future__ import annotations
+from typing import Any, Literal, NotRequired, TypedDict, get_type_hints
 
-from typing import Any
 
-Item = dict[str, Any]
+class _Marks(TypedDict, total=False):
+    ephemeral: bool  # R2: retrieved for one call
+    source: dict[str, Any]  # where a retrieved item came from
+
+
+class UserItem(_Marks):
+    type: Literal["user"]
+    text: str
+
+
+class SystemItem(_Marks):
+    type: Literal["system"]
+    text: str
+
+
+class TextItem(_Marks):
+    type: Literal["text"]
+    text: str
+
+
+class ToolCallItem(_Marks):
+    type: Literal["tool_call"]
+    id: str
+    name: str
+    arguments: str
+
+
+class ToolResultItem(_Marks):
+    type: Literal["tool_result"]
+    call_id: str
+    name: str
+    content: str
+    is_error: bool
+
+
+class ReasoningItem(_Marks):
+    type: Literal["reasoning"]
+    provider: NotRequired[str]
+    text: NotRequired[str]
+    data: NotRequired[Any]
+
+
+class SummaryItem(_Marks):
+    type: Literal["summary"]
+    text: str
+    provider: NotRequired[str]
+    data: NotRequired[Any]
+
+
+SHAPES: dict[str, type] = {"user": UserItem, "system": SystemItem, "text": TextItem, "tool_call": ToolCallItem,
+                           "tool_result": ToolResultItem, "reasoning": ReasoningItem, "summary": SummaryItem}
+
+# Each item type's required fields and their Python types, read from the shapes above: what the import
+# validator checks and what assembly reads, from one definition.
+ITEM_FIELDS: dict[str, dict[str, type]] = {
+    name: {key: hint for key, hint in get_type_hints(shape).items() if key in shape.__required_keys__ and key != "type"}
+    for name, shape in SHAPES.items()
+}
+
+Item = UserItem | SystemItem | TextItem | ToolCallItem | ToolResultItem | ReasoningItem | SummaryItem
 
 ASSISTANT_TYPES = frozenset({"text", "tool_call", "reasoning"})
 

@@ -240,3 +240,21 @@ def latest_tip(*, conversation: Conversation, node_id: int) -> int | None:
         [node_id, conversation.pk],
     )
     return Node.objects.can_be_head().filter(id__in=below).aggregate(tip=Max("id"))["tip"]
+
+
+NODE_REFERENCES = ("parent_id", "compacted_from_id", "summary_call_id")
+
+
+def tree_nodes(conversation: Conversation) -> list[Node]:
+    """The conversation's nodes, plus every node they point at (shared history, originals behind a
+    compaction, summarising calls), so the export holds everything its paths need."""
+    ids = set(conversation_nodes(conversation=conversation).values_list("id", flat=True))
+    ids |= set(history_ids(conversation.head_id))
+    while True:
+        refs = Node.objects.filter(pk__in=ids).values_list(*NODE_REFERENCES)
+        missing = {ref for row in refs for ref in row if ref is not None} - ids
+        if not missing:
+            break
+        for node_id in missing:  # rare: shared history of another conversation, read up to its root
+            ids |= set(history_ids(node_id))
+    return list(Node.objects.filter(pk__in=ids).order_by("id"))

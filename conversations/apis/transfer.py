@@ -1,4 +1,4 @@
-"""Export and import over the API (issue 7): the formats live in conversations.exports / imports."""
+"""Export and import over the API (issue 7): each format lives in conversations.transfer."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.errors import BadInput
-from conversations import exports, imports
 from conversations.apis import serializers as s
 from conversations.selectors import conversation_for_user
+from conversations.transfer import arbor_tree, chatgpt, importing, markdown
 
 EXPORT_FORMATS = ("md", "json", "chatgpt")
 
@@ -25,14 +25,14 @@ def export_response(conversation, export_format: str) -> HttpResponse:
     """The export as a download: Markdown of the current path, or the whole tree as JSON."""
     stem = f"arbor-conversation-{conversation.pk}"
     if export_format == "md":
-        response = HttpResponse(exports.export_markdown(conversation), content_type="text/markdown; charset=utf-8")
+        response = HttpResponse(markdown.export_markdown(conversation), content_type="text/markdown; charset=utf-8")
         name = f"{stem}.md"
     elif export_format == "json":
-        response = HttpResponse(json.dumps(exports.export_tree(conversation), ensure_ascii=False),
+        response = HttpResponse(json.dumps(arbor_tree.export_tree(conversation), ensure_ascii=False),
                                 content_type="application/json")
         name = f"{stem}.json"
     elif export_format == "chatgpt":
-        response = HttpResponse(json.dumps([exports.export_chatgpt(conversation)], ensure_ascii=False),
+        response = HttpResponse(json.dumps([chatgpt.export_chatgpt(conversation)], ensure_ascii=False),
                                 content_type="application/json")
         name = "conversations.json"
     else:
@@ -66,7 +66,7 @@ class ConversationImport(APIView):
                    description="Import Arbor's tree export or ChatGPT's conversations.json (the body is the file). "
                                "A refused file creates nothing.")
     def post(self, request: Request) -> Response:
-        document = imports.parse(read_upload(request._request))
-        created = imports.import_any(owner=request.user, document=document)
+        document = importing.parse(read_upload(request._request))
+        created = importing.import_any(owner=request.user, document=document)
         return Response({"conversations": s.ConversationOut(created, many=True).data},
                         status=status.HTTP_201_CREATED)

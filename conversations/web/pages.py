@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from config.errors import ArborError, BadInput, NotFound
 from config.web import off_the_shared_thread, page
-from conversations import imports, services
+from conversations import services
 from conversations.apis.serializers import ConversationIn, PreferencesIn
 from conversations.apis.transfer import read_upload
 from conversations.models import Conversation, Node
@@ -33,6 +33,7 @@ from conversations.selectors import (
     screen_history,
     user_instructions,
 )
+from conversations.transfer import importing
 from conversations.turns.seen import call_context
 from conversations.turns.start import turn_compact
 
@@ -176,7 +177,7 @@ def chat_import(request: HttpRequest) -> HttpResponse:
         upload = request.FILES.get("file")
         if upload is None:
             raise BadInput("Choose a file to import.")
-        created = imports.import_any(owner=request.user, document=imports.parse(read_upload(upload)))
+        created = importing.import_any(owner=request.user, document=importing.parse(read_upload(upload)))
         messages.success(request, f"Imported {len(created)} conversation{'s' if len(created) != 1 else ''}.")
         return redirect("chat-conversation", created[0].pk)
     return render(request, "chat/import.html", {"conversation": None})

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from conversations import exports, services
+from conversations import services
 from conversations.models import Bubble, Conversation, Node
 from conversations.screen import path_bubbles
 from conversations.selectors import node_path
+from conversations.transfer import arbor_tree
 from conversations.turns.seen import call_context, next_context
 from conversations.turns.start import turn_compact, turn_decide, turn_edit, turn_regenerate
 from tests.conversations.helpers import ask, head
@@ -58,12 +59,12 @@ def test_the_tree_json_imports_back_losslessly(api, user, conversation, settings
     """Round trip: every node (status, kind, compaction pointers), bubble, approval and the head come back, and
     every node's "what the model saw" and every branch's bubbles are the same (T5, T8, C2, C3)."""
     _rich_tree(conversation, settings)
-    original = exports.export_tree(conversation)
+    original = arbor_tree.export_tree(conversation)
     response = _import(api, original)
     assert response.status_code == 201, response.json()
     (created,) = response.json()["conversations"]
     copy = Conversation.objects.get(pk=created["id"])
-    again = exports.export_tree(copy)
+    again = arbor_tree.export_tree(copy)
     assert _normalised(again) == _normalised(original)
     assert {n["kind"] for n in original["nodes"]} == {"turn", "compaction"}
     assert {n["failure_reason"] for n in original["nodes"]} >= {"provider_error", "context_overflow"}
@@ -179,7 +180,7 @@ def test_hostile_or_malformed_files_are_refused_and_create_nothing(api, body, st
 def test_too_big_or_too_many_nodes_is_413(api, conversation, settings):
     ask(conversation, "one")
     ask(conversation, "two")
-    document = exports.export_tree(conversation)
+    document = arbor_tree.export_tree(conversation)
     settings.ARBOR_IMPORT_MAX_NODES = 1
     assert _import(api, document).status_code == 413
     settings.ARBOR_IMPORT_MAX_NODES = 100
@@ -196,7 +197,7 @@ def test_export_is_only_for_the_owner_and_names_its_formats(api, other_api, conv
 
 def test_an_import_names_only_an_offered_model_and_is_queued_for_search(api, user, conversation, settings):
     ask(conversation, "findable words")
-    document = exports.export_tree(conversation)
+    document = arbor_tree.export_tree(conversation)
     document["conversation"]["model"] = "openai/o1-pro"
     (created,) = _import(api, document).json()["conversations"]
     assert created["model"] == settings.ARBOR_MODEL, "a file cannot pick a model this server does not offer"

@@ -19,11 +19,12 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 
-from conversations import exports, imports, services
 from conversations import items as it
 from conversations import jobs as job_kinds
+from conversations import services
 from conversations.jobs import worker
 from conversations.models import Bubble, Conversation, Node, OutboxJob
+from conversations.transfer import arbor_tree, importing
 from search.index import index_bubbles, unindexed_bubbles
 from search.query import search_bubbles
 
@@ -186,10 +187,10 @@ class Command(BaseCommand):
                                         for n in made], batch_size=5000)
             services.head_move(conversation=source, to=made[-1].pk)
         started = time.perf_counter()
-        document = json.dumps(exports.export_tree(source)).encode()
+        document = json.dumps(arbor_tree.export_tree(source)).encode()
         exported = time.perf_counter() - started
         started = time.perf_counter()
-        (copy,) = imports.import_any(owner=user, document=imports.parse(document))
+        (copy,) = importing.import_any(owner=user, document=importing.parse(document))
         elapsed = time.perf_counter() - started
         count = Node.objects.filter(conversation=copy).count()
         self.stdout.write(f"== Import of a {nodes}-node export ({len(document) / 1e6:.1f} MB JSON)")

@@ -1,0 +1,143 @@
+"""Arbor's own file: the whole tree as JSON (nodes, statuses, kinds, head, compaction pointers, bubbles and
+approvals), exported and imported back losslessly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from conversations.models import Bubble, Conversation, Node, ToolApproval
+from conversations.selectors import tree_nodes
+from conversations.transfer.plan import (
+    ImportRefused,
+    Plan,
+    PlannedNode,
+    allowed_model,
+    check_count,
+    check_graph,
+    choice_field,
+    is_reference,
+    items_field,
+    text_field,
+    when_field,
+    write,
+)
+
+TREE_FORMAT = "arbor.tree"
+
+TREE_VERSION = 1
+
+NODE_FIELDS = ("kind", "status", "failure_reason", "failure_message", "sent", "received", "provider", "model",
+               "usage", "instructions", "keep_ephemeral", "window_root", "tokens", "path_tokens")
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if value else None
+
+
+def export_tree(conversation: Conversation) -> dict[str, Any]:
+    """The whole tree: nodes, statuses, kinds, head, compaction pointers, bubbles and approvals."""
+    nodes = tree_nodes(conversation)
+    node_ids = [n.pk for n in nodes]
+    bubbles = Bubble.objects.filter(node_id__in=node_ids).order_by("id")
+    approvals = ToolApproval.objects.filter(node_id__in=node_ids).order_by("id")
+    return {
+        "format": TREE_FORMAT,
+        "version": TREE_VERSION,
+        "conversation": {"title": conversation.title, "model": conversation.model,
+                         "instructions": conversation.instructions, "retrieval": conversation.retrieval,
+                         "keep_retrieved": conversation.keep_retrieved, "head": conversation.head_id},
+        "nodes": [
+            {"id": n.pk, "parent": n.parent_id, "compacted_from": n.compacted_from_id,
+             "summary_call": n.summary_call_id, **{f: getattr(n, f) for f in NODE_FIELDS},
+             "created_at": _iso(n.created_at), "finished_at": _iso(n.finished_at)}
+            for n in nodes
+        ],
+        "bubbles": [{"node": b.node_id, "role": b.role, "content": b.content, "data": b.data} for b in bubbles],
+        "approvals": [{"node": a.node_id, "call_id": a.call_id, "approved": a.approved, "result": a.result}
+                      for a in approvals],
+    }
+
+
+def _tree_plan(document: dict[str, Any]) -> Plan:
+    if document.get("version") != TREE_VERSION:
+        raise ImportRefused(f"Unsupported version {document.get('version')!r}; this Arbor reads {TREE_VERSION}.")
+    meta = document.get("conversation")
+    raw_nodes = document.get("nodes")
+    if not isinstance(meta, dict) or not isinstance(raw_nodes, list):
+        raise ImportRefused("`conversation` must be an object and `nodes` a list.")
+    check_count(len(raw_nodes))
+    nodes: dict[Any, PlannedNode] = {}
+    for index, raw in enumerate(raw_nodes):
+        node = _tree_node(raw, f"nodes[{index}]")
+        if node.key in nodes:
+            raise ImportRefused(f"nodes[{index}]: the id {node.key!r} is used twice.")
+        nodes[node.key] = node
+    _attach_bubbles_and_approvals(document, nodes)
+    plan = Plan(title=text_field(meta.get("title", ""), "conversation.title", limit=200),
+                model=allowed_model(text_field(meta.get("model", ""), "conversation.model", limit=200)),
+                instructions=text_field(meta.get("instructions", ""), "conversation.instructions", limit=20000),
+                head=meta.get("head"), nodes=nodes, retrieval=meta.get("retrieval") is True,
+                keep_retrieved=meta.get("keep_retrieved") is True)
+    check_graph(plan)
+    return plan
+
+def _tree_node(raw: Any, where: str) -> PlannedNode:
+    if not isinstance(raw, dict) or not isinstance(raw.get("id"), int | str) or isinstance(raw.get("id"), bool):
+        raise ImportRefused(f"{where}: each node needs an `id`.")
+    status = choice_field(raw.get("status"), Node.Status.values, f"{where}.status")
+    reason = raw.get("failure_reason") or ""
+    if (status == Node.Status.FAILED) != bool(reason):
+        raise ImportRefused(f"{where}: a failure reason goes with status failed, and only with it.")
+    usage = raw.get("usage") or {}
+    if not isinstance(usage, dict):
+        raise ImportRefused(f"{where}.usage: expected an object.")
+    tokens = raw.get("tokens", 0)
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        raise ImportRefused(f"{where}.tokens: expected a count.")
+    return PlannedNode(
+        key=raw["id"], parent=raw.get("parent"), compacted_from=raw.get("compacted_from"),
+        summary_call=raw.get("summary_call"),
+        fields={
+            "kind": choice_field(raw.get("kind"), Node.Kind.values, f"{where}.kind"),
+            "status": status,
+            "failure_reason": choice_field(reason, {"", *Node.FailureReason.values}, f"{where}.failure_reason"),
+            "failure_message": text_field(raw.get("failure_message", ""), f"{where}.failure_message"),
+            "sent": items_field(raw.get("sent", []), f"{where}.sent"),
+            "received": items_field(raw.get("received", []), f"{where}.received"),
+            "provider": text_field(raw.get("provider", ""), f"{where}.provider", limit=64),
+            "model": text_field(raw.get("model", ""), f"{where}.model", limit=200),
+            "usage": usage,
+            "instructions": text_field(raw.get("instructions", ""), f"{where}.instructions"),
+            "keep_ephemeral": raw.get("keep_ephemeral") is True,
+            "window_root": raw.get("window_root") is True,
+            "tokens": tokens,
+            "finished_at": when_field(raw.get("finished_at"), f"{where}.finished_at"),
+        },
+    )
+
+def _attach_bubbles_and_approvals(document: dict[str, Any], nodes: dict[Any, PlannedNode]) -> None:
+    for index, raw in enumerate(document.get("bubbles") or []):
+        where = f"bubbles[{index}]"
+        if not isinstance(raw, dict) or not is_reference(raw.get("node")) or raw["node"] not in nodes:
+            raise ImportRefused(f"{where}: its node is not in the file.")
+        data = raw.get("data") or {}
+        if not isinstance(data, dict):
+            raise ImportRefused(f"{where}.data: expected an object.")
+        nodes[raw["node"]].bubbles.append({"role": choice_field(raw.get("role"), Bubble.Role.values, f"{where}.role"),
+                                           "content": text_field(raw.get("content", ""), f"{where}.content"),
+                                           "data": data})
+    for index, raw in enumerate(document.get("approvals") or []):
+        where = f"approvals[{index}]"
+        if (not isinstance(raw, dict) or not is_reference(raw.get("node")) or raw["node"] not in nodes
+                or not isinstance(raw.get("approved"), bool)):
+            raise ImportRefused(f"{where}: needs a node in the file and `approved` true or false.")
+        call_id = text_field(raw.get("call_id"), f"{where}.call_id", limit=200, blank=False)
+        nodes[raw["node"]].approvals.append({"call_id": call_id, "approved": raw["approved"],
+                                             "result": raw.get("result")})
+
+def import_tree(*, owner, document: dict[str, Any]) -> Conversation:
+    plan = _tree_plan(document)
+    with transaction.atomic():
+        return write(owner=owner, plan=plan)

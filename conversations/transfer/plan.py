@@ -1,0 +1,200 @@
+"""An import's plan: every node, bubble and approval of a file, validated in memory before anything is
+written, then written in one go (`write`). Each file format (`arbor_tree.py`, `chatgpt.py`) builds a plan.
+
+Everything is checked before anything is written (where a head may rest, by the one query that says so,
+just before the head moves), and the writes are one transaction: a malformed or hostile file (deep nesting,
+cycles, dangling references, huge fields, too many nodes) gets a clear error and creates nothing. Node ids
+are allocated up front, so the whole tree goes in with a few bulk inserts whatever its shape (the tree's
+foreign keys are deferred to the commit). Creation times are the import's own: `created_at` says when a
+row entered this database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from config.errors import BadInput, TooLarge
+from conversations import items as it
+from conversations import jobs, services
+from conversations.models import Bubble, Conversation, Node, ToolApproval
+
+_BATCH = 1000
+
+
+class ImportRefused(BadInput):
+    code = "import_refused"
+
+@dataclass
+class PlannedNode:
+    key: Any
+    parent: Any
+    fields: dict[str, Any]
+    compacted_from: Any = None
+    summary_call: Any = None
+    bubbles: list[dict[str, Any]] = field(default_factory=list)
+    approvals: list[dict[str, Any]] = field(default_factory=list)
+
+@dataclass
+class Plan:
+    title: str
+    model: str
+    instructions: str
+    head: Any
+    nodes: dict[Any, PlannedNode]
+    retrieval: bool = False
+    keep_retrieved: bool = False
+
+def text_field(value: Any, where: str, *, limit: int | None = None, blank: bool = True) -> str:
+    limit = limit or settings.ARBOR_MAX_CONTENT_CHARS
+    if not isinstance(value, str) or (not blank and not value):
+        raise ImportRefused(f"{where}: expected {'text' if blank else 'non-empty text'}.")
+    if len(value) > limit:
+        raise ImportRefused(f"{where}: longer than {limit} characters.")
+    return value
+
+def items_field(value: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise ImportRefused(f"{where}: expected a list of items.")
+    for index, item in enumerate(value):
+        if not isinstance(item, dict) or item.get("type") not in it.ITEM_FIELDS:
+            raise ImportRefused(f"{where}[{index}]: not an item (unknown or missing type).")
+        for key, kind in it.ITEM_FIELDS[item["type"]].items():
+            if not isinstance(item.get(key), kind):
+                raise ImportRefused(f"{where}[{index}].{key}: missing, or not {kind.__name__}.")
+        for key, text in item.items():
+            if isinstance(text, str):
+                text_field(text, f"{where}[{index}].{key}")
+    return value
+
+def choice_field(value: Any, choices, where: str) -> str:
+    if value not in choices:
+        raise ImportRefused(f"{where}: {value!r} is not one of {', '.join(sorted(choices))}.")
+    return value
+
+def when_field(value: Any, where: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        parsed = None
+    if parsed is None:
+        raise ImportRefused(f"{where}: not an ISO date-time.")
+    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed)
+
+def allowed_model(model: str) -> str:
+    """A file may name any model; a conversation only gets one this server offers (else the default)."""
+    return model if model in settings.ARBOR_MODELS else settings.ARBOR_MODEL
+
+def check_count(count: int) -> None:
+    if count > settings.ARBOR_IMPORT_MAX_NODES:
+        raise TooLarge(f"The file holds {count} nodes; at most {settings.ARBOR_IMPORT_MAX_NODES} are imported.")
+
+def check_graph(plan: Plan) -> None:
+    """Every reference points into the file, there is no cycle, shapes match the tree's rules (C2, C3)."""
+    nodes = plan.nodes
+    for node in nodes.values():
+        for name in ("parent", "compacted_from", "summary_call"):
+            ref = getattr(node, name)
+            if ref is not None and (not is_reference(ref) or ref not in nodes):
+                raise ImportRefused(f"node {node.key!r}: its {name} {ref!r} is not in the file.")
+        root = node.fields["kind"] == Node.Kind.COMPACTION and node.parent is None
+        if root != (node.compacted_from is not None) or (node.summary_call is not None and not root):
+            raise ImportRefused(f"node {node.key!r}: only a parentless compaction node points at an original.")
+    order(plan)  # raises on a cycle of parents
+    _check_acyclic(plan)  # and of parents, originals and summarising calls together (C3)
+    if plan.head is not None and (not is_reference(plan.head) or plan.head not in nodes):
+        raise ImportRefused(f"conversation.head {plan.head!r} is not in the file.")
+
+def is_reference(value: Any) -> bool:
+    return isinstance(value, int | str) and not isinstance(value, bool)
+
+def _check_acyclic(plan: Plan) -> None:
+    """Following parents, compaction originals and summarising calls from any node must end (iteratively)."""
+    state: dict[Any, int] = {}  # 1: on the current walk, 2: known to end
+    for start in plan.nodes:
+        stack = [start]
+        while stack:
+            key = stack[-1]
+            if state.get(key) == 2:
+                stack.pop()
+                continue
+            state[key] = 1
+            node = plan.nodes[key]
+            nexts = [ref for ref in (node.parent, node.compacted_from, node.summary_call)
+                     if ref is not None and state.get(ref) != 2]
+            if any(state.get(ref) == 1 for ref in nexts):
+                raise ImportRefused(f"node {key!r}: its parents and originals lead back to it (a cycle).")
+            if nexts:
+                stack.extend(nexts)
+            else:
+                state[key] = 2
+                stack.pop()
+
+def order(plan: Plan) -> list[PlannedNode]:
+    """Parents before children (iterative: a 100,000-deep chain is fine); a cycle is refused."""
+    children: dict[Any, list[Any]] = {}
+    for node in plan.nodes.values():
+        children.setdefault(node.parent, []).append(node.key)
+    ordered, stack = [], list(reversed(children.get(None, [])))
+    while stack:
+        key = stack.pop()
+        ordered.append(plan.nodes[key])
+        stack.extend(reversed(children.get(key, [])))
+    if len(ordered) != len(plan.nodes):
+        raise ImportRefused("The nodes' parents form a cycle.")
+    return ordered
+
+def _allocate_ids(count: int) -> Iterator[int]:
+    """Reserve `count` node ids: the sequence on PostgreSQL; past the largest id on SQLite, whose
+    IMMEDIATE transactions already hold the write lock."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"SELECT nextval(pg_get_serial_sequence('{Node._meta.db_table}', 'id')) "
+                           "FROM generate_series(1, %s)", [count])
+            return iter([row[0] for row in cursor.fetchall()])
+        cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM {Node._meta.db_table}")
+        start = cursor.fetchone()[0] + 1
+        return iter(range(start, start + count))
+
+def write(*, owner, plan: Plan) -> Conversation:
+    conversation = Conversation.objects.create(owner=owner, title=plan.title, model=plan.model,
+                                               instructions=plan.instructions, retrieval=plan.retrieval,
+                                               keep_retrieved=plan.keep_retrieved)
+    ordered = order(plan)
+    # Ids follow the file's order, not the insert order: "latest" (the largest id) means the same here
+    # as where the tree came from, so switching branches lands on the same tips (T8).
+    ids = dict(zip(plan.nodes, _allocate_ids(len(plan.nodes)), strict=True))
+    path_tokens: dict[Any, int] = {}
+    rows = []
+    for planned in ordered:  # parents first, so path_tokens is the parent's plus the node's own
+        fields = planned.fields
+        path_tokens[planned.key] = fields["tokens"] + (path_tokens[planned.parent] if planned.parent is not None else 0)
+        rows.append(Node(
+            id=ids[planned.key], conversation=conversation, path_tokens=path_tokens[planned.key],
+            parent_id=ids.get(planned.parent), compacted_from_id=ids.get(planned.compacted_from),
+            summary_call_id=ids.get(planned.summary_call), **fields,
+        ))
+    Node.objects.bulk_create(rows, batch_size=_BATCH)
+    Bubble.objects.bulk_create(
+        [Bubble(conversation=conversation, node_id=ids[p.key], **b) for p in ordered for b in p.bubbles],
+        batch_size=_BATCH)
+    ToolApproval.objects.bulk_create(
+        [ToolApproval(node_id=ids[p.key], decided_by=owner, **a) for p in ordered for a in p.approvals],
+        batch_size=_BATCH)
+    if plan.head is not None:
+        # The one rule for where a head may rest (no side call, call under way or overflow, F2); refusing
+        # here rolls the whole import back, so a refused file still creates nothing.
+        if not Node.objects.can_be_head().filter(pk=ids[plan.head]).exists():
+            raise ImportRefused("conversation.head must be a turn or a compaction node that a head can rest on.")
+        services.head_move(conversation=conversation, to=ids[plan.head])
+    # R4: indexed for search (and titled if it has none) by the worker, after the commit.
+    jobs.enqueue_after_turn(conversation_id=conversation.pk, head=conversation.head_id)
+    return conversation
