@@ -1,0 +1,1 @@
+"""What the benchmark commands run (`manage.py bench_*`): kept apart from the product code."""
