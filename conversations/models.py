@@ -58,28 +58,34 @@ class NodeQuerySet(TreeQuerySet):
         )
 
 
+class NodeKind(models.TextChoices):
+    TURN = "turn"
+    PLAYBOOK = "playbook"
+    COMPACTION = "compaction"
+    TITLE = "title"  # a side call that names the conversation (R4); never a head
+
+
+class NodeStatus(models.TextChoices):
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class FailureReason(models.TextChoices):
+    CONTEXT_OVERFLOW = "context_overflow"
+    PROVIDER_ERROR = "provider_error"
+    TIMEOUT = "timeout"
+    RATE_LIMIT = "rate_limit"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+    ROUND_LIMIT = "round_limit"
+
+
 class Node(TreeNode):
     """One model call (T1)."""
 
-    class Kind(models.TextChoices):
-        TURN = "turn"
-        PLAYBOOK = "playbook"
-        COMPACTION = "compaction"
-        TITLE = "title"  # a side call that names the conversation (R4); never a head
-
-    class Status(models.TextChoices):
-        PENDING = "pending"
-        SUCCEEDED = "succeeded"
-        FAILED = "failed"
-
-    class FailureReason(models.TextChoices):
-        CONTEXT_OVERFLOW = "context_overflow"
-        PROVIDER_ERROR = "provider_error"
-        TIMEOUT = "timeout"
-        RATE_LIMIT = "rate_limit"
-        CANCELLED = "cancelled"
-        INTERRUPTED = "interrupted"
-        ROUND_LIMIT = "round_limit"
+    # Module-level choices, so the constraints in Meta can name their values (Kind.values is out of its scope).
+    Kind, Status, FailureReason = NodeKind, NodeStatus, FailureReason
 
     # DO_NOTHING in Django, enforced by the database's own (deferred) foreign key: deleting a node
     # that still has a child fails the transaction instead of cascading through someone's path.
@@ -129,42 +135,31 @@ class Node(TreeNode):
         ordering = ["id"]
         indexes = [models.Index(fields=["conversation", "id"])]
         constraints = [
-            models.CheckConstraint(condition=Q(kind__in=["turn", "playbook", "compaction", "title"]),
+            models.CheckConstraint(condition=Q(kind__in=NodeKind.values),
                                    name="node_kind_known"),
             models.CheckConstraint(
-                condition=Q(status__in=["pending", "succeeded", "failed"]), name="node_status_known"
+                condition=Q(status__in=NodeStatus.values), name="node_status_known"
             ),
             models.CheckConstraint(
-                condition=(Q(status="failed") & ~Q(failure_reason=""))
-                | (~Q(status="failed") & Q(failure_reason="")),
+                condition=(Q(status=NodeStatus.FAILED) & ~Q(failure_reason=""))
+                | (~Q(status=NodeStatus.FAILED) & Q(failure_reason="")),
                 name="node_failure_reason_iff_failed",
             ),
             models.CheckConstraint(
-                condition=Q(failure_reason="")
-                | Q(
-                    failure_reason__in=[
-                        "context_overflow",
-                        "provider_error",
-                        "timeout",
-                        "rate_limit",
-                        "cancelled",
-                        "interrupted",
-                        "round_limit",
-                    ]
-                ),
+                condition=Q(failure_reason="") | Q(failure_reason__in=FailureReason.values),
                 name="node_failure_reason_known",
             ),
             # C2, C3: a compaction node is either a root that starts a new path and points at its
             # original, or the summarising call hung below the old head (no original of its own).
             models.CheckConstraint(
-                condition=~Q(kind="compaction")
+                condition=~Q(kind=NodeKind.COMPACTION)
                 | Q(parent__isnull=True, compacted_from__isnull=False)
                 | Q(parent__isnull=False, compacted_from__isnull=True),
                 name="node_compaction_root_or_summarising_call",
             ),
             # C3: only compaction nodes point at an original.
             models.CheckConstraint(
-                condition=Q(kind="compaction") | Q(compacted_from__isnull=True),
+                condition=Q(kind=NodeKind.COMPACTION) | Q(compacted_from__isnull=True),
                 name="node_original_only_on_compaction",
             ),
             models.CheckConstraint(
@@ -192,14 +187,17 @@ class Preferences(models.Model):
         return f"preferences of {self.user}"
 
 
+class BubbleRole(models.TextChoices):
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+    ERROR = "error"
+
+
 class Bubble(models.Model):
     """What a person sees: display-only, each pointing at the node it came from."""
 
-    class Role(models.TextChoices):
-        USER = "user"
-        ASSISTANT = "assistant"
-        TOOL = "tool"
-        ERROR = "error"
+    Role = BubbleRole  # module-level, so the constraints in Meta can name its values
 
     # SET_NULL: a bubble of a node that another conversation's path still passes through (P3) stays
     # on that conversation's screen after its own conversation is cleared or deleted (T11).
@@ -217,7 +215,7 @@ class Bubble(models.Model):
         indexes = [models.Index(fields=["node", "id"])]
         constraints = [
             models.CheckConstraint(
-                condition=Q(role__in=["user", "assistant", "tool", "error"]), name="bubble_role_known"
+                condition=Q(role__in=BubbleRole.values), name="bubble_role_known"
             ),
         ]
 
