@@ -10,8 +10,8 @@ third of its life. A holder that let it expire can no longer move the head (`hea
         lock.renew_if_due()                         # while tokens stream or a tool runs
         services.head_move(conversation=conversation, to=node_id, lock=lock)
 
-The clocks are injectable (`now` for the stored expiry, `clock` for the renewal pace), so tests need no
-wall-clock windows.
+The clocks are injectable (`now` for the stored expiry, `monotonic` or a holder's `clock` for the renewal
+pace), so tests need no wall-clock windows.
 """
 
 from __future__ import annotations
@@ -32,7 +32,13 @@ from conversations.models import Conversation
 
 
 def now() -> datetime:
+    """The time the stored expiry is measured in (tests may replace it)."""
     return timezone.now()
+
+
+def monotonic() -> float:
+    """The clock a holder paces its renewals by (tests may replace it)."""
+    return time.monotonic()
 
 
 def _expiry() -> datetime:
@@ -55,15 +61,14 @@ def head_guard(lock: TurnLock | None) -> tuple[Q, dict[str, Any]]:
 class TurnLock:
     """A held turn lock. Release it once (a `with` block does); releasing twice is harmless."""
 
-    def __init__(self, conversation: Conversation, token: uuid.UUID, *,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, conversation: Conversation, token: uuid.UUID, *, clock: Callable[[], float] | None = None):
         self.conversation = conversation
         self.token = token
-        self._clock = clock
-        self._renewed_at = clock()
+        self._clock = clock or (lambda: monotonic())
+        self._renewed_at = self._clock()
 
     @classmethod
-    def acquire(cls, conversation: Conversation, *, clock: Callable[[], float] = time.monotonic) -> TurnLock:
+    def acquire(cls, conversation: Conversation, *, clock: Callable[[], float] | None = None) -> TurnLock:
         """Take the lock in one conditional UPDATE, or raise TurnInProgress."""
         token = uuid.uuid4()
         expires = _expiry()

@@ -17,6 +17,7 @@ from conversations.models import Conversation, Node
 from conversations.selectors import node_path
 from conversations.turns.start import turn_ask, turn_compact
 from tests.conversations.helpers import ask, head
+from tests.support.trees import TreeBuilder
 
 pytestmark = pytest.mark.django_db
 
@@ -43,12 +44,10 @@ def tree(conversation):
     ask(conversation, "#fail please")
     failed = head(conversation)
     assert failed.status == "failed"
-    playbook = Node.objects.create(kind="playbook", status="succeeded", parent=failed, conversation=conversation,
-                                   sent=[{"type": "user", "text": "draft a playbook"}],
-                                   received=[{"type": "text", "text": "{}"}])
-    compaction = Node.objects.create(kind="compaction", status="succeeded", compacted_from=failed,
-                                     conversation=conversation, sent=[{"type": "system", "text": "summary"}])
-    services.head_move(conversation=conversation, to=compaction.pk)
+    tree = TreeBuilder(conversation)
+    playbook = tree.node(kind="playbook", parent=failed, sent=[{"type": "user", "text": "draft a playbook"}],
+                         received=[{"type": "text", "text": "{}"}])
+    compaction = tree.move_head(tree.compaction(of=failed, summary="summary"))
     ask(conversation, "after compaction")
     conversation.refresh_from_db()
     return {"conversation": conversation, "failed": failed, "playbook": playbook, "compaction": compaction,

@@ -20,6 +20,9 @@ from tests.support.browser import screenshot
 PASSWORD = "pw-browser-12345"
 
 
+pytestmark = pytest.mark.browser
+
+
 def _branched_tree_with_compaction(conversation):
     """q1 → q2 → q3, an edit of q2 (a second branch), then a compaction of that head and one turn after it."""
     ask(conversation, "How did revenue change by region last quarter?")

@@ -9,6 +9,8 @@ import pytest
 from conversations.models import Conversation, Node
 from tests.conversations.helpers import command_output
 
+pytestmark = pytest.mark.bench
+
 
 @pytest.mark.django_db(transaction=True)
 def test_bench_admin_tree_renders_and_cleans_up_its_compacted_tree():

@@ -9,6 +9,8 @@ from django.db import connection
 from conversations.models import Conversation, Node
 from tests.conversations.helpers import command_output
 
+pytestmark = pytest.mark.bench
+
 
 def _run(*args: str) -> str:
     return command_output("bench_assembly", *args)

@@ -11,6 +11,8 @@ from django.db import connection
 from conversations.models import Conversation, Node
 from tests.conversations.helpers import command_output
 
+pytestmark = pytest.mark.bench
+
 
 def _run(*args: str) -> str:
     return command_output("bench_compaction", *args)

@@ -9,6 +9,8 @@ from django.db import connection
 from conversations.models import Conversation, Node
 from tests.conversations.helpers import command_output
 
+pytestmark = pytest.mark.bench
+
 
 @pytest.mark.django_db(transaction=True)
 def test_it_prints_search_worker_and_import_figures():

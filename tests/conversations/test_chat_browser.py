@@ -21,7 +21,7 @@ from conversations import services
 from conversations.models import Node, ToolApproval
 from tests.support.browser import screenshot, sign_in
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
 WAIT = 30
 

@@ -547,14 +547,16 @@ def test_echo_input_over_its_limit_is_a_context_overflow(stub, settings):
     assert "exceed the limit of 40" in error.message
 
 
-def test_echo_slow_streams_about_one_word_every_100_ms(stub):
-    """arbor/echo `#slow`: a lower bound only: n words take at least (n-1) x 90 ms."""
-    started = time.monotonic()
+def test_echo_slow_streams_one_word_every_configured_pause(stub, settings, monkeypatch):
+    """arbor/echo `#slow`: one pause of `ARBOR_ECHO_WORD_SECONDS` before each word (the pause is recorded,
+    not waited for, so the test depends on no wall clock)."""
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.25
+    pauses = []
+    monkeypatch.setattr(echo_model, "pause", pauses.append)
     tokens, result = echo([{"role": "user", "content": "#slow one two three four"}])
-    elapsed = time.monotonic() - started
     assert len(tokens) >= 6
     assert "".join(tokens) == result.received[0]["text"]
-    assert elapsed >= (len(tokens) - 1) * 0.09, f"{len(tokens)} words in {elapsed:.2f}s"
+    assert pauses == [0.25] * len(tokens)
 
 
 def test_echo_usage_is_about_characters_over_four(stub):

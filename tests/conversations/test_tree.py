@@ -16,17 +16,13 @@ from conversations.screen import path_bubbles
 from conversations.selectors import node_path
 from conversations.turns.start import turn_ask, turn_edit, turn_regenerate
 from tests.conversations.helpers import answer, ask, head
+from tests.support.trees import TreeBuilder
 
 pytestmark = pytest.mark.django_db
 
 
 def chain(conversation, length, parent=None):
-    nodes = []
-    for i in range(length):
-        parent = Node.objects.create(parent=parent, conversation=conversation, status="succeeded",
-                                     sent=[it.user(f"q{i}")], received=[it.text(f"a{i}")])
-        nodes.append(parent)
-    return nodes
+    return TreeBuilder(conversation).chain(length, parent=parent)
 
 
 def test_t5_the_path_is_one_query_whatever_its_depth(conversation):
@@ -88,10 +84,8 @@ def compact(conversation):
     real one, with its summarising call)."""
     conversation.refresh_from_db()
     original = conversation.head_id
-    summary = Node.objects.create(kind="compaction", status="succeeded", conversation=conversation,
-                                  compacted_from_id=original, sent=[it.system("summary of the conversation so far")])
-    services.head_move(conversation=conversation, to=summary.pk)
-    return summary
+    tree = TreeBuilder(conversation)
+    return tree.move_head(tree.compaction(of=Node.objects.get(pk=original)))
 
 
 def test_c2_assembly_stops_at_the_compaction_node(conversation):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.core import mail
+from django.utils import timezone
 
 from config.errors import BadInput
-from conversations import services
+from conversations import locks, services
 from conversations.errors import ApprovalPending, TurnInProgress
 from conversations.models import Bubble, Node, OutboxJob, ToolApproval
 from conversations.screen import path_bubbles
@@ -332,20 +334,26 @@ def test_r1_a_turn_that_dies_mid_way_loses_nothing_already_answered(conversation
         events.close()
 
 
-def test_t9_the_lock_is_renewed_while_a_long_answer_streams(conversation, settings):
-    """T9, R3: a turn that outlives the lock's lifetime keeps it by renewing; a switch meanwhile is refused."""
-    import time
+def test_t9_the_lock_is_renewed_while_a_long_answer_streams(conversation, settings, monkeypatch):
+    """T9, R3: a turn that outlives the lock's lifetime keeps it by renewing; a switch meanwhile is refused.
 
+    The lock's clocks are the test's: each streamed token advances them 250 s of a 300 s lock, so only
+    renewals (due after 100 s) can keep the lock; no wall-clock window is involved.
+    """
     ask(conversation, "q1")
     q1 = head(conversation)
-    settings.ARBOR_TURN_LOCK_SECONDS = 1
+    clock = {"now": timezone.now(), "monotonic": 0.0}
+    monkeypatch.setattr(locks, "now", lambda: clock["now"])
+    monkeypatch.setattr(locks, "monotonic", lambda: clock["monotonic"])
+    settings.ARBOR_TURN_LOCK_SECONDS = 300
     events = turn_ask(user=conversation.owner, conversation_id=conversation.pk,
-                            content="#slow " + " ".join(f"w{i}" for i in range(25))).events()
-    started = time.monotonic()
-    for _ in events:
-        if time.monotonic() - started > 1.6:
+                      content=" ".join(f"w{i}" for i in range(25))).events()
+    for count, _ in enumerate(events, start=1):
+        clock["now"] += timedelta(seconds=250)
+        clock["monotonic"] += 250
+        if count == 10:
             break
-    with pytest.raises(TurnInProgress):
+    with pytest.raises(TurnInProgress):  # 2,500 s after the lock was taken: only renewals held it
         services.head_switch(conversation=conversation, node_id=q1.pk)
     rest = list(events)
     assert rest[-1].type == "done" and head(conversation).pk == rest[-1].data["head"]

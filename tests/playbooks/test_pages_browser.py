@@ -13,7 +13,7 @@ from playbooks.models import Playbook, PlaybookRun
 from tests.playbooks.helpers import sales_conversation
 from tests.support.browser import screenshot, sign_in
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
 WAIT = 30
 

@@ -182,6 +182,11 @@ def _call_id() -> str:
     return f"call_{uuid.uuid4().hex[:20]}"
 
 
+def pause(seconds: float) -> None:
+    """`#slow`'s wait before each word (tests may replace it)."""
+    time.sleep(seconds)
+
+
 def _echo_chunks(plan: Plan) -> Iterator[GenericStreamingChunk]:
     usage = {
         "prompt_tokens": plan.prompt_tokens,
@@ -202,7 +207,7 @@ def _echo_chunks(plan: Plan) -> Iterator[GenericStreamingChunk]:
         return
     for position, word in enumerate(plan.words):
         if plan.slow:
-            time.sleep(settings.ARBOR_ECHO_WORD_SECONDS)
+            pause(settings.ARBOR_ECHO_WORD_SECONDS)
         last = position == len(plan.words) - 1
         yield GenericStreamingChunk(
             text=word,
