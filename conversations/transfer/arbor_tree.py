@@ -17,9 +17,13 @@ from conversations.transfer.plan import (
     check_count,
     check_graph,
     choice_field,
+    count_field,
     is_reference,
+    item_field,
     items_field,
+    object_field,
     text_field,
+    usage_field,
     when_field,
     write,
 )
@@ -83,6 +87,7 @@ def _tree_plan(document: dict[str, Any]) -> Plan:
     check_graph(plan)
     return plan
 
+
 def _tree_node(raw: Any, where: str) -> PlannedNode:
     if not isinstance(raw, dict) or not isinstance(raw.get("id"), int | str) or isinstance(raw.get("id"), bool):
         raise ImportRefused(f"{where}: each node needs an `id`.")
@@ -90,12 +95,8 @@ def _tree_node(raw: Any, where: str) -> PlannedNode:
     reason = raw.get("failure_reason") or ""
     if (status == Node.Status.FAILED) != bool(reason):
         raise ImportRefused(f"{where}: a failure reason goes with status failed, and only with it.")
-    usage = raw.get("usage") or {}
-    if not isinstance(usage, dict):
-        raise ImportRefused(f"{where}.usage: expected an object.")
-    tokens = raw.get("tokens", 0)
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
-        raise ImportRefused(f"{where}.tokens: expected a count.")
+    usage = usage_field(raw.get("usage"), f"{where}.usage")
+    tokens = count_field(raw.get("tokens", 0), f"{where}.tokens")
     return PlannedNode(
         key=raw["id"], parent=raw.get("parent"), compacted_from=raw.get("compacted_from"),
         summary_call=raw.get("summary_call"),
@@ -117,25 +118,44 @@ def _tree_node(raw: Any, where: str) -> PlannedNode:
         },
     )
 
+
+def _entries(document: dict[str, Any], name: str) -> list[Any]:
+    entries = document.get(name)
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise ImportRefused(f"`{name}` must be a list.")
+    return entries
+
+
 def _attach_bubbles_and_approvals(document: dict[str, Any], nodes: dict[Any, PlannedNode]) -> None:
-    for index, raw in enumerate(document.get("bubbles") or []):
+    for index, raw in enumerate(_entries(document, "bubbles")):
         where = f"bubbles[{index}]"
         if not isinstance(raw, dict) or not is_reference(raw.get("node")) or raw["node"] not in nodes:
             raise ImportRefused(f"{where}: its node is not in the file.")
-        data = raw.get("data") or {}
-        if not isinstance(data, dict):
-            raise ImportRefused(f"{where}.data: expected an object.")
+        data = object_field(raw.get("data"), f"{where}.data")
         nodes[raw["node"]].bubbles.append({"role": choice_field(raw.get("role"), Bubble.Role.values, f"{where}.role"),
                                            "content": text_field(raw.get("content", ""), f"{where}.content"),
                                            "data": data})
-    for index, raw in enumerate(document.get("approvals") or []):
+    decided: set[tuple[Any, str]] = set()
+    for index, raw in enumerate(_entries(document, "approvals")):
         where = f"approvals[{index}]"
         if (not isinstance(raw, dict) or not is_reference(raw.get("node")) or raw["node"] not in nodes
                 or not isinstance(raw.get("approved"), bool)):
             raise ImportRefused(f"{where}: needs a node in the file and `approved` true or false.")
         call_id = text_field(raw.get("call_id"), f"{where}.call_id", limit=200, blank=False)
-        nodes[raw["node"]].approvals.append({"call_id": call_id, "approved": raw["approved"],
-                                             "result": raw.get("result")})
+        if (raw["node"], call_id) in decided:
+            raise ImportRefused(f"{where}: call {call_id!r} of node {raw['node']!r} is decided twice.")
+        decided.add((raw["node"], call_id))
+        if raw.get("result") is None:
+            # D4: an approval is a person's act on this server. A decision without its result would make the
+            # next turn run the action although nobody here approved it: the call stays undecided instead.
+            continue
+        result = item_field(raw["result"], f"{where}.result")
+        if result["type"] != "tool_result" or result["call_id"] != call_id:
+            raise ImportRefused(f"{where}.result: expected the tool_result of call {call_id!r}.")
+        nodes[raw["node"]].approvals.append({"call_id": call_id, "approved": raw["approved"], "result": result})
+
 
 def import_tree(*, owner, document: dict[str, Any]) -> Conversation:
     plan = _tree_plan(document)

@@ -20,6 +20,7 @@ def _message(message_id: str, role: str, text: str, *, created: float | None, na
             "status": "finished_successfully", "end_turn": role == "assistant", "weight": 1.0,
             "metadata": metadata or {}, "recipient": recipient}
 
+
 def _node_messages(node: Node) -> list[dict[str, Any]]:
     """One Arbor node as ChatGPT messages: what it sent, then (if it succeeded) what it received (T5).
 
@@ -50,6 +51,7 @@ def _node_messages(node: Node) -> list[dict[str, Any]]:
         elif kind == "summary" and item.get("text"):
             out.append(_message(message_id, "system", item["text"], created=created, metadata=meta))
     return out
+
 
 def export_chatgpt(conversation: Conversation) -> dict[str, Any]:
     """One entry of ChatGPT's conversations.json: a `mapping` tree with parents, children and `current_node`.
@@ -87,6 +89,7 @@ def _chatgpt_text(message: dict[str, Any], where: str) -> str:
     texts = [p for p in parts if isinstance(p, str)]  # images and files are not imported
     return text_field("\n".join(texts), f"{where}.content")
 
+
 def chatgpt_plan(document: dict[str, Any], index: int) -> Plan:
     """Questions and answers become turn nodes: a user message with k answers (regenerations) becomes k
     sibling nodes, a message with several user children (edits) sibling turns: branches stay branches."""
@@ -107,6 +110,7 @@ def chatgpt_plan(document: dict[str, Any], index: int) -> Plan:
     check_graph(plan)
     return plan
 
+
 def _chatgpt_messages(mapping: dict[str, Any], where: str):
     """Each entry's (role, text), and children by parent, from the entries' own `parent` fields."""
     roots = [key for key, entry in mapping.items() if isinstance(entry, dict) and entry.get("parent") is None]
@@ -118,14 +122,16 @@ def _chatgpt_messages(mapping: dict[str, Any], where: str):
         if not isinstance(entry, dict):
             raise ImportRefused(f"{where}.mapping[{key!r}]: expected an object.")
         parent = entry.get("parent")
-        if parent is not None and parent not in mapping:
+        if parent is not None and (not isinstance(parent, str) or parent not in mapping):
             raise ImportRefused(f"{where}.mapping[{key!r}]: its parent {parent!r} is not in the file.")
         children.setdefault(parent, []).append(key)
         message = entry.get("message")
-        role = (message.get("author") or {}).get("role") if isinstance(message, dict) else None
+        author = message.get("author") if isinstance(message, dict) else None
+        role = author.get("role") if isinstance(author, dict) else None
         text = _chatgpt_text(message, f"{where}.mapping[{key!r}].message") if role else ""
         messages[key] = (role, text)
     return roots[0], messages, children
+
 
 def _chatgpt_turns(root: str, messages: dict, children: dict, where: str) -> tuple[dict, dict]:
     """Walk the messages from the root (iteratively); return the planned nodes and message -> node."""
@@ -143,6 +149,8 @@ def _chatgpt_turns(root: str, messages: dict, children: dict, where: str) -> tup
             seen += len(answers)
             for answer in answers or [None]:
                 node_key = f"{key}->{answer}"
+                while node_key in messages or node_key in nodes:  # a message id may look like a node key
+                    node_key += "'"
                 nodes[node_key] = _chatgpt_node(node_key, parent_node, text, messages[answer][1] if answer else "")
                 mapped.setdefault(key, node_key)
                 if answer:
@@ -160,6 +168,7 @@ def _chatgpt_turns(root: str, messages: dict, children: dict, where: str) -> tup
     if seen != len(messages):
         raise ImportRefused(f"{where}.mapping: some messages are not reachable from the root (a cycle).")
     return nodes, mapped
+
 
 def _chatgpt_node(key: str, parent: Any, question: str | None, answer: str) -> PlannedNode:
     sent = [it.user(question)] if question is not None else []

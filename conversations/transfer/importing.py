@@ -35,6 +35,7 @@ def parse(raw: bytes) -> Any:
     except (ValueError, RecursionError) as error:
         raise ImportRefused(f"The file is not valid JSON: {error}") from None
 
+
 def _check_nesting(text: str) -> None:
     """Count brackets outside strings: deep nesting is refused without recursing into it."""
     depth = 0
@@ -55,6 +56,7 @@ def _check_nesting(text: str) -> None:
                 raise ImportRefused(f"The file nests deeper than {MAX_DEPTH} levels.")
         elif char in "]}":
             depth -= 1
+
 
 def import_any(*, owner, document: Any) -> list[Conversation]:
     """Import Arbor's tree format or ChatGPT's, whichever `document` is."""

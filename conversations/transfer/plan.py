@@ -11,6 +11,7 @@ row entered this database.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,6 +32,7 @@ _BATCH = 1000
 class ImportRefused(BadInput):
     code = "import_refused"
 
+
 @dataclass
 class PlannedNode:
     key: Any
@@ -40,6 +42,7 @@ class PlannedNode:
     summary_call: Any = None
     bubbles: list[dict[str, Any]] = field(default_factory=list)
     approvals: list[dict[str, Any]] = field(default_factory=list)
+
 
 @dataclass
 class Plan:
@@ -51,6 +54,7 @@ class Plan:
     retrieval: bool = False
     keep_retrieved: bool = False
 
+
 def text_field(value: Any, where: str, *, limit: int | None = None, blank: bool = True) -> str:
     limit = limit or settings.ARBOR_MAX_CONTENT_CHARS
     if not isinstance(value, str) or (not blank and not value):
@@ -59,24 +63,73 @@ def text_field(value: Any, where: str, *, limit: int | None = None, blank: bool 
         raise ImportRefused(f"{where}: longer than {limit} characters.")
     return value
 
+
 def items_field(value: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise ImportRefused(f"{where}: expected a list of items.")
     for index, item in enumerate(value):
-        if not isinstance(item, dict) or item.get("type") not in it.ITEM_FIELDS:
-            raise ImportRefused(f"{where}[{index}]: not an item (unknown or missing type).")
-        for key, kind in it.ITEM_FIELDS[item["type"]].items():
-            if not isinstance(item.get(key), kind):
-                raise ImportRefused(f"{where}[{index}].{key}: missing, or not {kind.__name__}.")
-        for key, text in item.items():
-            if isinstance(text, str):
-                text_field(text, f"{where}[{index}].{key}")
+        item_field(item, f"{where}[{index}]")
     return value
 
+
+def item_field(item: Any, where: str) -> dict[str, Any]:
+    """One item of the shapes in `conversations.items`: a known type, its required fields of their types."""
+    if not isinstance(item, dict) or not isinstance(item.get("type"), str) or item["type"] not in it.ITEM_FIELDS:
+        raise ImportRefused(f"{where}: not an item (unknown or missing type).")
+    for key, kind in it.ITEM_FIELDS[item["type"]].items():
+        if not isinstance(item.get(key), kind):
+            raise ImportRefused(f"{where}.{key}: missing, or not {kind.__name__}.")
+    for key, text in item.items():
+        if isinstance(text, str):
+            text_field(text, f"{where}.{key}")
+    return item
+
+
 def choice_field(value: Any, choices, where: str) -> str:
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise ImportRefused(f"{where}: {value!r} is not one of {', '.join(sorted(choices))}.")
     return value
+
+
+MAX_COUNT = 2**31 - 1  # what the database's integer columns hold
+
+
+def count_field(value: Any, where: str) -> int:
+    """A whole number from 0 to MAX_COUNT (not a bool, not a float, not text)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
+        raise ImportRefused(f"{where}: expected a whole number from 0 to {MAX_COUNT}.")
+    return value
+
+
+USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def usage_field(value: Any, where: str) -> dict[str, Any]:
+    """A call's usage as Arbor records it: token counts and a cost; anything else is refused (the admin sums
+    these, so a string here would break its pages for every staff member)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ImportRefused(f"{where}: expected an object.")
+    for key, number in value.items():
+        if key in USAGE_COUNTS:
+            count_field(number, f"{where}.{key}")
+        elif key == "cost_usd":
+            if (not isinstance(number, int | float) or isinstance(number, bool) or not math.isfinite(number)
+                    or not 0 <= number <= 1e9):
+                raise ImportRefused(f"{where}.cost_usd: expected a cost from 0 to 1e9.")
+        else:
+            raise ImportRefused(f"{where}: unknown field {key!r} (expected {', '.join(USAGE_COUNTS)}, cost_usd).")
+    return value
+
+
+def object_field(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ImportRefused(f"{where}: expected an object.")
+    return value
+
 
 def when_field(value: Any, where: str) -> datetime | None:
     if value is None:
@@ -89,13 +142,16 @@ def when_field(value: Any, where: str) -> datetime | None:
         raise ImportRefused(f"{where}: not an ISO date-time.")
     return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed)
 
+
 def allowed_model(model: str) -> str:
     """A file may name any model; a conversation only gets one this server offers (else the default)."""
     return model if model in settings.ARBOR_MODELS else settings.ARBOR_MODEL
 
+
 def check_count(count: int) -> None:
     if count > settings.ARBOR_IMPORT_MAX_NODES:
         raise TooLarge(f"The file holds {count} nodes; at most {settings.ARBOR_IMPORT_MAX_NODES} are imported.")
+
 
 def check_graph(plan: Plan) -> None:
     """Every reference points into the file, there is no cycle, shapes match the tree's rules (C2, C3)."""
@@ -113,8 +169,10 @@ def check_graph(plan: Plan) -> None:
     if plan.head is not None and (not is_reference(plan.head) or plan.head not in nodes):
         raise ImportRefused(f"conversation.head {plan.head!r} is not in the file.")
 
+
 def is_reference(value: Any) -> bool:
     return isinstance(value, int | str) and not isinstance(value, bool)
+
 
 def _check_acyclic(plan: Plan) -> None:
     """Following parents, compaction originals and summarising calls from any node must end (iteratively)."""
@@ -138,6 +196,7 @@ def _check_acyclic(plan: Plan) -> None:
                 state[key] = 2
                 stack.pop()
 
+
 def order(plan: Plan) -> list[PlannedNode]:
     """Parents before children (iterative: a 100,000-deep chain is fine); a cycle is refused."""
     children: dict[Any, list[Any]] = {}
@@ -152,6 +211,7 @@ def order(plan: Plan) -> list[PlannedNode]:
         raise ImportRefused("The nodes' parents form a cycle.")
     return ordered
 
+
 def _allocate_ids(count: int) -> Iterator[int]:
     """Reserve `count` node ids: the sequence on PostgreSQL; past the largest id on SQLite, whose
     IMMEDIATE transactions already hold the write lock."""
@@ -163,6 +223,7 @@ def _allocate_ids(count: int) -> Iterator[int]:
         cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM {Node._meta.db_table}")
         start = cursor.fetchone()[0] + 1
         return iter(range(start, start + count))
+
 
 def write(*, owner, plan: Plan) -> Conversation:
     conversation = Conversation.objects.create(owner=owner, title=plan.title, model=plan.model,

@@ -32,7 +32,7 @@ from conversations.retrieval import retrieved_items
 from conversations.selectors import context_path, instructions_for, path_node
 from conversations.tools import all_tools
 from conversations.turns import calls, records
-from conversations.turns.events import EventType, TurnEvent
+from conversations.turns.events import ENDINGS, EventType, TurnEvent
 
 
 class Turn:
@@ -68,10 +68,17 @@ class Turn:
     def events(self) -> Iterator[TurnEvent]:
         if not self._claim():
             return  # abandoned before it began: the lock is already given back
+        rounds = self._rounds()
         with self.lock:
             try:
-                yield from self._rounds()
+                for event in rounds:
+                    if event.type in ENDINGS:
+                        # Committed: give the conversation back before saying so, or a client that asks
+                        # again the moment it reads this event would find its own turn still holding it.
+                        self.lock.release()
+                    yield event
             except GeneratorExit:
+                rounds.close()  # a call under way is closed and keeps what it had received
                 self._fail(llm.LLMError("cancelled", "stopped by the user"))
                 raise
             except BaseException as error:
@@ -199,6 +206,12 @@ class Turn:
         except llm.LLMError as error:
             yield self._fail(error)
             return None
+        except Exception as error:  # a bug mid-stream: close the call and keep what it had received (D3)
+            try:
+                call.close()
+            except llm.LLMError as closed:
+                self._fail(llm.LLMError("interrupted", f"the turn stopped: {error!r}", partial=closed.partial))
+            raise
 
     # --- what is written -------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from config.errors import ArborError, BadInput, NotFound
 from conversations.apis.serializers import ApprovalIn, EditIn, RegenerateIn, TurnIn
 from conversations.selectors import conversation_for_user
-from conversations.turns.events import EventType
+from conversations.turns.events import ENDINGS, EventType
 from conversations.turns.runner import Turn
 from conversations.turns.start import turn_ask, turn_decide, turn_edit, turn_regenerate, turn_retry
 from conversations.turns.streaming import events_in_thread
@@ -54,6 +54,7 @@ _STARTS: dict[str, tuple[type | None, Callable[..., Turn | None]]] = {
 class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.generation: asyncio.Task | None = None
+        self.turn_ended = False  # the running generation has sent its turn's last event (done, error, approval)
         self.user = self.scope.get("user")
         self.conversation_id = self.scope["url_route"]["kwargs"]["conversation_id"]
         await self.accept()
@@ -88,9 +89,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                                   "message": f"Unknown message type {content['type']!r}."})
             return
         if self.generation and not self.generation.done():
-            await self.send_json({"type": "error", "code": "turn_in_progress",
-                                  "message": "A turn is running on this conversation; stop it or wait."})
-            return
+            if not self.turn_ended:
+                await self.send_json({"type": "error", "code": "turn_in_progress",
+                                      "message": "A turn is running on this conversation; stop it or wait."})
+                return
+            await self.generation  # its turn has ended and said so; only its thread is winding down
         try:
             turn = await database_sync_to_async(begin)()
         except ArborError as error:
@@ -99,6 +102,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if turn is None:  # an approval recorded; others still wait
             await self.send_json({"type": "approval_recorded"})
             return
+        self.turn_ended = False
         self.generation = asyncio.create_task(self._stream(turn))
 
     def _begin_for(self, content: dict[str, Any]) -> Callable[[], Turn | None] | None:
@@ -138,6 +142,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                             await flush()
                         continue
                     await flush()
+                    self.turn_ended = event.type in ENDINGS
                     await self.send_json({"type": event.type, **event.data})
         finally:
             turn.abandon()  # a turn cancelled before its thread began gives its lock back
