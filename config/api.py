@@ -7,7 +7,8 @@ import logging
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
-from django.http import Http404
+from django.http import Http404, HttpRequest, JsonResponse
+from django.urls import Resolver404, resolve
 from rest_framework import exceptions, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -90,3 +91,16 @@ def paginated(view, request: Request, queryset, serializer_class) -> Response:
     paginator = api_settings.DEFAULT_PAGINATION_CLASS()
     page = paginator.paginate_queryset(queryset, request, view=view)
     return paginator.get_paginated_response(serializer_class(page, many=True).data)
+
+
+def not_found(request: HttpRequest, *args, **kwargs) -> JsonResponse:
+    """Any other path under /api/: the API's own 404, not an HTML page."""
+    message = f"No API endpoint at {request.path}."
+    if not request.path.endswith("/"):
+        try:
+            slashed = resolve(f"{request.path}/")
+        except Resolver404:
+            slashed = None
+        if slashed is not None and slashed.func is not not_found:
+            message += f" Did you mean {request.path}/ (API paths end with a slash)?"
+    return JsonResponse(error_body("not_found", message), status=404)

@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 # litellm reads this when it is first imported: never fetch the price list at run time (no network here).
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -15,7 +16,21 @@ def _env_bool(name: str, default: bool) -> bool:
     return os.environ.get(name, str(default)).strip().lower() in {"1", "true", "yes", "on"}
 
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "arbor-insecure-development-key-change-me")
+def _secret_key() -> str:
+    """DJANGO_SECRET_KEY, else the random key the set-up scripts keep in var/secret_key; never a default
+    (a key in the repository would let anyone forge signed cookies)."""
+    key = os.environ.get("DJANGO_SECRET_KEY", "").strip()
+    key_file = Path(os.environ.get("ARBOR_SECRET_KEY_FILE") or BASE_DIR / "var" / "secret_key")
+    if not key and key_file.is_file():
+        key = key_file.read_text().strip()
+    if len(key) < 32:
+        raise ImproperlyConfigured(
+            f"No secret key: set DJANGO_SECRET_KEY (50 random characters), or run scripts/start or scripts/test "
+            f"once to keep a random one in {key_file}.")
+    return key
+
+
+SECRET_KEY = _secret_key()
 DEBUG = _env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h]
 

@@ -1,7 +1,8 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from config import api
 from search.apis import Search
 
 urlpatterns = [
@@ -11,6 +12,7 @@ urlpatterns = [
     path("api/search/", Search.as_view(), name="search-api"),
     path("api/", include("conversations.apis.urls")),
     path("api/", include("playbooks.urls")),
+    re_path(r"^api/", api.not_found),  # every other /api/ path answers in the API's error format
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("search.pages")),
     path("playbooks/", include("playbooks.pages")),

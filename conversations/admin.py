@@ -22,11 +22,12 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.safestring import mark_safe
+from rest_framework.authtoken.models import TokenProxy
 
 from conversations import services
 from conversations.errors import TurnInProgress
 from conversations.items import answer_text, question_of
-from conversations.models import Bubble, Conversation, Node, Preferences
+from conversations.models import Bubble, Conversation, Node, OutboxJob, Preferences
 from conversations.selectors import node_path, tree_scope
 from conversations.turns.seen import call_context
 
@@ -390,3 +391,45 @@ class BubbleAdmin(ReadOnlyAdmin):
 class PreferencesAdmin(admin.ModelAdmin):
     list_display = ["user", "updated_at"]
     search_fields = ["user__username"]
+
+
+@admin.register(OutboxJob)
+class OutboxJobAdmin(ReadOnlyAdmin):
+    """Post-commit jobs (R4): failed ones stay here with their last error, never dropped."""
+
+    list_display = ("id", "kind", "status", "attempts", "run_after", "created_at", "short_error")
+    list_filter = ("status", "kind")
+    search_fields = ("kind", "last_error")
+    ordering = ("-id",)
+
+    @admin.display(description="last error")
+    def short_error(self, job: OutboxJob) -> str:
+        return job.last_error[:120]
+
+
+# An API token is a password: only superusers see them in the admin, and only their first characters.
+admin.site.unregister(TokenProxy)
+
+
+@admin.register(TokenProxy)
+class TokenAdmin(ReadOnlyAdmin):
+    list_display = ("key_prefix", "user", "created")
+    list_display_links = None  # a token's page address is the key itself
+    fields = ("key_prefix", "user", "created")
+    ordering = ("-created",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.fields
+
+    @admin.display(description="key")
+    def key_prefix(self, token: TokenProxy) -> str:
+        return f"{token.key[:6]}…"
+
+    def has_module_permission(self, request) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

@@ -61,9 +61,11 @@ def head_switch(*, conversation: Conversation, node_id: Any) -> None:
         head_move(conversation=conversation, to=tip)
 
 
-def conversation_create(*, owner, title: str = "", model: str = "", instructions: str = "") -> Conversation:
+def conversation_create(*, owner, title: str = "", model: str = "", instructions: str = "", retrieval: bool = False,
+                        keep_retrieved: bool = False) -> Conversation:
     return Conversation.objects.create(
-        owner=owner, title=title, model=model or settings.ARBOR_MODEL, instructions=instructions
+        owner=owner, title=title, model=model or settings.ARBOR_MODEL, instructions=instructions,
+        retrieval=retrieval, keep_retrieved=keep_retrieved,
     )
 
 

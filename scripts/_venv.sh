@@ -13,3 +13,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 export PATH="$PWD/.venv/bin:$PATH"
 mkdir -p var
+# A random secret key of this checkout's own, kept out of git (config/settings.py refuses to run without one).
+if [ -z "${DJANGO_SECRET_KEY:-}" ] && [ ! -s var/secret_key ]; then
+  (umask 077; "$PWD/.venv/bin/python" -c 'import secrets; print(secrets.token_urlsafe(50))' > var/secret_key)
+fi

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -65,6 +66,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code):
         await self._stop()
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        """One bad frame gets an error and keeps the socket (and any turn it runs) open."""
+        try:
+            content = json.loads(text_data) if text_data is not None else None
+        except (ValueError, RecursionError):
+            content = None
+        if content is None:
+            await self.send_json({"type": "error", "code": "bad_input", "message": "Send a JSON object with a type."})
+            return
+        await self.receive_json(content)
 
     async def receive_json(self, content: Any, **kwargs):
         if not isinstance(content, dict) or not isinstance(content.get("type"), str):
