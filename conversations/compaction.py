@@ -1,8 +1,8 @@
 """Compaction (C1–C3): replace a long path by a short one that starts at a parentless node.
 
 Called by the one turn runner between "load state" and "assemble" when the next call would pass the
-threshold (R1), and by hand (`turns.turn_compact`). Not a second turn runner: it decides where two new
-nodes go, and its model calls are recorded side calls (`side_calls.run_side_call`), like titles.
+threshold (R1), and by hand (`turns.start.turn_compact`). Not a second turn runner: it decides where two new
+nodes go, and its model calls are recorded side calls (`turns.records.run_side_call`), like titles.
 
 Where the nodes go, and where the head moves:
 

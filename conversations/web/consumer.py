@@ -105,7 +105,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 await self.send_json({"type": "error", "code": "turn_in_progress",
                                       "message": "A turn is running on this conversation; stop it or wait."})
                 return
-            await self.generation  # its turn has ended and said so; only its thread is winding down
+            with contextlib.suppress(Exception):  # its turn has ended and said so; only its thread winds down
+                await self.generation
         try:
             turn = await database_sync_to_async(begin)()
         except ArborError as error:

@@ -1,7 +1,7 @@
 """Server-rendered chat pages (issue 3).
 
 The pages read through selectors and change things through services; a turn (ask, edit, regenerate,
-retry, approve) runs only over the chat WebSocket (`consumers.py`), which calls the one turn runner.
+retry, approve) runs only over the chat WebSocket (`consumer.py`), which calls the one turn runner.
 Nothing here assembles context, runs a turn or moves a head its own way.
 """
 

@@ -10,9 +10,7 @@ import threading
 import pytest
 from channels.testing import WebsocketCommunicator
 from django.core import mail
-from django.test import Client
 
-from config.asgi import application
 from conversations import items as it
 from conversations import services
 from conversations.llm import echo
@@ -20,6 +18,7 @@ from conversations.models import Bubble, Conversation, Node, ToolApproval
 from tests.conversations.helpers import ask, head
 from tests.support.async_db import in_own_thread
 from tests.support.openai_stub import Reply
+from tests.support.sockets import chat_socket, receive_until, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,20 +26,9 @@ STUB = "openai/stub-model"
 EMAIL = '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"}'
 
 
-def _session_cookie(user) -> bytes:
-    client = Client()
-    client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
-
-
-def _socket(conversation_id: int, cookie: bytes) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost"), (b"cookie", cookie)]
-    return WebsocketCommunicator(application, f"/ws/conversations/{conversation_id}/", headers=headers)
-
-
 async def _connected(conversation_id: int, cookie: bytes) -> WebsocketCommunicator:
     """A socket whose connect handler has finished (its ownership check included): a message round trip."""
-    socket = _socket(conversation_id, cookie)
+    socket = chat_socket(conversation_id, cookie)
     connected, _ = await socket.connect()
     assert connected
     await socket.send_json_to({"type": "stop"})
@@ -64,15 +52,6 @@ async def _settled(socket, conversation_id: int) -> None:
     raise AssertionError("the turn lock was never released")
 
 
-async def _receive_until(socket, kind: str, timeout: float = 30) -> list[dict]:
-    messages = []
-    while True:
-        message = await socket.receive_json_from(timeout=timeout)
-        messages.append(message)
-        if message["type"] in {kind, "error"}:
-            return messages
-
-
 def _read(function):
     return in_own_thread(function)()
 
@@ -85,7 +64,7 @@ def _state(conversation_id: int):
 
 @pytest.fixture
 def cookie(user) -> bytes:
-    return _session_cookie(user)
+    return session_cookie(user)
 
 
 @pytest.fixture
@@ -113,7 +92,7 @@ async def test_t7_edit_over_the_socket_branches_from_the_turn_before(conversatio
     q1, q2 = two_turns
     socket = await _connected(conversation.pk, cookie)
     await socket.send_json_to({"type": "edit", "node": q2.pk, "content": "q2 edited"})
-    done = (await _receive_until(socket, "done"))[-1]
+    done = (await receive_until(socket, "done"))[-1]
     assert done["type"] == "done" and done["answer"].startswith("echo: q2 edited")
     assert "echo: q2\n" not in done["answer"], "T7: the old answer never reaches the edited question"
     edited, old = await _read(lambda: (Node.objects.get(pk=done["head"]), Node.objects.get(pk=q2.pk)))
@@ -127,13 +106,13 @@ async def test_t7_regenerate_over_the_socket_reruns_the_last_or_a_chosen_questio
     q1, q2 = two_turns
     socket = await _connected(conversation.pk, cookie)
     await socket.send_json_to({"type": "regenerate"})
-    again = (await _receive_until(socket, "done"))[-1]
+    again = (await receive_until(socket, "done"))[-1]
     assert again["type"] == "done"
     sibling = await _read(lambda: Node.objects.get(pk=again["head"]))
     assert sibling.pk != q2.pk and sibling.parent_id == q1.pk and sibling.sent == q2.sent
     await _settled(socket, conversation.pk)
     await socket.send_json_to({"type": "regenerate", "node": q1.pk})
-    first = (await _receive_until(socket, "done"))[-1]
+    first = (await receive_until(socket, "done"))[-1]
     rerun = await _read(lambda: Node.objects.get(pk=first["head"]))
     assert rerun.parent_id is None and rerun.sent == [{"type": "user", "text": "q1"}]
     assert await _read(lambda: Node.objects.filter(parent__isnull=True).count()) == 2
@@ -163,7 +142,7 @@ async def test_f3_approve_over_the_socket_records_each_decision_and_resumes_afte
         Conversation.objects.get(pk=conversation.pk).turn_token))
     assert decided == [(first, True)] and nodes == 1 and locked is None and mail.outbox == []
     await socket.send_json_to({"type": "approve", "tool_call_id": second, "approve": False})
-    messages = await _receive_until(socket, "done")
+    messages = await receive_until(socket, "done")
     results = [m for m in messages if m["type"] == "tool_result"]
     assert [(m["call_id"], m["is_error"]) for m in results] == [(first, False), (second, True)]
     assert messages[-1]["type"] == "done" and messages[-1]["answer"] == "both decided"
@@ -216,7 +195,7 @@ async def test_t9_every_turn_start_is_refused_while_a_turn_runs_on_the_socket(co
         reply = await socket.receive_json_from(timeout=30)
         assert reply["type"] == "error" and reply["code"] == "turn_in_progress", (payload, reply)
     gate.set()
-    done = (await _receive_until(socket, "done"))[-1]
+    done = (await receive_until(socket, "done"))[-1]
     assert done["type"] == "done" and done["answer"].startswith("echo: #slow held open")
     assert await _read(lambda: Node.objects.count()) == 3, "only the running turn wrote a node"
     await socket.disconnect()
@@ -258,7 +237,7 @@ async def test_t9_a_question_sent_the_moment_done_arrives_is_taken_not_refused(u
     """T9: `done` means the turn is over: the socket and the turn lock take the next question at once
     (before, `done` went out while the lock was still held, and an immediate ask was refused)."""
     conversation = await in_own_thread(lambda: services.conversation_create(owner=user, title="t"))()
-    cookie = await in_own_thread(lambda: _session_cookie(user))()
+    cookie = await in_own_thread(lambda: session_cookie(user))()
     socket = await _connected(conversation.pk, cookie)
     for round_number in range(5):
         await socket.send_json_to({"type": "ask", "content": f"question {round_number}"})

@@ -4,43 +4,20 @@ from __future__ import annotations
 
 import pytest
 from channels.testing import WebsocketCommunicator
-from django.test import Client
 
-from config.asgi import application
 from conversations import services
 from conversations.models import Conversation, Node
 from tests.support.async_db import in_own_thread, settled_node
+from tests.support.sockets import chat_socket, receive_until, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SLOW = "#slow " + " ".join(f"w{i}" for i in range(30))
 
 
-def _session_cookie(user) -> bytes:
-    client = Client()
-    client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
-
-
-def _socket(conversation_id: int, cookie: bytes | None) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
-    if cookie:
-        headers.append((b"cookie", cookie))
-    return WebsocketCommunicator(application, f"/ws/conversations/{conversation_id}/", headers=headers)
-
-
-async def _receive_until(socket, kind: str, timeout: float = 30) -> list[dict]:
-    messages = []
-    while True:
-        message = await socket.receive_json_from(timeout=timeout)
-        messages.append(message)
-        if message["type"] in {kind, "error"}:
-            return messages
-
-
 async def _socket_with_a_running_turn(conversation, cookie) -> WebsocketCommunicator:
     """A connected socket whose slow turn has started streaming (its first token has arrived)."""
-    socket = _socket(conversation.pk, cookie)
+    socket = chat_socket(conversation.pk, cookie)
     await socket.connect()
     await socket.send_json_to({"type": "ask", "content": SLOW})
     first = await socket.receive_json_from(timeout=30)
@@ -51,16 +28,16 @@ async def _socket_with_a_running_turn(conversation, cookie) -> WebsocketCommunic
 @pytest.fixture
 def chat(user):
     conversation = services.conversation_create(owner=user)
-    return conversation, _session_cookie(user)
+    return conversation, session_cookie(user)
 
 
 async def test_a_question_streams_tokens_in_several_batches_then_done(chat):
     conversation, cookie = chat
-    socket = _socket(conversation.pk, cookie)
+    socket = chat_socket(conversation.pk, cookie)
     connected, _ = await socket.connect()
     assert connected
     await socket.send_json_to({"type": "ask", "content": SLOW})
-    messages = await _receive_until(socket, "done")
+    messages = await receive_until(socket, "done")
     tokens = [m for m in messages if m["type"] == "token"]
     assert len(tokens) > 3, "tokens arrive as they come, in small batches"
     assert len(tokens) < 60, "batched: fewer frames than words"
@@ -74,12 +51,12 @@ async def test_stop_cancels_the_turn_keeps_the_node_and_frees_the_conversation(c
     conversation, cookie = chat
     socket = await _socket_with_a_running_turn(conversation, cookie)
     await socket.send_json_to({"type": "stop"})
-    assert (await _receive_until(socket, "stopped"))[-1] == {"type": "stopped"}
+    assert (await receive_until(socket, "stopped"))[-1] == {"type": "stopped"}
     node, head_id = await in_own_thread(
         lambda: (Node.objects.get(conversation=conversation), Conversation.objects.get(pk=conversation.pk).head_id))()
     assert node.status == "failed" and node.failure_reason == "cancelled" and head_id == node.pk
     await socket.send_json_to({"type": "ask", "content": "again"})
-    messages = await _receive_until(socket, "done")
+    messages = await receive_until(socket, "done")
     assert messages[-1]["type"] == "done" and messages[-1]["answer"].startswith("echo: again")
     await socket.disconnect()
 
@@ -90,15 +67,15 @@ async def test_retry_calls_the_model_again_from_the_stopped_node_adding_nothing(
     conversation, cookie = chat
     socket = await _socket_with_a_running_turn(conversation, cookie)
     await socket.send_json_to({"type": "stop"})
-    await _receive_until(socket, "stopped")
+    await receive_until(socket, "stopped")
     await socket.send_json_to({"type": "retry"})
-    done = (await _receive_until(socket, "done"))[-1]
+    done = (await receive_until(socket, "done"))[-1]
     assert done["type"] == "done" and done["answer"].startswith(f"echo: {SLOW}\nseen: user:#slow w0")
     retried = await in_own_thread(lambda: Node.objects.get(pk=done["head"]))()
     stopped = await in_own_thread(lambda: Node.objects.get(pk=retried.parent_id))()
     assert retried.sent == [] and stopped.failure_reason == "cancelled"
     await socket.send_json_to({"type": "retry"})
-    refused = (await _receive_until(socket, "never"))[-1]
+    refused = (await receive_until(socket, "never"))[-1]
     assert refused["code"] == "bad_input", "nothing to retry once the head succeeded"
     await socket.disconnect()
 
@@ -115,7 +92,7 @@ async def test_a_second_question_while_one_runs_is_refused(chat):
     conversation, cookie = chat
     socket = await _socket_with_a_running_turn(conversation, cookie)
     await socket.send_json_to({"type": "ask", "content": "two"})
-    messages = await _receive_until(socket, "never")
+    messages = await receive_until(socket, "never")
     assert messages[-1]["type"] == "error" and messages[-1]["code"] == "turn_in_progress"
     await socket.send_json_to({"type": "stop"})
     await socket.disconnect()
@@ -123,9 +100,9 @@ async def test_a_second_question_while_one_runs_is_refused(chat):
 
 async def test_another_users_conversation_and_anonymous_sockets_are_refused(chat, other_user):
     conversation, _ = chat
-    other_cookie = await in_own_thread(lambda: _session_cookie(other_user))()
+    other_cookie = await in_own_thread(lambda: session_cookie(other_user))()
     for conversation_id, cookie in ((conversation.pk, other_cookie), (conversation.pk, None), (999999, other_cookie)):
-        socket = _socket(conversation_id, cookie)
+        socket = chat_socket(conversation_id, cookie)
         connected, _ = await socket.connect()
         assert connected, "accepted, then closed with a reason a browser can read"
         assert await socket.receive_output() == {"type": "websocket.close", "code": 4404}
@@ -133,7 +110,7 @@ async def test_another_users_conversation_and_anonymous_sockets_are_refused(chat
 
 async def test_bad_messages_get_clear_errors_and_change_nothing(chat):
     conversation, cookie = chat
-    socket = _socket(conversation.pk, cookie)
+    socket = chat_socket(conversation.pk, cookie)
     await socket.connect()
     for payload, code in [({"content": "x"}, "bad_input"), ({"type": "dance"}, "bad_input"),
                           ({"type": "ask", "content": ""}, "bad_input"),

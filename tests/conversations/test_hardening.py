@@ -8,17 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 from rest_framework.authtoken.models import Token
 
-from config.asgi import application
 from conversations import jobs
 from conversations.jobs import worker
 from conversations.models import Conversation
 from tests.support.async_db import in_own_thread
+from tests.support.sockets import chat_socket, session_cookie
 
 pytestmark = pytest.mark.django_db
 
@@ -92,13 +91,7 @@ def test_low_an_unknown_api_path_answers_the_json_error_format(api, path, hint):
 async def test_low_a_frame_that_is_not_json_gets_an_error_and_the_socket_stays_open(user):
     conversation = await in_own_thread(lambda: Conversation.objects.create(owner=user, title="t"))()
 
-    def cookie() -> bytes:
-        client = Client()
-        client.force_login(user)
-        return f"sessionid={client.cookies['sessionid'].value}".encode()
-
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost"), (b"cookie", await in_own_thread(cookie)())]
-    socket = WebsocketCommunicator(application, f"/ws/conversations/{conversation.pk}/", headers=headers)
+    socket = chat_socket(conversation.pk, await in_own_thread(lambda: session_cookie(user))())
     connected, _ = await socket.connect()
     assert connected
     for frame in ("not json {", "[" * 5000 + "]" * 5000):
