@@ -66,6 +66,7 @@ class TurnLock:
         self.token = token
         self._clock = clock or (lambda: monotonic())
         self._renewed_at = self._clock()
+        self._released = False
 
     @classmethod
     def acquire(cls, conversation: Conversation, *, clock: Callable[[], float] | None = None) -> TurnLock:
@@ -92,6 +93,11 @@ class TurnLock:
             release_connection()
 
     def release(self) -> None:
+        """Give the lock back; a second call costs nothing (a turn frees it before its last event, then its
+        `with` block ends)."""
+        if self._released:
+            return
+        self._released = True
         Conversation.objects.filter(pk=self.conversation.pk, turn_token=self.token).update(
             turn_token=None, turn_expires_at=None)
         self.conversation.turn_token = self.conversation.turn_expires_at = None
