@@ -173,6 +173,12 @@ ARBOR_MAX_CONTENT_CHARS = int(os.environ.get("ARBOR_MAX_CONTENT_CHARS", "100000"
 ARBOR_TURN_LOCK_SECONDS = int(os.environ.get("ARBOR_TURN_LOCK_SECONDS", "300"))
 ARBOR_PATH_DEPTH_LIMIT = int(os.environ.get("ARBOR_PATH_DEPTH_LIMIT", "100000"))
 ARBOR_TOOL_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_TOOL_TIMEOUT_SECONDS", "30"))
+# What a tool may hand back, cut while it is read (every tool, through the tool runner): one text or binary
+# value, and the whole result. A node stores at most ARBOR_NODE_MAX_BYTES of items (a model's answer
+# included); a round's tool results share it.
+ARBOR_TOOL_CELL_MAX_BYTES = int(os.environ.get("ARBOR_TOOL_CELL_MAX_BYTES", "8000"))
+ARBOR_TOOL_OUTPUT_MAX_BYTES = int(os.environ.get("ARBOR_TOOL_OUTPUT_MAX_BYTES", "64000"))
+ARBOR_NODE_MAX_BYTES = int(os.environ.get("ARBOR_NODE_MAX_BYTES", "1000000"))
 ARBOR_SALES_DB_PATH = BASE_DIR / "var" / "sales.sqlite3"
 ARBOR_SEARCH_CONFIG = os.environ.get("ARBOR_SEARCH_CONFIG", "simple")  # PostgreSQL text search configuration
 ARBOR_SCREEN_NODES = int(os.environ.get("ARBOR_SCREEN_NODES", "400"))  # a chat page shows its history's end

@@ -15,15 +15,12 @@ from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as ec
-from selenium.webdriver.support.ui import WebDriverWait
 
 from conversations import services
 from conversations.models import Node, ToolApproval
-from tests.support.browser import screenshot, sign_in
+from tests.support.browser import WAIT, screenshot, sign_in, wait
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
-
-WAIT = 30
 
 
 def _open(browser, server, conversation) -> None:
@@ -33,7 +30,7 @@ def _open(browser, server, conversation) -> None:
 
 def _wait_idle(browser) -> None:
     """The socket is open and no turn runs: Send is shown, Stop is not."""
-    WebDriverWait(browser, WAIT).until(lambda d: d.execute_script(
+    wait(browser).until(lambda d: d.execute_script(
         "const s = document.getElementById('send'); "
         "return !!s && !s.hidden && !s.disabled && document.getElementById('chat').dataset.connected === '1'"))
 
@@ -50,7 +47,7 @@ def _answers(browser) -> list[str]:
 
 
 def _wait_for_answer_count(browser, count: int) -> None:
-    WebDriverWait(browser, WAIT).until(lambda d: len(_answers(d)) >= count
+    wait(browser).until(lambda d: len(_answers(d)) >= count
                                        and not d.find_elements(By.CSS_SELECTOR, ".msg.streaming"))
     _wait_idle(browser)
 
@@ -61,7 +58,7 @@ def test_sign_in_send_and_see_tokens_arrive_in_several_steps(browser, asgi_serve
     browser.get(asgi_server.url + "/chat/")
     browser.find_element(By.ID, "id_username").send_keys("ada")
     browser.find_element(By.ID, "id_password").send_keys("pw-ada-12345" + Keys.ENTER)
-    WebDriverWait(browser, WAIT).until(ec.presence_of_element_located((By.ID, "composer-input")))
+    wait(browser).until(ec.presence_of_element_located((By.ID, "composer-input")))
     _wait_idle(browser)
     screenshot(browser, "chat-empty")
 
@@ -108,7 +105,7 @@ def test_edit_shows_arrows_and_switching_back_finds_the_old_answer_whole(browser
     screenshot(browser, "chat-branch-arrows")
 
     browser.find_element(By.CSS_SELECTOR, "button[aria-label='Previous version of this question']").click()
-    WebDriverWait(browser, WAIT).until(
+    wait(browser).until(
         lambda d: d.find_element(By.CSS_SELECTOR, ".branch-index").text == "1/2")
     _wait_idle(browser)
     assert _answers(browser) == [old_answer]
@@ -116,12 +113,12 @@ def test_edit_shows_arrows_and_switching_back_finds_the_old_answer_whole(browser
 
     browser.find_element(By.CSS_SELECTOR, "button[data-action=regenerate]").click()
     _wait_for_answer_count(browser, 1)
-    WebDriverWait(browser, WAIT).until(
+    wait(browser).until(
         lambda d: d.find_element(By.CSS_SELECTOR, ".branch-index").text == "3/3")
     assert _answers(browser) == [old_answer], "a regenerate asks the same question again"
 
     browser.find_element(By.CSS_SELECTOR, "a.compare").click()
-    columns = WebDriverWait(browser, WAIT).until(
+    columns = wait(browser).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, ".columns .column"))
     assert len(columns) == 2
     screenshot(browser, "chat-compare")
@@ -133,10 +130,10 @@ def test_stop_mid_answer_keeps_the_node_and_the_conversation_goes_on(browser, as
     sign_in(browser, asgi_server, user)
     _open(browser, asgi_server, conversation)
     _send(browser, "#slow " + " ".join(f"w{i}" for i in range(80)))
-    WebDriverWait(browser, WAIT).until(lambda d: d.execute_script(
+    wait(browser).until(lambda d: d.execute_script(
         "const b = document.querySelector('.msg.streaming .body'); return b && b.textContent.length > 10"))
     browser.find_element(By.ID, "stop").click()
-    stopped = WebDriverWait(browser, WAIT).until(
+    stopped = wait(browser).until(
         ec.visibility_of_element_located((By.CSS_SELECTOR, "article.msg.error.reason-cancelled")))
     assert "Stopped." in stopped.text and "echo: #slow" in stopped.text
     _wait_idle(browser)
@@ -156,7 +153,7 @@ def test_approve_one_email_and_refuse_another(browser, asgi_server, user, conver
     _open(browser, asgi_server, conversation)
     mail = {"to": "ops@example.com", "subject": "Report", "body": "Sales are up."}
     _send(browser, f"#tool send_email {json.dumps(mail)}")
-    approve = WebDriverWait(browser, WAIT).until(
+    approve = wait(browser).until(
         ec.element_to_be_clickable((By.CSS_SELECTOR, "button[data-action=approve][data-approve=true]")))
     assert "waiting for your approval" in browser.find_element(By.CSS_SELECTOR, "details.msg.tool").text
     screenshot(browser, "chat-approval")
@@ -168,7 +165,7 @@ def test_approve_one_email_and_refuse_another(browser, asgi_server, user, conver
     assert approval.approved and approval.result and not approval.result["is_error"]
 
     _send(browser, f"#tool send_email {json.dumps({**mail, 'subject': 'Second'})}")
-    refuse = WebDriverWait(browser, WAIT).until(
+    refuse = wait(browser).until(
         ec.element_to_be_clickable((By.CSS_SELECTOR, "button[data-action=approve][data-approve=false]")))
     refuse.click()
     _wait_for_answer_count(browser, 2)
@@ -194,7 +191,7 @@ def test_model_html_shows_as_text_and_what_the_model_saw(browser, asgi_server, u
         browser.switch_to.alert.text  # noqa: B018 - reading it is the check
 
     browser.find_element(By.CSS_SELECTOR, "article.msg.assistant button[data-action=seen]").click()
-    panel = WebDriverWait(browser, WAIT).until(ec.visibility_of_element_located((By.ID, "seen")))
+    panel = wait(browser).until(ec.visibility_of_element_located((By.ID, "seen")))
     roles = [h.text.lower() for h in panel.find_elements(By.CSS_SELECTOR, ".seen-message h3")]
     assert roles == ["system", "user"]
     texts = [p.text for p in panel.find_elements(By.CSS_SELECTOR, ".seen-message pre")]
@@ -223,14 +220,14 @@ def test_palette_jumps_to_a_conversation_and_the_page_works_at_phone_width(brows
     sign_in(browser, asgi_server, user)
     _open(browser, asgi_server, conversation)
     browser.find_element(By.TAG_NAME, "body").send_keys(Keys.CONTROL, "k")
-    search = WebDriverWait(browser, WAIT).until(ec.visibility_of_element_located((By.ID, "palette-input")))
+    search = wait(browser).until(ec.visibility_of_element_located((By.ID, "palette-input")))
     search.send_keys("quarterly")
     options = browser.find_elements(By.CSS_SELECTOR, "#palette-list li[role=option]")
     labels = [o.text.rsplit(" ", 1)[0] for o in options]
     assert labels == ["Quarterly sales", "Search messages for “quarterly”"], "a match, then search in messages"
     screenshot(browser, "chat-palette")
     search.send_keys(Keys.ENTER)
-    WebDriverWait(browser, WAIT).until(ec.url_contains(f"/chat/{other.pk}/"))
+    wait(browser).until(ec.url_contains(f"/chat/{other.pk}/"))
 
     browser.set_window_size(390, 844)
     _wait_idle(browser)

@@ -19,7 +19,9 @@ import pytest
 from daphne.testing import DaphneProcess
 from django.conf import settings
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.support.ui import WebDriverWait
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -53,6 +55,14 @@ def browser() -> Iterator[webdriver.Chrome]:
             yield driver
         finally:
             driver.quit()
+
+
+WAIT = 30
+
+
+def wait(driver: webdriver.Chrome) -> WebDriverWait:
+    """A wait that looks again when the page redraws an element between finding it and reading it."""
+    return WebDriverWait(driver, WAIT, ignored_exceptions=(StaleElementReferenceException,))
 
 
 def screenshot(driver: webdriver.Chrome, name: str) -> Path:
