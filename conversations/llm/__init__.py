@@ -91,6 +91,7 @@ class _StreamState:
     calls: dict[int, dict[str, str]] = field(default_factory=dict)
     usage: dict[str, Any] = field(default_factory=dict)
     opaque_summary: list[str] = field(default_factory=list)
+    size: int = 0  # bytes (UTF-8) received so far, of every kind
 
     def items(self, provider: str) -> list[dict]:
         received: list[dict] = []
@@ -218,8 +219,13 @@ def stream_call(
     stream = None
     try:
         stream = litellm.completion(**kwargs)
+        max_bytes = settings.ARBOR_NODE_MAX_BYTES // 2  # an answer may take half of what a node stores
         for chunk in stream:
             token = _absorb(state, chunk)
+            if state.size > max_bytes:
+                _close(stream)
+                raise LLMError("provider_error", f"the answer passed {max_bytes} bytes, the most a node keeps "
+                               "of one; the rest was not read", partial=state.items(provider))
             if token:
                 yield token
     except GeneratorExit:
@@ -269,17 +275,22 @@ def _absorb(state: _StreamState, chunk: Any) -> str:
             slot["name"] = call.function.name
         if call.function and call.function.arguments:
             slot["arguments"] += call.function.arguments
+            state.size += len(call.function.arguments.encode())
     opaque = (getattr(delta, "provider_specific_fields", None) or {}).get("arbor_compaction")
     if opaque:
         state.opaque_summary.append(opaque)
+        state.size += len(str(opaque).encode())
     reasoning = getattr(delta, "reasoning_content", None)
     if reasoning:
         state.reasoning.append(reasoning)
+        state.size += len(reasoning.encode())
     for block in getattr(delta, "thinking_blocks", None) or []:
         state.thinking_blocks.append(dict(block))
+        state.size += len(json.dumps(dict(block), default=str).encode())
     token = delta.content or ""
     if token:
         state.text.append(token)
+        state.size += len(token.encode())
     return token
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,9 +42,3 @@ def get_tool(name: str) -> Tool | None:
 def all_tools() -> list[Tool]:
     return sorted(_TOOLS.values(), key=lambda tool: tool.name)
 
-
-def result_text(value: Any) -> str:
-    """Serialise a tool's return value as the text a tool result carries."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, default=str)

@@ -11,7 +11,8 @@ import jsonschema
 from django.conf import settings
 
 from conversations import items as it
-from conversations.tools.registry import get_tool, result_text
+from conversations.tools.output import capped_text
+from conversations.tools.registry import get_tool
 
 logger = logging.getLogger("arbor.tools")
 
@@ -20,12 +21,18 @@ logger = logging.getLogger("arbor.tools")
 _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="arbor-tool")
 
 
-def run_tool_call(call: it.Item, *, approved: bool | None = None) -> it.Item:
-    """Return the tool_result item for `call`. `approved=False` means a person refused it (F3)."""
-    name, call_id = call["name"], call["id"]
+def run_tool_call(call: it.Item, *, approved: bool | None = None, max_bytes: int | None = None) -> it.Item:
+    """Return the tool_result item for `call`. `approved=False` means a person refused it (F3).
 
-    def error(message: str) -> it.Item:
-        return it.tool_result(call_id, name, message, is_error=True)
+    Its content is at most `max_bytes` (and ARBOR_TOOL_OUTPUT_MAX_BYTES) of UTF-8, read within the time
+    limit in the tool's own thread: a tool's iterator (and the cursor behind it) is read there and no further.
+    """
+    name, call_id = call["name"], call["id"]
+    total_max = min(settings.ARBOR_TOOL_OUTPUT_MAX_BYTES, max_bytes or settings.ARBOR_TOOL_OUTPUT_MAX_BYTES)
+
+    def error(message: str) -> it.Item:  # a message may quote the arguments or the data: cut it like output
+        return it.tool_result(call_id, name, capped_text(message, cell_max=total_max, total_max=total_max),
+                              is_error=True)
 
     tool = get_tool(name)
     if tool is None:
@@ -41,12 +48,16 @@ def run_tool_call(call: it.Item, *, approved: bool | None = None) -> it.Item:
         return error(f"error: the arguments are not valid JSON ({exc.msg})")
     except jsonschema.ValidationError as exc:
         return error(f"error: invalid arguments: {exc.message}")
-    future = _pool.submit(tool.function, **arguments)
+    def run() -> str:
+        return capped_text(tool.function(**arguments), cell_max=settings.ARBOR_TOOL_CELL_MAX_BYTES,
+                           total_max=total_max)
+
+    future = _pool.submit(run)
     try:
-        value = future.result(timeout=settings.ARBOR_TOOL_TIMEOUT_SECONDS)
+        text = future.result(timeout=settings.ARBOR_TOOL_TIMEOUT_SECONDS)
     except FutureTimeout:
         return error(f"error: {name} did not finish within {settings.ARBOR_TOOL_TIMEOUT_SECONDS:g} s")
     except Exception as exc:  # a raising tool still yields a result (C4)
         logger.info("tool %s raised %r", name, exc)
         return error(f"error: {exc}")
-    return it.tool_result(call_id, name, result_text(value))
+    return it.tool_result(call_id, name, text)

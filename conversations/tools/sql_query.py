@@ -90,26 +90,43 @@ def sql_query(sql: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one read-only statement and return its columns and (capped) rows.
 
     `params` are bound to the statement's named placeholders (`:name`): a value is always data, never SQL.
+    The rows are an iterator, read by the tool runner only as far as its output limit goes; the connection
+    stays open until it is read to the end or closed. `row_count` and `truncated` are filled in as it is
+    read, so they follow `rows` in the result.
     """
     row_cap = int(getattr(settings, "ARBOR_SQL_ROW_CAP", DEFAULT_ROW_CAP))
-    with _read_only_connection() as (conn, denied, time_limit):
-        try:
-            # The driver refuses a second statement at prepare time ("You can only execute
-            # one statement at a time"), before anything runs.
-            cursor = conn.execute(sql, params or {})
-            if cursor.description is None:
-                raise ToolError("the statement returned no rows: send a single SELECT query")
-            rows = cursor.fetchmany(row_cap + 1)
-        except (sqlite3.Error, sqlite3.Warning) as exc:
-            raise _tool_error(exc, denied, time_limit) from exc
+    opened = contextlib.ExitStack()
+    conn, denied, time_limit = opened.enter_context(_read_only_connection())
+    try:
+        # The driver refuses a second statement at prepare time ("You can only execute
+        # one statement at a time"), before anything runs.
+        cursor = conn.execute(sql, params or {})
+        if cursor.description is None:
+            raise ToolError("the statement returned no rows: send a single SELECT query")
+    except (sqlite3.Error, sqlite3.Warning) as exc:
+        opened.close()
+        raise _tool_error(exc, denied, time_limit) from exc
+    except BaseException:
+        opened.close()
+        raise
+    result: dict[str, Any] = {"columns": [column[0] for column in cursor.description], "rows": None,
+                              "row_count": 0, "truncated": False}
 
-    columns = [column[0] for column in cursor.description]
-    return {
-        "columns": columns,
-        "rows": [list(row) for row in rows[:row_cap]],
-        "row_count": min(len(rows), row_cap),
-        "truncated": len(rows) > row_cap,
-    }
+    def rows() -> Iterator[list[Any]]:
+        with opened:
+            try:
+                for row in cursor:
+                    if result["row_count"] == row_cap:
+                        result["truncated"] = True
+                        return
+                    yield list(row)
+                    # Counted when the reader asks for the next row: a row it could not fit is not counted.
+                    result["row_count"] += 1
+            except (sqlite3.Error, sqlite3.Warning) as exc:
+                raise _tool_error(exc, denied, time_limit) from exc
+
+    result["rows"] = rows()
+    return result
 
 
 def sql_check(sql: str, params: dict[str, Any] | None = None) -> None:

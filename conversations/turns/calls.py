@@ -8,6 +8,8 @@ the action never runs twice.
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from conversations import items as it
 from conversations import services
 from conversations.context import PathNode
@@ -43,6 +45,8 @@ def resolve(node: PathNode, *, run: bool, note: str = "") -> list[it.Item]:
     calls = open_calls(node)
     decisions = ({a.call_id: a for a in ToolApproval.objects.filter(node_id=node.id)}
                  if any(needs_approval(c) for c in calls) else {})
+    # A round's results share a quarter of what a node may store (the answer may take half).
+    share = settings.ARBOR_NODE_MAX_BYTES // 4 // max(1, len(calls))
     results = []
     for call in calls:
         decision = decisions.get(call["id"])
@@ -51,9 +55,9 @@ def resolve(node: PathNode, *, run: bool, note: str = "") -> list[it.Item]:
         elif not run:
             results.append(it.tool_result(call["id"], call["name"], note, is_error=True))
         elif decision is not None:
-            result = run_tool_call(call, approved=decision.approved)
+            result = run_tool_call(call, approved=decision.approved, max_bytes=share)
             services.approval_store_result(node_id=node.id, call_id=call["id"], result=result)
             results.append(result)
         else:
-            results.append(run_tool_call(call))
+            results.append(run_tool_call(call, max_bytes=share))
     return results

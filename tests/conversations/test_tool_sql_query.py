@@ -23,13 +23,20 @@ def sales_db(settings, tmp_path):
     return ensure_sales_db()
 
 
+def query(sql, params=None):
+    """sql_query's result with its rows read to the end (the tool runner reads them as far as its limit)."""
+    result = sql_query(sql, params)
+    rows = list(result["rows"])  # fills in row_count and truncated
+    return {**result, "rows": rows}
+
+
 def checksum(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def dump_everything():
     return [
-        sql_query(f"SELECT * FROM {table} ORDER BY 1, 2, 3")["rows"]
+        query(f"SELECT * FROM {table} ORDER BY 1, 2, 3")["rows"]
         for table in ("customers", "products", "orders", "monthly_sales")
     ]
 
@@ -48,7 +55,7 @@ def test_database_builds_deterministically(settings, tmp_path):
     assert sum(row[4] for row in customers) >= 15  # overseas customers
     assert products
     assert len(orders) > 2000
-    months = sql_query("SELECT MIN(month), MAX(month), COUNT(DISTINCT month) FROM orders")["rows"]
+    months = query("SELECT MIN(month), MAX(month), COUNT(DISTINCT month) FROM orders")["rows"]
     assert months == [["2024-01", "2027-12", 48]]
 
 
@@ -63,14 +70,14 @@ def test_ensure_sales_db_uses_the_setting_and_leaves_no_temp_file(sales_db, tmp_
 
 def test_top_customers_including_overseas_differ_from_domestic_only(sales_db):
     """The top 10 customers of a month, overseas included, differ from the domestic-only top 10."""
-    everyone = sql_query(TOP_10_SQL.format(month=MONTH, extra=""))
-    domestic = sql_query(TOP_10_SQL.format(month=MONTH, extra="AND is_overseas = 0"))
+    everyone = query(TOP_10_SQL.format(month=MONTH, extra=""))
+    domestic = query(TOP_10_SQL.format(month=MONTH, extra="AND is_overseas = 0"))
 
     assert everyone["columns"] == ["customer_name", "total"]
     assert everyone["row_count"] == domestic["row_count"] == 10
     assert everyone["truncated"] is False
     assert everyone["rows"] != domestic["rows"]
-    overseas = {row[0] for row in sql_query("SELECT name FROM customers WHERE is_overseas = 1")["rows"]}
+    overseas = {row[0] for row in query("SELECT name FROM customers WHERE is_overseas = 1")["rows"]}
     assert overseas & {row[0] for row in everyone["rows"]}
     assert not overseas & {row[0] for row in domestic["rows"]}
 
@@ -93,7 +100,7 @@ def test_writes_are_refused_and_the_file_is_unchanged(sales_db, sql):
     """Writing statements, ATTACH and state-changing PRAGMAs raise ToolError and leave the file as it was."""
     before = checksum(sales_db)
     with pytest.raises(ToolError, match="read-only database: writes are refused"):
-        sql_query(sql)
+        query(sql)
     assert checksum(sales_db) == before
 
 
@@ -101,7 +108,7 @@ def test_attach_cannot_create_or_read_other_files(sales_db, tmp_path):
     """ATTACH of another file is refused before SQLite opens (or creates) that file."""
     other = tmp_path / "other.sqlite3"
     with pytest.raises(ToolError, match="writes are refused"):
-        sql_query(f"ATTACH DATABASE '{other}' AS other")
+        query(f"ATTACH DATABASE '{other}' AS other")
     assert not other.exists()
 
 
@@ -109,17 +116,17 @@ def test_multiple_statements_are_refused(sales_db):
     """A string holding a second statement is refused and neither statement runs."""
     before = checksum(sales_db)
     with pytest.raises(ToolError, match="only a single SQL statement"):
-        sql_query("SELECT 1; DELETE FROM orders")
+        query("SELECT 1; DELETE FROM orders")
     assert checksum(sales_db) == before
 
 
 def test_row_cap_truncates(sales_db, settings):
     """At most ARBOR_SQL_ROW_CAP rows come back, and truncated says that more existed."""
     settings.ARBOR_SQL_ROW_CAP = 5
-    capped = sql_query("SELECT id FROM orders ORDER BY id")
+    capped = query("SELECT id FROM orders ORDER BY id")
     assert capped == {"columns": ["id"], "rows": [[1], [2], [3], [4], [5]], "row_count": 5, "truncated": True}
 
-    exact = sql_query("SELECT id FROM orders ORDER BY id LIMIT 5")
+    exact = query("SELECT id FROM orders ORDER BY id LIMIT 5")
     assert exact["row_count"] == 5
     assert exact["truncated"] is False
 
@@ -132,21 +139,21 @@ def test_slow_query_is_stopped_by_the_time_limit(sales_db, settings):
         "SELECT COUNT(*) FROM n"
     )
     with pytest.raises(ToolError, match=r"query took longer than 0\.2 s"):
-        sql_query(slow)
+        query(slow)
 
 
 def test_syntax_error_gives_a_clear_message(sales_db):
     """Malformed SQL raises a ToolError that says it is a syntax error and where."""
     with pytest.raises(ToolError, match='syntax error: near "SELEC"'):
-        sql_query("SELEC * FROM orders")
+        query("SELEC * FROM orders")
     with pytest.raises(ToolError, match="no such table: invoices"):
-        sql_query("SELECT * FROM invoices")
+        query("SELECT * FROM invoices")
 
 
 def test_statement_without_result_set_is_refused(sales_db):
     """An empty or comment-only statement is reported instead of returning an empty result."""
     with pytest.raises(ToolError, match="single SELECT"):
-        sql_query("-- nothing here")
+        query("-- nothing here")
 
 
 def test_tool_is_registered_with_the_schema(sales_db):
@@ -164,7 +171,7 @@ def test_tool_is_registered_with_the_schema(sales_db):
 
 def _count(month_value):
     sql = "SELECT count(*) FROM monthly_sales WHERE month = :month"
-    return sql_query(sql, {"month": month_value})["rows"][0][0]
+    return query(sql, {"month": month_value})["rows"][0][0]
 
 
 @pytest.mark.parametrize("value", ["0 OR 1=1", "2025-06' OR '1'='1", "0 UNION SELECT name, 1 FROM customers"])
@@ -176,11 +183,11 @@ def test_params_are_bound_as_data_never_as_sql(sales_db, value):
 
 def test_params_bind_typed_values_and_a_missing_one_is_an_error(sales_db):
     sql = "SELECT count(*) FROM monthly_sales WHERE month = :month AND (is_overseas = 0 OR :overseas) LIMIT :limit"
-    everyone = sql_query(sql, {"month": MONTH, "overseas": True, "limit": 5})["rows"][0][0]
-    domestic = sql_query(sql, {"month": MONTH, "overseas": False, "limit": 5})["rows"][0][0]
+    everyone = query(sql, {"month": MONTH, "overseas": True, "limit": 5})["rows"][0][0]
+    domestic = query(sql, {"month": MONTH, "overseas": False, "limit": 5})["rows"][0][0]
     assert everyone > domestic > 0
     with pytest.raises(ToolError, match="binding parameter :limit"):
-        sql_query(sql, {"month": MONTH, "overseas": True})
+        query(sql, {"month": MONTH, "overseas": True})
     with pytest.raises(ToolError, match="binding parameter :limit"):
         sql_check(sql, {"month": MONTH, "overseas": True})
     sql_check(sql, {"month": MONTH, "overseas": True, "limit": 5})

@@ -10,7 +10,7 @@ from selenium.webdriver.common.by import By
 
 from playbooks.models import Playbook, PlaybookRun
 from tests.playbooks.helpers import sales_conversation
-from tests.support.browser import WAIT, screenshot, sign_in, wait
+from tests.support.browser import screenshot, sign_in, wait
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 

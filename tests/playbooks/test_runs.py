@@ -39,8 +39,8 @@ def _query_rows(result) -> list[list]:
 
 def _expected(month: str, *, overseas: bool, limit: int = 5) -> list[list]:
     where = "" if overseas else " AND is_overseas = 0"
-    return sql_query(f"SELECT customer_name, total FROM monthly_sales WHERE month = '{month}'{where} "
-                     f"ORDER BY total DESC LIMIT {limit}")["rows"]
+    return list(sql_query(f"SELECT customer_name, total FROM monthly_sales WHERE month = '{month}'{where} "
+                          f"ORDER BY total DESC LIMIT {limit}")["rows"])
 
 
 def test_a_converted_playbook_answers_the_sales_question_for_another_month(conversation, playbook):
