@@ -40,7 +40,7 @@ provider gets the original path expanded instead (`selectors.context_path`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -123,13 +123,12 @@ def kept_from(path: list[PathNode], *, threshold: int) -> int:
 
 
 def compact(*, conversation: Conversation, path: list[PathNode], model: str, instructions: str,
-            pending_results: Sequence[it.Item] = (), keep_alive: Callable[[], None] = lambda: None,
-            keep_ephemeral: bool = False) -> Compaction:
+            pending_results: Sequence[it.Item] = (), keep_ephemeral: bool = False) -> Compaction:
     """Summarise `path` with `model` and start a new path at a compaction root (C2, C3); the head does
     not move (the caller moves it).
 
-    `path` is what a call to `model` assembles from (already expanded for its provider). `keep_alive`
-    is called while the summary streams (the turn lock's renewer). `keep_ephemeral` is the conversation's
+    `path` is what a call to `model` assembles from (already expanded for its provider). `keep_ephemeral`
+    is the conversation's
     retrieval policy (R2): kept retrieved items are summarised and kept like any others. Raise
     `NothingToCompact` (nothing written) when everything on it would be kept verbatim anyway,
     `SummaryFailed` (the failed summarising call recorded) when the model fails, and `CannotCompact`
@@ -143,7 +142,7 @@ def compact(*, conversation: Conversation, path: list[PathNode], model: str, ins
         raise NothingToCompact("Nothing to compact yet: the last turns are always kept word for word, and "
                                "there is nothing before them.")
     summariser = _Summariser(conversation=conversation, model=model, provider=provider, instructions=instructions,
-                             allowed=limits.allowed, keep_alive=keep_alive, keep_ephemeral=keep_ephemeral)
+                             allowed=limits.allowed, keep_ephemeral=keep_ephemeral)
     call, received = summariser.run(path, start, pending_results)
     root = _create_root(conversation=conversation, call=call, compacted_from=path[-1].id, model=model,
                         provider=provider, kept=path_items(path[start:], keep_ephemeral=keep_ephemeral),
@@ -176,7 +175,6 @@ class _Summariser:
     provider: str
     instructions: str
     allowed: int
-    keep_alive: Callable[[], None]
     keep_ephemeral: bool = False
     written: list[int] = field(default_factory=list)
 
@@ -243,7 +241,7 @@ class _Summariser:
     def _call(self, parent: PathNode, sent: list[it.Item], messages: list[dict]) -> tuple[Node, list[it.Item]]:
         call = run_side_call(conversation=self.conversation, parent=parent, kind=Node.Kind.COMPACTION, sent=sent,
                              messages=messages, model=self.model, instructions=self.instructions,
-                             keep_ephemeral=self.keep_ephemeral, keep_alive=self.keep_alive, compaction=True)
+                             keep_ephemeral=self.keep_ephemeral, compaction=True)
         self.written.append(call.node.pk)
         if call.result is None:
             error = llm.LLMError(call.node.failure_reason, call.node.failure_message)

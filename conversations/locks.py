@@ -1,32 +1,33 @@
 """The turn lock (T9, R3): the only code that reads or writes a conversation's `turn_token`.
 
 A turn, a compaction by hand and a playbook conversion each hold it while they call a model, so nothing
-else moves the head meanwhile. It lives in the database, so it holds across processes, and it expires
-(`ARBOR_TURN_LOCK_SECONDS`) so a holder that died frees the conversation; a live holder renews it at a
-third of its life. A holder that let it expire can no longer move the head (`head_guard`).
+else moves the head meanwhile. It lives in the database, so it holds across processes. It is a short
+lease (`ARBOR_TURN_LOCK_SECONDS`): a heartbeat thread renews it every `ARBOR_TURN_HEARTBEAT_SECONDS`
+while it is held, whatever the holder does (a model may think for minutes and send nothing), so a holder
+whose process died frees the conversation within one lease. A holder that lost it can no longer move the
+head (`head_guard`).
 
     with TurnLock.acquire(conversation) as lock:   # TurnInProgress when another holds it
-        ...
-        lock.renew_if_due()                         # while tokens stream or a tool runs
+        ...                                         # renewed in the background meanwhile
         services.head_move(conversation=conversation, to=node_id, lock=lock)
 
-The clocks are injectable (`now` for the stored expiry, `monotonic` or a holder's `clock` for the renewal
-pace), so tests need no wall-clock windows.
+The stored expiry is measured by `now`, which tests may replace.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 import uuid
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError, connections
 from django.db.models import Q
 from django.utils import timezone
 
-from config.db import release_connection
 from conversations.errors import TurnInProgress
 from conversations.models import Conversation
 
@@ -36,9 +37,7 @@ def now() -> datetime:
     return timezone.now()
 
 
-def monotonic() -> float:
-    """The clock a holder paces its renewals by (tests may replace it)."""
-    return time.monotonic()
+logger = logging.getLogger("arbor.locks")
 
 
 def _expiry() -> datetime:
@@ -61,36 +60,52 @@ def head_guard(lock: TurnLock | None) -> tuple[Q, dict[str, Any]]:
 class TurnLock:
     """A held turn lock. Release it once (a `with` block does); releasing twice is harmless."""
 
-    def __init__(self, conversation: Conversation, token: uuid.UUID, *, clock: Callable[[], float] | None = None):
+    def __init__(self, conversation: Conversation, token: uuid.UUID, *, took_over: bool = False):
         self.conversation = conversation
         self.token = token
-        self._clock = clock or (lambda: monotonic())
-        self._renewed_at = self._clock()
+        # Taken from a holder that never gave it back (its lease ran out): nothing has moved the head since
+        # that holder took it, or the move would have cleared it (`head_guard`).
+        self.took_over = took_over
+        self.lost = False  # set when a renewal found another holder (this one outlived its lease)
         self._released = False
+        self._stop = threading.Event()
+        threading.Thread(target=self._beat, name=f"arbor-lock-{conversation.pk}", daemon=True).start()
 
     @classmethod
-    def acquire(cls, conversation: Conversation, *, clock: Callable[[], float] | None = None) -> TurnLock:
+    def acquire(cls, conversation: Conversation) -> TurnLock:
         """Take the lock in one conditional UPDATE, or raise TurnInProgress."""
         token = uuid.uuid4()
         expires = _expiry()
+        took_over = conversation.turn_token is not None  # as last read: a holder that is gone
         if not Conversation.objects.filter(is_free(), pk=conversation.pk).update(turn_token=token,
                                                                                  turn_expires_at=expires):
             raise TurnInProgress()
         conversation.turn_token, conversation.turn_expires_at = token, expires
-        return cls(conversation, token, clock=clock)
+        return cls(conversation, token, took_over=took_over)
 
     def renew(self) -> bool:
-        """Push the expiry one lock life ahead; False if the lock was lost (it expired and another took it)."""
+        """Push the expiry one lease ahead; False if the lock was lost (it expired and another took it)."""
         renewed = Conversation.objects.filter(pk=self.conversation.pk, turn_token=self.token).update(
             turn_expires_at=_expiry())
-        self._renewed_at = self._clock()
         return bool(renewed)
 
-    def renew_if_due(self) -> None:
-        """Renew at a third of the lock's life; give the connection back (a model may think for a while)."""
-        if self._clock() - self._renewed_at > settings.ARBOR_TURN_LOCK_SECONDS / 3:
-            self.renew()
-            release_connection()
+    def _beat(self) -> None:
+        """The heartbeat: renew every ARBOR_TURN_HEARTBEAT_SECONDS until released or lost. A renewal the
+        database refused (an outage) is tried again at the next beat, until a whole lease has passed
+        without one: by then the lock is free for others anyway."""
+        last_renewed = time.monotonic()
+        while not self._stop.wait(settings.ARBOR_TURN_HEARTBEAT_SECONDS):
+            try:
+                if not self.renew():
+                    self.lost = True
+                    return
+                last_renewed = time.monotonic()
+            except DatabaseError as error:
+                logger.warning("turn lock of conversation %s: renewal failed: %r", self.conversation.pk, error)
+                if time.monotonic() - last_renewed > settings.ARBOR_TURN_LOCK_SECONDS:
+                    return
+            finally:
+                connections.close_all()  # this thread's own connection, between beats
 
     def release(self) -> None:
         """Give the lock back; a second call costs nothing (a turn frees it before its last event, then its
@@ -98,6 +113,7 @@ class TurnLock:
         if self._released:
             return
         self._released = True
+        self._stop.set()
         Conversation.objects.filter(pk=self.conversation.pk, turn_token=self.token).update(
             turn_token=None, turn_expires_at=None)
         self.conversation.turn_token = self.conversation.turn_expires_at = None

@@ -91,7 +91,6 @@ def _draft_until_valid(conversation: Conversation, path: list[PathNode], lock: T
             return Conversion(definition=definition, node=node, head_id=conversation.head_id, nodes=tries)
         path = [*path, call.path_node()]
         sent = [prompts.conversion_retry(errors)]
-        lock.renew()
     raise PlaybookInvalid(f"The playbook is still invalid after {len(tries)} tries: {'; '.join(errors)}",
                           errors=errors, nodes=tries)
 

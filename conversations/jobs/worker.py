@@ -17,16 +17,18 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from conversations import jobs
 from conversations.models import OutboxJob
+from conversations.turns import recovery
 
 logger = logging.getLogger("arbor.worker")
 
 BACKOFF_CAP_SECONDS = 3600
+MAX_OUTAGE_WAIT_SECONDS = 30
 
 
 @dataclass
@@ -98,7 +100,23 @@ def run_due(*, batch: int = 50) -> RunStats:
     return stats
 
 
-def run_forever(*, batch: int = 50, idle_seconds: float = 1.0, stop: Callable[[], bool] = lambda: False) -> None:
+def run_forever(*, batch: int = 50, idle_seconds: float = 1.0, stop: Callable[[], bool] = lambda: False,
+                sleep: Callable[[float], None] = time.sleep) -> None:
+    """Run jobs and sweep interrupted calls until `stop()`; a database error or outage is logged and waited
+    out (backing off up to MAX_OUTAGE_WAIT_SECONDS), never the end of the worker: a claimed job whose run
+    was cut by it is claimed again when its lease runs out."""
+    failures = 0
     while not stop():
-        if run_due(batch=batch).total == 0:
-            time.sleep(idle_seconds)
+        try:
+            recovery.sweep()
+            busy = run_due(batch=batch).total > 0
+            failures = 0
+        except DatabaseError as error:
+            failures += 1
+            wait = min(MAX_OUTAGE_WAIT_SECONDS, idle_seconds * 2 ** failures)
+            logger.warning("database error (%d in a row), trying again in %.1f s: %r", failures, wait, error)
+            connections.close_all()  # a broken connection is opened anew on the next query
+            sleep(wait)
+            continue
+        if not busy:
+            sleep(idle_seconds)

@@ -43,25 +43,36 @@ def start(*, conversation: Conversation | None, parent: PathNode | None, kind: s
 def succeed(node: Node, result: llm.CallResult) -> None:
     """The answer arrived: what was received, its usage, who answered (the provider may differ from the ask)."""
     received_tokens = budget.items_tokens(result.received, model=node.model, provider=result.provider)
-    node.status = Node.Status.SUCCEEDED
-    node.received = result.received
-    node.usage = result.usage
-    node.provider, node.model = result.provider, result.model
-    node.finished_at = timezone.now()
-    node.tokens += received_tokens
-    node.path_tokens += received_tokens
-    node.save(update_fields=["status", "received", "usage", "provider", "model", "finished_at", "tokens",
-                             "path_tokens"])
+    _settle(node, status=Node.Status.SUCCEEDED, received=result.received, usage=result.usage,
+            provider=result.provider, model=result.model, finished_at=timezone.now(),
+            tokens=node.tokens + received_tokens, path_tokens=node.path_tokens + received_tokens)
+
+
+def save_partial(node: Node, text: str) -> None:
+    """Keep the text streamed so far on the pending node, where a crash cannot take it (a sweep fails the
+    node with it: `turns.recovery`); the connection goes back, as the model goes on talking."""
+    Node.objects.filter(pk=node.pk, status=Node.Status.PENDING).update(received=[it.text(text)])
+    release_connection()
 
 
 def fail(node: Node, error: llm.LLMError) -> None:
     """The call failed: why, and whatever had arrived before it did (kept, never sent again: T5)."""
-    node.status = Node.Status.FAILED
-    node.failure_reason = error.reason
-    node.failure_message = error.message
-    node.received = error.partial
-    node.finished_at = timezone.now()
-    node.save(update_fields=["status", "failure_reason", "failure_message", "received", "finished_at"])
+    _settle(node, status=Node.Status.FAILED, failure_reason=error.reason, failure_message=error.message,
+            received=error.partial, finished_at=timezone.now())
+
+
+def _settle(node: Node, **fields: Any) -> None:
+    """Write how a pending node ended, once. A node a sweep has already failed as interrupted (its process
+    outlived its lease, and the next turn took over) keeps that record: what this process brings goes on
+    a sibling of its own (same parent, same sent items), so neither is lost and no later call's context
+    changes under it."""
+    if not Node.objects.filter(pk=node.pk, status=Node.Status.PENDING).update(**fields):
+        node.pk, node._state.adding = None, True
+        node.status, node.failure_reason, node.failure_message = Node.Status.PENDING, "", ""
+        node.save()
+        Node.objects.filter(pk=node.pk).update(**fields)
+    for name, value in fields.items():
+        setattr(node, name, value)
 
 
 def stopped(error: BaseException) -> llm.LLMError:
@@ -141,18 +152,18 @@ class SideCall:
 
 def run_side_call(*, conversation: Conversation | None, parent: PathNode | None, kind: str, sent: list[it.Item],
                   messages: list[dict], model: str, instructions: str = "", keep_ephemeral: bool = False,
-                  keep_alive: Callable[[], None] = lambda: None, **call_options) -> SideCall:
+                  **call_options) -> SideCall:
     """Record a pending node, make the call (`call_options` go to `llm.stream_call`), record how it ended.
 
-    Only the node's own row is written. `keep_alive` runs as tokens arrive (a turn lock's renewer). The
-    node never stays pending: a failure, a bug or a closed turn (cancelled) is recorded before it goes on.
+    Only the node's own row is written. The node never stays pending: a failure, a bug or a closed turn
+    (cancelled) is recorded before it goes on.
     """
     node = start(conversation=conversation, parent=parent, kind=kind, sent=sent, model=model,
                  instructions=instructions, keep_ephemeral=keep_ephemeral)
     release_connection()
     stream = llm.stream_call(model=model, messages=messages, **call_options)
     try:
-        result = _consume(stream, keep_alive)
+        result = _consume(stream)
     except llm.LLMError as error:
         fail(node, error)
         return SideCall(node=node, result=None)
@@ -164,10 +175,9 @@ def run_side_call(*, conversation: Conversation | None, parent: PathNode | None,
     return SideCall(node=node, result=result)
 
 
-def _consume(stream, keep_alive: Callable[[], None]) -> llm.CallResult:
+def _consume(stream) -> llm.CallResult:
     while True:
         try:
             next(stream)
         except StopIteration as stop:
             return stop.value
-        keep_alive()

@@ -17,6 +17,7 @@ recorder (`records.py`); the head moves only through `services.head_move`.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Generator, Iterator
 
 from django.conf import settings
@@ -168,7 +169,6 @@ class Turn:
         try:
             done = compaction.compact(conversation=self.conversation, path=path, model=self.model,
                                       instructions=self.instructions, pending_results=results,
-                                      keep_alive=self.lock.renew_if_due,
                                       keep_ephemeral=self.conversation.keep_retrieved)
         except compaction.NothingToCompact:
             return path, None
@@ -189,13 +189,18 @@ class Turn:
         """Stream one call as token events; return its result, or None once its failure is recorded."""
         release_connection()  # no database connection is held while the model thinks
         call = llm.stream_call(model=self.model, messages=messages, tools=tools)
+        text: list[str] = []
+        saved_at = time.monotonic()
         try:
             while True:
                 try:
                     token = next(call)
                 except StopIteration as stop:
                     return stop.value
-                self.lock.renew_if_due()
+                text.append(token)
+                if time.monotonic() - saved_at >= settings.ARBOR_PARTIAL_SAVE_SECONDS:
+                    records.save_partial(node, "".join(text))  # what a crash would otherwise lose
+                    saved_at = time.monotonic()
                 yield TurnEvent(EventType.TOKEN, {"text": token, "node": node.pk})
         except GeneratorExit:
             try:
@@ -226,7 +231,6 @@ class Turn:
             if results and self._open is not None:
                 # The node that made the calls; after a compaction between rounds it is not the parent.
                 records.result_bubbles(self._open.id, results)
-            self.lock.renew()
         self._pending = node
         self._open = None
         self.nodes.append(node.pk)

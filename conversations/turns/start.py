@@ -35,7 +35,7 @@ from conversations.selectors import (
     opens_turn,
     turn_start,
 )
-from conversations.turns import calls, records
+from conversations.turns import calls, records, recovery
 from conversations.turns.runner import Turn
 
 T = TypeVar("T")
@@ -54,6 +54,8 @@ def _under_lock(user, conversation_id: int, begin: Callable[[Conversation, TurnL
     conversation = conversation_for_user(user=user, conversation_id=conversation_id)
     lock = TurnLock.acquire(conversation)
     try:
+        if lock.took_over:  # its last holder died: what it left pending is failed first (and may be the head)
+            recovery.recover(conversation, lock)
         # Read the state again under the lock: a turn that ended in between may have moved the head.
         conversation.refresh_from_db(fields=["head", "version", "model", "instructions", "retrieval",
                                              "keep_retrieved"])
@@ -199,7 +201,7 @@ def _compact_now(conversation: Conversation, lock: TurnLock) -> Node:
         raise ApprovalPending("A tool call is still open: approve or refuse it (or let its turn end) first.")
     try:
         done = compaction.compact(conversation=conversation, path=path, model=model,
-                                  instructions=instructions_for(conversation), keep_alive=lock.renew_if_due,
+                                  instructions=instructions_for(conversation),
                                   keep_ephemeral=conversation.keep_retrieved)
     except compaction.SummaryFailed as failed:
         raise ProviderFailed(failed.error.reason, f"The summarising call failed: {failed.error.message}",

@@ -515,19 +515,6 @@ def test_c2_a_summarising_call_that_crashes_is_recorded_as_failed(conversation, 
     assert head(conversation).pk == old_head and conversation.turn_token is None
 
 
-def test_t9_compacting_by_hand_renews_its_lock_while_the_model_summarises(conversation, settings, monkeypatch):
-    """T9, R3: a long summary by hand keeps the turn lock alive like a turn's call does."""
-    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
-    for i in range(3):
-        ask(conversation, f"question {i}")
-    settings.ARBOR_TURN_LOCK_SECONDS = 0  # every streamed piece is due for a renewal
-    renewals = []
-    real = TurnLock.renew
-    monkeypatch.setattr(TurnLock, "renew", lambda self: renewals.append(1) or real(self))
-    turn_compact(user=conversation.owner, conversation_id=conversation.pk)
-    assert renewals, "the lock was renewed during the summarising call"
-
-
 # --- a provider switch onto a smaller model (C1, C3) ------------------------------------------------
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import uuid
 from datetime import timedelta
 
@@ -16,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from config.errors import BadInput, NotFound
-from conversations import budget, llm, locks, retrieval, services
+from conversations import budget, compaction, llm, locks, retrieval, services
 from conversations import items as it
 from conversations.errors import BeforeCompaction, TurnInProgress
 from conversations.models import Bubble, Conversation, Node, ToolApproval
@@ -228,10 +229,13 @@ def test_r3_a_compaction_by_hand_that_lost_its_lock_keeps_its_nodes_and_leaves_t
     old_head = head(conversation)
     thief = uuid.uuid4()
 
-    def stolen(lock):  # the summary's keep-alive finds another holder has taken the lock over
-        Conversation.objects.filter(pk=lock.conversation.pk).update(turn_token=thief)
+    real = compaction.run_side_call
 
-    monkeypatch.setattr(locks.TurnLock, "renew_if_due", stolen)
+    def stolen(**options):  # while the summary is made, another holder takes the lock over
+        Conversation.objects.filter(pk=conversation.pk).update(turn_token=thief)
+        return real(**options)
+
+    monkeypatch.setattr(compaction, "run_side_call", stolen)
     response = api.post(reverse("conversation-compact", args=[conversation.pk]))
     assert response.status_code == 409 and response.json()["error"]["code"] == "turn_in_progress"
     assert "outlived its lock" in response.json()["error"]["message"]
@@ -334,29 +338,40 @@ def test_t9_release_twice_is_harmless_and_the_with_block_releases(conversation):
     again.release()
 
 
-def test_t9_renew_if_due_renews_only_after_a_third_of_the_lock_life(conversation, settings, frozen_now):
-    settings.ARBOR_TURN_LOCK_SECONDS = 300
-    ticks = {"t": 1000.0}
-    start = frozen_now["now"]
-    lock = locks.TurnLock.acquire(conversation, clock=lambda: ticks["t"])
+@pytest.mark.django_db(transaction=True)
+def test_t9_a_held_lock_is_renewed_by_its_heartbeat_while_its_holder_is_silent(conversation, settings):
+    """Issue 12: the lease is renewed in the background (a model may send nothing for minutes); the
+    heartbeat stops with the release, so a released lock is never renewed again."""
+    settings.ARBOR_TURN_LOCK_SECONDS = 30
+    settings.ARBOR_TURN_HEARTBEAT_SECONDS = 0.05
 
     def expiry():
         return Conversation.objects.get(pk=conversation.pk).turn_expires_at
 
-    assert expiry() == start + timedelta(seconds=300)
-    ticks["t"] += 100  # exactly a third: not yet due
-    frozen_now["now"] = start + timedelta(seconds=100)
-    lock.renew_if_due()
-    assert expiry() == start + timedelta(seconds=300)
-    ticks["t"] += 1
-    frozen_now["now"] = start + timedelta(seconds=101)
-    lock.renew_if_due()
-    assert expiry() == start + timedelta(seconds=401)
-    ticks["t"] += 50  # paced from the last renewal, not from the acquisition
-    frozen_now["now"] = start + timedelta(seconds=151)
-    lock.renew_if_due()
-    assert expiry() == start + timedelta(seconds=401)
+    lock = locks.TurnLock.acquire(conversation)
+    first = expiry()
+    deadline = time.monotonic() + 10
+    while expiry() == first and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert expiry() > first, "the heartbeat pushed the expiry ahead while the holder did nothing"
     lock.release()
+    time.sleep(0.2)
+    assert expiry() is None and not lock.lost
+
+
+@pytest.mark.django_db(transaction=True)
+def test_t9_a_heartbeat_that_finds_another_holder_marks_its_lock_lost(conversation, settings, frozen_now):
+    settings.ARBOR_TURN_LOCK_SECONDS = 30
+    settings.ARBOR_TURN_HEARTBEAT_SECONDS = 0.05
+    first = locks.TurnLock.acquire(conversation)
+    frozen_now["now"] += timedelta(seconds=31)
+    second = locks.TurnLock.acquire(conversation)
+    deadline = time.monotonic() + 10
+    while not first.lost and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert first.lost and not second.lost
+    assert Conversation.objects.get(pk=conversation.pk).turn_token == second.token
+    second.release()
 
 
 def test_r3_a_head_move_without_a_lock_clears_an_expired_one(conversation, settings, frozen_now):
