@@ -1,19 +1,25 @@
 """What every app's API views share: the one error shape ({"error": {"code": ..., "message": ...}}), input
-validation and pagination. Imports no app."""
+parsing and validation, and pagination. Imports no app."""
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import re
+from itertools import accumulate
+from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
 from django.http import Http404, HttpRequest, JsonResponse
 from django.urls import Resolver404, resolve
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
+from rest_framework.parsers import JSONParser, get_encoding
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
-from rest_framework.views import exception_handler as drf_exception_handler
 
 from config.errors import ArborError
 
@@ -22,6 +28,134 @@ logger = logging.getLogger("arbor.api")
 
 def error_body(code: str, message: str, **extra) -> dict:
     return {"error": {"code": code, "message": message, **extra}}
+
+
+# --- strict JSON: what a body, a socket frame or an imported file may hold ---------------------------------
+
+MAX_JSON_DEPTH = 32  # nesting; no request of Arbor's nests more than a few levels, its export files about 8
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what a database integer column (and an id) can hold
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)  # an unterminated one runs to the end: linear
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")  # PostgreSQL text holds no NUL; UTF-8 has no lone surrogates
+# What could decode to a bad value, so the decoded values are walked: in a string a NUL or surrogate escape (or
+# character); outside strings 19+ digits (an int64 has at most 19), a 3-digit exponent (a float past 1.8e308 is
+# infinite), NaN or Infinity.
+_ODD_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")  # D800-DFFF
+_LONG_NUMBER = re.compile(r"[0-9]{19}|[eE][+-]?[0-9]{3}")
+_OUT_OF_RANGE = object()  # stands in for an integer no column can hold, until its path is found
+
+
+class UnsafeJSON(ValueError):
+    """Well-formed JSON that Arbor refuses to read: nested too deep, or holding what no column can store. The
+    message names the value by its path first (`$.values.limit: expected a whole number ...`), the way a field's
+    error is named; `path` holds it alone."""
+
+    def __init__(self, problem: str, *, path: str | None = None):
+        super().__init__(f"{path}: {problem}" if path else problem)
+        self.path = path
+
+
+def strict_loads(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Decode JSON text, refusing (UnsafeJSON) nesting deeper than `max_depth`, a NUL character or a lone
+    surrogate in any text or key, an integer outside the signed 64-bit range, and NaN or an infinity.
+
+    The depth is counted before decoding, so a deep document never recurses. The decoded values are walked only
+    when a scan of the text finds what could be a bad one, so a plain file costs little more than json.loads.
+    Malformed JSON raises json's own ValueError.
+    """
+    outside = _STRING.sub("", text)  # what is not in a string: brackets, numbers, literals
+    if _depth(outside) > max_depth:
+        raise UnsafeJSON(f"The JSON nests deeper than {max_depth} levels.")
+    suspect = bool(_ODD_ESCAPE.search(text) or "\x00" in text or (not text.isascii() and _UNSTORABLE.search(text))
+                   or "NaN" in outside or "Infinity" in outside or _LONG_NUMBER.search(outside))
+    try:
+        # Out-of-range integers decode as a marker the walk names (int() alone refuses 4300+ digits unnamed).
+        document = json.loads(text, parse_int=_int64) if suspect else json.loads(text)
+    except RecursionError:  # a safety net: the depth count above keeps the decoder from recursing this far
+        raise UnsafeJSON(f"The JSON nests deeper than {max_depth} levels.") from None
+    if suspect:
+        _refuse_unstorable(document)
+    return document
+
+
+def _int64(digits: str) -> int | object:
+    """json's parse_int: the integer, or the out-of-range marker (never int() of thousands of digits)."""
+    if len(digits) <= 20 and INT64_MIN <= (number := int(digits)) <= INT64_MAX:
+        return number
+    return _OUT_OF_RANGE
+
+
+def _depth(outside: str) -> int:
+    """How deep the brackets of JSON text with its strings taken out nest."""
+    return max(accumulate(map(_STEP.__getitem__, _NOT_BRACKET.sub("", outside))), default=0)
+
+
+def _refuse_unstorable(document: Any) -> None:
+    """Walk the decoded document (without recursing) and raise UnsafeJSON at the first value no column can hold."""
+    stack: list[tuple[Any, tuple | None]] = [(document, None)]  # a value and its path, as (parent's, step) links
+    while stack:
+        value, link = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, link, "")
+        elif value is _OUT_OF_RANGE:
+            raise UnsafeJSON(f"expected a whole number from {INT64_MIN} to {INT64_MAX}", path=_path(link))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise UnsafeJSON("expected a finite number, not NaN or an infinity", path=_path(link))
+        elif isinstance(value, dict):
+            for key in value:
+                _check_text(key, (link, key), "a key with ")
+            stack.extend((item, (link, key)) for key, item in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((value[index], (link, index)) for index in range(len(value) - 1, -1, -1))
+
+
+def _check_text(text: str, link: tuple | None, where: str) -> None:
+    found = _UNSTORABLE.search(text)
+    if found is None:
+        return
+    if found.group() == "\x00":
+        raise UnsafeJSON(f"{where}a NUL character (\\u0000) cannot be stored", path=_path(link))
+    raise UnsafeJSON(f"{where}a lone surrogate (\\u{ord(found.group()):04x}) is not a character", path=_path(link))
+
+
+def _path(link: tuple | None) -> str:
+    """`$`, then `.name` or `["odd name"]` for each key and `[n]` for each index, from the root down."""
+    steps = []
+    while link is not None:
+        link, step = link
+        steps.append(step)
+    return "$" + "".join(
+        f"[{step}]" if isinstance(step, int) else f".{step}" if step.isidentifier() else f"[{json.dumps(step)}]"
+        for step in reversed(steps))
+
+
+class RefusedJSON(exceptions.ParseError):
+    """A body that is JSON but that Arbor will not read (UnsafeJSON): a 400 `bad_input` naming the problem."""
+
+    default_code = "bad_input"
+
+    def __init__(self, error: UnsafeJSON):
+        super().__init__(str(error))
+        self.path = error.path
+
+
+class StrictJSONParser(JSONParser):
+    """DRF's JSON parser held to `strict_loads`: every API body is read through it (the default parser)."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        encoding = get_encoding(parser_context or {})
+        try:
+            text = stream.read().decode(encoding)
+        except UnicodeDecodeError as error:
+            raise exceptions.ParseError(f"JSON parse error - the body is not {encoding} text: {error}") from None
+        try:
+            return strict_loads(text)
+        except UnsafeJSON as error:
+            raise RefusedJSON(error) from None
+        except ValueError as error:
+            raise exceptions.ParseError(f"JSON parse error - {error}") from None
 
 
 def _flatten(detail, prefix: str = "") -> list[str]:
@@ -52,6 +186,9 @@ _CODES = {
 def exception_handler(exc, context):
     if isinstance(exc, ArborError):
         return Response(error_body(exc.code, exc.message, **exc.extra), status=exc.status)
+    if isinstance(exc, RefusedJSON):
+        extra = {"path": exc.path} if exc.path else {}
+        return Response(error_body("bad_input", str(exc.detail), **extra), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, RequestDataTooBig):
         return Response(error_body("too_large", "The request body is too large."),
                         status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
@@ -63,6 +200,10 @@ def exception_handler(exc, context):
             error_body("bad_input", " ".join(messages) or "Invalid input.", fields=exc.detail),
             status=status.HTTP_400_BAD_REQUEST,
         )
+    # Not imported at the top: rest_framework.views reads DEFAULT_PARSER_CLASSES (this module's parser) while
+    # it is first imported, so importing it from here would be a cycle. The parser wants a module of its own.
+    from rest_framework.views import exception_handler as drf_exception_handler
+
     response = drf_exception_handler(exc, context)
     if response is not None and isinstance(exc, exceptions.APIException):
         code = _CODES.get(type(exc), exc.default_code)
@@ -93,6 +234,7 @@ def paginated(view, request: Request, queryset, serializer_class) -> Response:
     return paginator.get_paginated_response(serializer_class(page, many=True).data)
 
 
+@csrf_exempt  # nothing here to protect: a POST to no endpoint gets the JSON 404, not the HTML CSRF page
 def not_found(request: HttpRequest, *args, **kwargs) -> JsonResponse:
     """Any other path under /api/: the API's own 404, not an HTML page."""
     message = f"No API endpoint at {request.path}."

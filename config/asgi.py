@@ -10,17 +10,17 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from config.origin import SameOriginValidator  # noqa: E402
 from conversations.web.routing import websocket_urlpatterns  # noqa: E402
 
 # Every middleware in settings is async-capable: one sync-only middleware would put every request,
 # a running turn included, back on the one shared thread.
 application = ProtocolTypeRouter({
     "http": ASGIStaticFilesHandler(django_asgi_app),
-    # Session-authenticated sockets from this site's own pages only.
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    # Session-authenticated sockets from this site's own pages only: same scheme, host and port (config/origin.py).
+    "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })
 
 # Everything loaded so far (Django, litellm, pydantic: ~400k objects) lives as long as the process; keep it

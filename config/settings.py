@@ -33,6 +33,32 @@ def _secret_key() -> str:
 SECRET_KEY = _secret_key()
 DEBUG = _env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h]
+# Origins (scheme included: https://arbor.example.com) whose unsafe requests pass the CSRF check besides the
+# request's own host: needed behind a proxy that terminates TLS and does not say so (ARBOR_PROXY_SSL_HEADER).
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+
+
+def _proxy_ssl_header(value: str) -> tuple[str, str] | None:
+    """ARBOR_PROXY_SSL_HEADER `X-Forwarded-Proto` (or `X-Forwarded-Ssl=on`) as Django's META key and value."""
+    name, _, secure_value = value.strip().partition("=")
+    if not name.strip():
+        return None
+    return "HTTP_" + name.strip().upper().replace("-", "_"), secure_value.strip() or "https"
+
+
+# Production over HTTPS (issue 14 finding 7). ARBOR_HTTPS=1 says people reach Arbor over HTTPS only and turns
+# on what `manage.py check --deploy` asks for; each part has a variable of its own to override it. Off by
+# default: the quick start (scripts/start) serves plain http, where secure cookies would never come back.
+ARBOR_HTTPS = _env_bool("ARBOR_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_bool("ARBOR_SECURE_COOKIES", ARBOR_HTTPS)
+SECURE_SSL_REDIRECT = _env_bool("ARBOR_SSL_REDIRECT", ARBOR_HTTPS)
+# HSTS: browsers refuse plain http to this host for that long; try a short ARBOR_HSTS_SECONDS (3600) first.
+SECURE_HSTS_SECONDS = int(os.environ.get("ARBOR_HSTS_SECONDS") or (365 * 24 * 3600 if ARBOR_HTTPS else 0))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("ARBOR_HSTS_INCLUDE_SUBDOMAINS", ARBOR_HTTPS)
+# Preload lets the domain onto the browsers' built-in HSTS list, for the whole domain and hard to undo: ask for it.
+SECURE_HSTS_PRELOAD = _env_bool("ARBOR_HSTS_PRELOAD", False)
+# Trust this header from the proxy in front (which must overwrite what a client sent) to mean the request was https.
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header(os.environ.get("ARBOR_PROXY_SSL_HEADER", ""))
 
 INSTALLED_APPS = [
     "daphne",
@@ -53,6 +79,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "config.middleware.content_security_policy",  # first: every response, an SSL redirect's included
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -99,13 +126,9 @@ else:
     # A file, not memory: turn threads must see the test data. One per process: runs may overlap.
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "var" / f"test-arbor-{os.getpid()}.sqlite3")}
 
-REDIS_URL = os.environ.get("REDIS_URL", "")
-if REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
-    }
-else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# No channel layer: nothing sends between consumers through one. A turn's events reach every tab and
+# process through its log in the database (conversations/turns/log.py). With channels-redis, an idle
+# socket's layer read hit redis's own read timeout and closed the socket (1011) every few seconds.
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -134,7 +157,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # NUL, lone surrogates, out-of-range integers and deep nesting are a 400 before any view sees the body.
+    "DEFAULT_PARSER_CLASSES": ["config.api.StrictJSONParser"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -147,6 +171,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The error body as a component that every error response names, and the error statuses every API view
+    # shares (config/schema.py); scripts/fuzz holds the API to this schema.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "config.schema.error_responses",
+                             "conversations.apis.schema.turn_links"],
+    "SERVE_INCLUDE_SCHEMA": False,  # /api/schema/ describes the API, not itself
 }
 
 # Arbor itself.
@@ -170,7 +199,14 @@ ARBOR_COMPACTION_THRESHOLD = float(os.environ.get("ARBOR_COMPACTION_THRESHOLD", 
 ARBOR_COMPACTION_KEEP_TURNS = int(os.environ.get("ARBOR_COMPACTION_KEEP_TURNS", "4"))
 ARBOR_MAX_ROUNDS_PER_TURN = int(os.environ.get("ARBOR_MAX_ROUNDS_PER_TURN", "8"))
 ARBOR_MAX_CONTENT_CHARS = int(os.environ.get("ARBOR_MAX_CONTENT_CHARS", "100000"))
-ARBOR_TURN_LOCK_SECONDS = int(os.environ.get("ARBOR_TURN_LOCK_SECONDS", "300"))
+# The turn lock is a lease renewed by a heartbeat while held: a process that dies mid-turn frees its
+# conversation within ARBOR_TURN_LOCK_SECONDS. A streaming answer's text is saved on its pending node
+# every ARBOR_PARTIAL_SAVE_SECONDS, so a crash loses at most those last moments.
+ARBOR_TURN_LOCK_SECONDS = float(os.environ.get("ARBOR_TURN_LOCK_SECONDS", "20"))
+ARBOR_TURN_HEARTBEAT_SECONDS = float(os.environ.get("ARBOR_TURN_HEARTBEAT_SECONDS", "5"))
+ARBOR_PARTIAL_SAVE_SECONDS = float(os.environ.get("ARBOR_PARTIAL_SAVE_SECONDS", "2"))
+# A turn's numbered event log is kept this long after it ends, for clients that resume (GET .../stream/).
+ARBOR_TURN_LOG_RETENTION_SECONDS = float(os.environ.get("ARBOR_TURN_LOG_RETENTION_SECONDS", "600"))
 ARBOR_PATH_DEPTH_LIMIT = int(os.environ.get("ARBOR_PATH_DEPTH_LIMIT", "100000"))
 ARBOR_TOOL_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_TOOL_TIMEOUT_SECONDS", "30"))
 # What a tool may hand back, cut while it is read (every tool, through the tool runner): one text or binary

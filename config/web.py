@@ -1,5 +1,5 @@
-"""What every app's pages share: the signed-in page shell with its Content-Security-Policy, and a way to run
-a long view off the one thread that ASGI gives every sync view. Imports no app."""
+"""What every app's pages share: the signed-in page shell, and a way to run a long view off the one thread that
+ASGI gives every sync view (the Content-Security-Policy is config.middleware's, on every response). Imports no app."""
 
 from __future__ import annotations
 
@@ -18,16 +18,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 
 from config.errors import ArborError, NotFound
 
-# Scripts and styles come only from our own static files: markup that slipped past the sanitiser
-# still could not run a script.
-CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'; object-src 'none'"
-)
-
 
 def page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """A signed-in page: our errors become a message and a redirect, every response gets the CSP header."""
+    """A signed-in page: our errors become a message and a redirect."""
 
     @login_required
     @wraps(view)
@@ -41,7 +34,6 @@ def page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
             back = request.META.get("HTTP_REFERER", "")
             safe = url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()})
             response = redirect(back if safe else reverse("chat"))
-        response.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
         return response
 
     return run

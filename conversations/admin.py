@@ -32,6 +32,7 @@ from conversations.selectors import node_path, tree_scope
 from conversations.turns.seen import call_context
 
 SNIPPET_CHARS = 60
+MAX_INDENT = 40  # fork depths static/arbor/admin.css indents (.indent.depth-N)
 TREE_ROW_FIELDS = ("id", "parent_id", "conversation_id", "kind", "status", "failure_reason", "compacted_from_id",
                    "usage", "sent", "received")
 
@@ -199,7 +200,9 @@ def render_tree_rows(rows: list[TreeRow], *, can_move_head: bool) -> str:
     for row in rows:
         n = row.node
         css = ("on-path" if row.on_path else "") + (" is-head" if row.is_head else "")
-        add(f'<tr id="node-{n.pk}" class="{css}"><td><span class="indent" style="padding-left: {row.depth}em">')
+        # A class, not a style attribute: the CSP refuses inline styles. Deeper forks than the stylesheet
+        # knows line up at its deepest step.
+        add(f'<tr id="node-{n.pk}" class="{css}"><td><span class="indent depth-{min(row.depth, MAX_INDENT)}">')
         if row.depth:  # the arrow marks where a branch starts; the nodes after it line up under it
             add('<span class="fork">↳ </span>' if row.starts_branch else '<span class="fork cont">↳ </span>')
         add(f'<a href="{escape(row.url)}">#{n.pk}</a></span>')

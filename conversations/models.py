@@ -262,3 +262,36 @@ class OutboxJob(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} job {self.pk} ({self.status})"
+
+
+class TurnRun(models.Model):
+    """A turn under way or lately ended (issue 12): the key of its numbered event log, and a stop asked of it
+    from any process. Its id is the turn lock's token, so one lock is one run."""
+
+    id = models.UUIDField(primary_key=True)
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="turn_runs")
+    started_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    stop_requested = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [models.Index(fields=["conversation", "-started_at"])]
+
+    def __str__(self) -> str:
+        return f"turn {self.pk} of conversation {self.conversation_id}"
+
+
+class TurnLogEntry(models.Model):
+    """One numbered event of a turn (its SSE id), kept a while after the turn ends so a client can resume."""
+
+    run = models.ForeignKey(TurnRun, on_delete=models.CASCADE, related_name="entries")
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=32)
+    data = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="turn_log_entry_seq_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.seq} of {self.run_id}"

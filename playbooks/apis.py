@@ -10,6 +10,7 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from config.api import valid_input
+from config.schema import PaginatedList
 from conversations.apis.serializers import ConversationOut
 from playbooks import serializers as s
 from playbooks import services
@@ -39,7 +40,7 @@ class PlaybookConvert(APIView):
         return Response(s.PlaybookDetailOut(playbook).data, status=status.HTTP_201_CREATED)
 
 
-class PlaybookList(APIView):
+class PlaybookList(PaginatedList, APIView):
     @extend_schema(responses=s.PlaybookOut(many=True))
     def get(self, request: Request) -> Response:
         paginator = api_settings.DEFAULT_PAGINATION_CLASS()
@@ -72,7 +73,7 @@ class PlaybookSave(APIView):
         return Response(s.PlaybookDetailOut(playbook).data, status=status.HTTP_201_CREATED)
 
 
-class PlaybookRunCreate(APIView):
+class PlaybookRunCreate(PaginatedList, APIView):
     @extend_schema(request=s.RunIn, responses={
         201: s.RunOut,
         400: OpenApiResponse(description="bad parameter values; the message names each parameter"),

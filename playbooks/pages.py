@@ -16,6 +16,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
 from django.views.decorators.http import require_GET, require_POST
 
+from config.api import INT64_MAX, INT64_MIN
 from config.errors import BadInput
 from config.web import off_the_shared_thread, page
 from conversations.screen import path_bubbles
@@ -28,7 +29,7 @@ _INTEGER = re.compile(r"^[+-]?\d+$")
 
 def _typed(kind: str, raw: str) -> Any:
     """A form's text as the parameter's type; text that does not fit stays text, for the check to name."""
-    if kind == "integer" and _INTEGER.match(raw):
+    if kind == "integer" and _INTEGER.match(raw) and _int64(raw) is not None:
         return int(raw)
     if kind == "number":
         try:
@@ -36,6 +37,26 @@ def _typed(kind: str, raw: str) -> Any:
         except ValueError:
             return raw
     return raw
+
+
+def _int64(raw: str) -> int | None:
+    """The integer a form's digits spell if a database integer can hold it (int() refuses 4300+ digits)."""
+    return number if len(raw) <= 20 and INT64_MIN <= (number := int(raw)) <= INT64_MAX else None
+
+
+def form_problems(parameters: list[dict[str, Any]], data) -> list[str]:
+    """What no run can store, named as the value checks name theirs: a NUL character (PostgreSQL text holds
+    none) or an integer past 64 bits. The API's JSON parser refuses the same in a body, in the same words."""
+    problems = []
+    for parameter in parameters:
+        name, raw = parameter["name"], data.get(parameter["name"], "").strip()
+        if parameter["type"] == "boolean":  # only whether it is "on" is read
+            continue
+        if "\x00" in raw:
+            problems.append(f"{name}: a NUL character (\\u0000) cannot be stored")
+        elif parameter["type"] == "integer" and _INTEGER.match(raw) and _int64(raw) is None:
+            problems.append(f"{name}: expected a whole number from {INT64_MIN} to {INT64_MAX}")
+    return problems
 
 
 def form_values(parameters: list[dict[str, Any]], data) -> dict[str, Any]:
@@ -109,12 +130,14 @@ def playbook_run_page(request: HttpRequest, playbook_id: int) -> HttpResponse:
     submitted: dict[str, Any] = {}
     if request.method == "POST":
         submitted = form_values(parameters, request.POST)
-        try:
-            result = services.playbook_run(user=request.user, playbook_id=playbook.pk, values=submitted)
-        except BadInput as error:
-            errors = error.extra.get("errors") or [error.message]
-        else:
-            return redirect("playbook-page-run-detail", playbook.pk, result.run.pk)
+        errors = form_problems(parameters, request.POST)
+        if not errors:
+            try:
+                result = services.playbook_run(user=request.user, playbook_id=playbook.pk, values=submitted)
+            except BadInput as error:
+                errors = error.extra.get("errors") or [error.message]
+            else:
+                return redirect("playbook-page-run-detail", playbook.pk, result.run.pk)
     fields = [{**p, "value": submitted.get(p["name"], p.get("default", ""))} for p in parameters]
     context = {"conversation": None, "playbook": playbook, "fields": fields, "errors": errors}
     return render(request, "playbooks/run.html", context, status=400 if errors else 200)

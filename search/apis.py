@@ -6,7 +6,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from search.query import search_bubbles
+from search.query import MAX_QUERY_CHARS, search_bubbles
+
+# What search_bubbles reads: no control character, and something besides white space (str.isspace()).
+QUERY_PATTERN = ("^[^\\x00-\\x1f]*[^\\x00-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+                 "[^\\x00-\\x1f]*$")
 
 
 class HitOut(serializers.Serializer):
@@ -25,7 +29,9 @@ class SearchOut(serializers.Serializer):
 
 
 class Search(APIView):
-    @extend_schema(parameters=[OpenApiParameter("q", str, required=True, description="words to find")],
+    @extend_schema(parameters=[OpenApiParameter(
+                       "q", {"type": "string", "maxLength": MAX_QUERY_CHARS, "pattern": QUERY_PATTERN}, required=True,
+                       description="words to find")],
                    responses=SearchOut,
                    description="Full-text search over the caller's own conversations, every branch.")
     def get(self, request: Request) -> Response:

@@ -87,13 +87,25 @@ class SwitchIn(serializers.Serializer):
 
 
 class ApprovalIn(serializers.Serializer):
-    tool_call_id = StrictCharField(max_length=200)
+    """`call_id` names the call as the `approval_required` event and the 202 answer do; `tool_call_id`, its
+    earlier name, is still read when `call_id` is absent. The checked data keeps the one key `tool_call_id`, as
+    the chat socket's `approve` message has always handed it on (conversations.web.consumer)."""
+
+    call_id = StrictCharField(max_length=200, required=False,
+                              help_text="The pending call's `call_id` (`approval_required[].call_id`).")
+    tool_call_id = StrictCharField(max_length=200, required=False, help_text="The earlier name of `call_id`.")
     approve = serializers.BooleanField()
 
     def validate_approve(self, value):
         if not isinstance(self.initial_data.get("approve"), bool):
             raise serializers.ValidationError("Must be true or false.")
         return value
+
+    def validate(self, attrs):
+        call_id, alias = attrs.pop("call_id", None), attrs.pop("tool_call_id", None)
+        if call_id is None and alias is None:
+            raise serializers.ValidationError({"call_id": [self.fields["call_id"].error_messages["required"]]})
+        return {**attrs, "tool_call_id": call_id if call_id is not None else alias}
 
 
 class BranchOut(serializers.Serializer):
@@ -116,12 +128,30 @@ class BubbleOut(serializers.Serializer):
         return super().to_representation(instance)
 
 
+class PendingCallOut(serializers.Serializer):
+    """A tool call waiting for a person (F3): approve or refuse it by its `call_id`."""
+
+    call_id = serializers.CharField()
+    name = serializers.CharField()
+    arguments = serializers.JSONField()
+
+
 class TurnOut(serializers.Serializer):
     answer = serializers.CharField(allow_null=True)
     head = serializers.IntegerField(allow_null=True)
     nodes = NodeOut(many=True)
-    approval_required = serializers.ListField(child=serializers.DictField(), required=False)
+    approval_required = PendingCallOut(many=True, required=False)
 
 
 class ContextOut(serializers.Serializer):
     messages = serializers.ListField(child=serializers.DictField())
+
+
+class SkippedOut(serializers.Serializer):
+    index = serializers.IntegerField(help_text="The entry's place in the file, from 0.")
+    error = serializers.CharField(help_text="Why it could not be read.")
+
+
+class ImportOut(serializers.Serializer):
+    conversations = ConversationOut(many=True)
+    skipped = SkippedOut(many=True)

@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 
 from config.errors import BadInput
 from conversations.apis import serializers as s
+from conversations.apis.schema import IMPORT_REQUEST, FileBodySchema
 from conversations.selectors import conversation_for_user
 from conversations.transfer import arbor_tree, chatgpt, importing, markdown
 
@@ -47,8 +48,15 @@ class ConversationExport(APIView):
         return JSONRenderer(), JSONRenderer.media_type
 
     @extend_schema(parameters=[OpenApiParameter("format", str, enum=list(EXPORT_FORMATS), default="json")],
-                   responses={200: OpenApiResponse(description="md: the current path as Markdown; json: the whole "
-                                                   "tree (imports back losslessly); chatgpt: conversations.json")})
+                   responses={
+                       (200, "application/json"): OpenApiResponse(
+                           {"oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}]},
+                           description="json: the whole tree (an object; imports back losslessly); chatgpt: "
+                                       "conversations.json (an array)"),
+                       (200, "text/markdown"): OpenApiResponse({"type": "string"},
+                                                               description="md: the current path as Markdown"),
+                       400: OpenApiResponse(description="bad_input: an unknown `format`"),
+                   })
     def get(self, request: Request, conversation_id: int) -> HttpResponse:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
         return export_response(conversation, request.query_params.get("format", "json"))
@@ -60,13 +68,18 @@ def read_upload(stream) -> bytes:
 
 
 class ConversationImport(APIView):
-    @extend_schema(request={"application/json": dict},
-                   responses={201: s.ConversationOut(many=True), 400: OpenApiResponse(description="import_refused"),
-                              413: OpenApiResponse(description="too large")},
-                   description="Import Arbor's tree export or ChatGPT's conversations.json (the body is the file). "
-                               "A refused file creates nothing.")
+    schema = FileBodySchema()
+
+    @extend_schema(request={"application/json": IMPORT_REQUEST},
+                   responses={201: s.ImportOut,
+                              400: OpenApiResponse(description="import_refused: nothing in the file could be read "
+                                                               "(or it is no JSON); nothing was created"),
+                              413: OpenApiResponse(description="too_large: the file is over the import limit")},
+                   description="Import an export file: the body is the file itself, whatever its Content-Type. "
+                               "Today a file with an entry that cannot be read is refused whole, so `skipped` "
+                               "is empty.")
     def post(self, request: Request) -> Response:
         document = importing.parse(read_upload(request._request))
         created = importing.import_any(owner=request.user, document=document)
-        return Response({"conversations": s.ConversationOut(created, many=True).data},
+        return Response({"conversations": s.ConversationOut(created, many=True).data, "skipped": []},
                         status=status.HTTP_201_CREATED)

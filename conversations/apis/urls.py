@@ -1,7 +1,7 @@
 from django.urls import path
 
 from config.web import off_the_shared_thread
-from conversations.apis import transfer
+from conversations.apis import streams, transfer
 from conversations.apis import views as v
 
 _turn_view = off_the_shared_thread
@@ -17,6 +17,9 @@ urlpatterns = [
     path("conversations/<int:conversation_id>/retry/", _turn_view(v.TurnRetry.as_view()), name="turn-retry"),
     path("conversations/<int:conversation_id>/approvals/", _turn_view(v.ToolApprovalCreate.as_view()),
          name="tool-approval"),
+    path("conversations/<int:conversation_id>/stream/", streams.TurnStreamFollow.as_view(),
+         name="turn-stream"),
+    path("conversations/<int:conversation_id>/stop/", _turn_view(streams.TurnStop.as_view()), name="turn-stop"),
     path("conversations/<int:conversation_id>/switch/", v.HeadSwitch.as_view(), name="head-switch"),
     path("conversations/<int:conversation_id>/compact/", _turn_view(v.ConversationCompact.as_view()),
          name="conversation-compact"),

@@ -6,7 +6,7 @@ import json
 import logging
 
 from django.http import StreamingHttpResponse
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
@@ -14,11 +14,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.api import error_body, paginated, valid_input
+from config.schema import SSE, PaginatedList
 from conversations import services
 from conversations.apis import serializers as s
+from conversations.apis.schema import TURN_EVENT, TURN_MESSAGE_EVENT
+from conversations.apis.streams import sse
 from conversations.models import Node
 from conversations.screen import path_bubbles
 from conversations.selectors import conversation_for_user, conversation_list, conversation_nodes, node_for_user
+from conversations.turns import detached
 from conversations.turns.events import EventType, TurnEvent, TurnOutcome
 from conversations.turns.runner import Turn
 from conversations.turns.seen import next_context
@@ -31,7 +35,7 @@ logger = logging.getLogger("arbor.api")
 # --- conversations ---------------------------------------------------------------------------------
 
 
-class ConversationListCreate(APIView):
+class ConversationListCreate(PaginatedList, APIView):
     @extend_schema(responses=s.ConversationOut(many=True))
     def get(self, request: Request) -> Response:
         return paginated(self, request, conversation_list(user=request.user), s.ConversationOut)
@@ -56,7 +60,8 @@ class ConversationDetail(APIView):
         services.conversation_update(conversation=conversation, **data)
         return Response(s.ConversationOut(conversation).data)
 
-    @extend_schema(responses={204: None})
+    @extend_schema(responses={204: None, 409: OpenApiResponse(description="turn_in_progress: a turn holds the "
+                                                                         "conversation")})
     def delete(self, request: Request, conversation_id: int) -> Response:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
         services.conversation_delete(conversation=conversation)
@@ -67,33 +72,37 @@ class ConversationDetail(APIView):
 
 
 def _wants_stream(request: Request) -> bool:
-    return "text/event-stream" in request.headers.get("Accept", "")
-
-
-def _sse(event) -> bytes:
-    return f"event: {event.type}\ndata: {json.dumps(event.data, ensure_ascii=False)}\n\n".encode()
+    """`Accept: text/event-stream`, or `?format=sse` (which picks the event-stream renderer)."""
+    return SSE in request.headers.get("Accept", "") or isinstance(
+        getattr(request, "accepted_renderer", None), EventStreamRenderer)
 
 
 class TurnStream(StreamingHttpResponse):
-    """A turn as server-sent events. A turn whose client left before the stream began gives its lock back."""
+    """A turn as server-sent events, each with its number in the turn's log (`id:`), so a client that lost
+    the stream resumes with `GET …/stream/`. A client that leaves never ends the turn (issue 12): read
+    or not, it runs to its end."""
 
     def __init__(self, turn: Turn):
-        super().__init__(self._events(turn), content_type="text/event-stream")
+        self.turn = turn
+        self.run_id = detached.start(turn)
+        self.began = False
+        super().__init__(self._events(), content_type="text/event-stream")
         self["Cache-Control"] = "no-cache"
         self["X-Accel-Buffering"] = "no"
-        self.turn = turn
 
-    @staticmethod
-    async def _events(turn: Turn):
+    async def _events(self):
+        self.began = True
         try:
-            async for event in events_in_thread(turn.events):
-                yield _sse(event)
+            async for seq, event in events_in_thread(lambda: detached.run(self.turn, self.run_id), detach=True):
+                yield sse(seq, event)
         except Exception as error:  # the stream has begun: the status is sent, so say it as an event
             logger.exception("turn stream failed")
-            yield _sse(TurnEvent(EventType.ERROR, {"code": "server_error", "message": str(error) or repr(error)}))
+            yield sse(None, TurnEvent(EventType.ERROR, {"code": "server_error",
+                                                        "message": str(error) or repr(error)}))
 
     def close(self):
-        self.turn.abandon()
+        if not self.began:  # its client left before reading a byte: the turn runs all the same
+            detached.run_apart(self.turn, self.run_id)
         super().close()
 
 
@@ -104,7 +113,7 @@ def _turn_response(request: Request, turn: Turn | None) -> Response | StreamingH
                         status=status.HTTP_202_ACCEPTED)
     if _wants_stream(request):
         return TurnStream(turn)
-    outcome = TurnOutcome.of(turn.run())
+    outcome = TurnOutcome.of([event for _, event in detached.run(turn, detached.start(turn))])
     nodes = s.NodeOut(Node.objects.filter(pk__in=turn.nodes).order_by("id"), many=True).data
     if outcome.ending == EventType.ERROR:
         body = error_body(outcome.error["code"], outcome.error["message"], node=outcome.failed_node,
@@ -134,9 +143,21 @@ class TurnView(APIView):
     renderer_classes = [JSONRenderer, EventStreamRenderer]
 
 
+# DRF's own `?format=` picks the renderer; empty is as if it were not given.
+_FORMAT = OpenApiParameter("format", str, enum=["json", "sse", ""],
+                           description="`sse`: stream the turn as server-sent events, as `Accept: text/event-stream` "
+                                       "does; `json` (or empty): one JSON answer when the turn ends")
+
+
 _TURN_RESPONSES = {
-    201: s.TurnOut,
-    202: OpenApiResponse(s.TurnOut, description="paused: a tool call waits for approval (F3)"),
+    (200, SSE): OpenApiResponse(TURN_EVENT, description="the turn as it runs, when asked for "
+                                "(`Accept: text/event-stream` or `?format=sse`): one event per step, the last "
+                                "`done`, `approval_required` or `error`"),
+    (201, "application/json"): s.TurnOut,
+    (202, "application/json"): OpenApiResponse(s.TurnOut, description="paused: a tool call waits for approval "
+                                               "(F3); or an approval recorded while others still wait"),
+    (202, SSE): OpenApiResponse(TURN_MESSAGE_EVENT, description="an approval recorded while others still wait, "
+                                "as one `message` event"),
     400: OpenApiResponse(description="bad input"),
     404: OpenApiResponse(description="not found or not yours"),
     409: OpenApiResponse(description="turn_in_progress, approval_pending or before_compaction"),
@@ -147,7 +168,15 @@ _TURN_RESPONSES = {
 
 
 class TurnCreate(TurnView):
-    @extend_schema(request=s.TurnIn, responses=_TURN_RESPONSES,
+    @extend_schema(request=s.TurnIn, parameters=[_FORMAT], responses=_TURN_RESPONSES,
+                   examples=[OpenApiExample("question", {"content": "What changed since yesterday?"},
+                                            request_only=True),
+                             OpenApiExample("tool call (echo model)", request_only=True,
+                                            value={"content": '#tool send_email {"to": "a@example.com", '
+                                                              '"subject": "Hi", "body": "Hello"}'},
+                                            description="The offline model `arbor/echo` calls the tool named "
+                                                        "after `#tool` with that JSON; send_email waits for "
+                                                        "approval (202, F3).")],
                    description="Run a turn from the head. `Accept: text/event-stream` streams SSE events "
                                "`token`, `tool_call`, `tool_result`, `approval_required`, `compaction` (the "
                                "context was compacted before this call, C2), `done`, `error`.")
@@ -158,7 +187,7 @@ class TurnCreate(TurnView):
 
 
 class TurnEdit(TurnView):
-    @extend_schema(request=s.EditIn, responses=_TURN_RESPONSES)
+    @extend_schema(request=s.EditIn, parameters=[_FORMAT], responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.EditIn, request)
         turn = turn_edit(user=request.user, conversation_id=conversation_id, node_id=data["node"],
@@ -167,7 +196,7 @@ class TurnEdit(TurnView):
 
 
 class TurnRegenerate(TurnView):
-    @extend_schema(request=s.RegenerateIn, responses=_TURN_RESPONSES)
+    @extend_schema(request=s.RegenerateIn, parameters=[_FORMAT], responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.RegenerateIn, request)
         turn = turn_regenerate(user=request.user, conversation_id=conversation_id, node_id=data.get("node"))
@@ -175,7 +204,7 @@ class TurnRegenerate(TurnView):
 
 
 class TurnRetry(TurnView):
-    @extend_schema(request=None, responses=_TURN_RESPONSES,
+    @extend_schema(request=None, parameters=[_FORMAT], responses=_TURN_RESPONSES,
                    description="F1: call the model again from the failed node at the head, adding nothing: "
                                "its question or tool results are already on the path.")
     def post(self, request: Request, conversation_id: int):
@@ -184,11 +213,11 @@ class TurnRetry(TurnView):
 
 
 class ToolApprovalCreate(TurnView):
-    @extend_schema(request=s.ApprovalIn, responses=_TURN_RESPONSES)
+    @extend_schema(request=s.ApprovalIn, parameters=[_FORMAT], responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.ApprovalIn, request)
         turn = turn_decide(user=request.user, conversation_id=conversation_id,
-                                 call_id=data["tool_call_id"], approve=data["approve"])
+                           call_id=data["tool_call_id"], approve=data["approve"])
         return _turn_response(request, turn)
 
 
@@ -196,7 +225,11 @@ class ToolApprovalCreate(TurnView):
 
 
 class HeadSwitch(APIView):
-    @extend_schema(request=s.SwitchIn, responses=s.ConversationOut)
+    @extend_schema(request=s.SwitchIn, responses={
+        200: s.ConversationOut,
+        400: OpenApiResponse(description="bad_input: `node` is no node id, or its branch has no answer yet"),
+        404: OpenApiResponse(description="not_found: no such node in this conversation"),
+        409: OpenApiResponse(description="turn_in_progress: a turn holds the conversation")})
     def post(self, request: Request, conversation_id: int) -> Response:
         data = valid_input(s.SwitchIn, request)
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
@@ -205,7 +238,8 @@ class HeadSwitch(APIView):
 
 
 class ConversationClear(APIView):
-    @extend_schema(request=None, responses=s.ConversationOut)
+    @extend_schema(request=None, responses={
+        200: s.ConversationOut, 409: OpenApiResponse(description="turn_in_progress: a turn holds the conversation")})
     def post(self, request: Request, conversation_id: int) -> Response:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
         services.conversation_clear(conversation=conversation)

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from conversations import jobs
 from conversations.models import OutboxJob
-from conversations.turns import recovery
+from conversations.turns import log, recovery
 
 logger = logging.getLogger("arbor.worker")
 
@@ -102,13 +102,14 @@ def run_due(*, batch: int = 50) -> RunStats:
 
 def run_forever(*, batch: int = 50, idle_seconds: float = 1.0, stop: Callable[[], bool] = lambda: False,
                 sleep: Callable[[float], None] = time.sleep) -> None:
-    """Run jobs and sweep interrupted calls until `stop()`; a database error or outage is logged and waited
-    out (backing off up to MAX_OUTAGE_WAIT_SECONDS), never the end of the worker: a claimed job whose run
-    was cut by it is claimed again when its lease runs out."""
+    """Run jobs, sweep interrupted calls and forget old turn logs until `stop()`. A database error or outage
+    is logged and waited out (backing off up to MAX_OUTAGE_WAIT_SECONDS), never the end of the worker: a
+    claimed job whose run was cut by it is claimed again when its lease runs out."""
     failures = 0
     while not stop():
         try:
             recovery.sweep()
+            log.forget_old()
             busy = run_due(batch=batch).total > 0
             failures = 0
         except DatabaseError as error:

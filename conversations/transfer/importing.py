@@ -7,12 +7,12 @@ through `plan.py`.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 
+from config.api import UnsafeJSON, strict_loads
 from config.errors import TooLarge
 from conversations.models import Conversation
 from conversations.transfer import arbor_tree, chatgpt
@@ -29,33 +29,13 @@ def parse(raw: bytes) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ImportRefused("The file is not UTF-8 text.") from None
-    _check_nesting(text)
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as error:
+        # The API's strict reading: deep nesting, NUL, lone surrogates and out-of-range numbers are refused.
+        return strict_loads(text, max_depth=MAX_DEPTH)
+    except UnsafeJSON as error:  # "$.nodes[0].sent[0].text: a NUL character (\u0000) cannot be stored"
+        raise ImportRefused(str(error)) from None
+    except ValueError as error:
         raise ImportRefused(f"The file is not valid JSON: {error}") from None
-
-
-def _check_nesting(text: str) -> None:
-    """Count brackets outside strings: deep nesting is refused without recursing into it."""
-    depth = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise ImportRefused(f"The file nests deeper than {MAX_DEPTH} levels.")
-        elif char in "]}":
-            depth -= 1
 
 
 def import_any(*, owner, document: Any) -> list[Conversation]:

@@ -17,8 +17,9 @@ _END = object()
 SETTLE_SECONDS = 5
 
 
-async def events_in_thread(make_events: Callable[[], Iterator]) -> AsyncIterator:
-    """Yield what `make_events()` yields, run in its own thread. Leaving early stops the turn (closes it)."""
+async def events_in_thread(make_events: Callable[[], Iterator], *, detach: bool = False) -> AsyncIterator:
+    """Yield what `make_events()` yields, run in its own thread. Leaving early closes it, unless `detach`:
+    then the thread reads it to its end, unheard (a detached turn runs on when its client leaves)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     stop = threading.Event()
@@ -33,11 +34,12 @@ async def events_in_thread(make_events: Callable[[], Iterator]) -> AsyncIterator
             events = make_events()
             try:
                 for event in events:
-                    post(queue.put_nowait, event)
-                    if stop.is_set():
+                    if not stop.is_set():
+                        post(queue.put_nowait, event)
+                    elif not detach:
                         break
             finally:
-                events.close()  # ends the turn as cancelled if it was still running
+                events.close()  # a turn still running when its reader left (not detached) ends cancelled
         except BaseException as error:  # handed over to the async side
             post(queue.put_nowait, error)
         finally:
@@ -57,7 +59,8 @@ async def events_in_thread(make_events: Callable[[], Iterator]) -> AsyncIterator
             yield item
     finally:
         stop.set()
-        # Let the turn record how it ended before this caller moves on; a call that sends nothing
-        # (a silent provider) notices the stop only at its next event, so do not wait for ever.
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(finished), timeout=SETTLE_SECONDS)
+        if not detach:
+            # Let the turn record how it ended before this caller moves on; a call that sends nothing
+            # (a silent provider) notices the stop only at its next event, so do not wait for ever.
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(finished), timeout=SETTLE_SECONDS)

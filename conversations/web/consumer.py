@@ -1,29 +1,34 @@
-"""The chat WebSocket: one conversation per socket, one generation task per turn (issue 3's transport).
+"""The chat WebSocket: one conversation per socket, one reading task per turn (issue 3's transport).
 
 The consumer parses messages and forwards them to the same turn functions the API uses; it never
-assembles context, moves a head or runs a turn its own way.
+assembles context, moves a head or runs a turn its own way. A turn it starts is detached (issue 12): a
+socket that closes stops reading, never the turn; `stop` asks the running turn to stop through the
+database, so it stops a turn started in another tab or process too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from config.api import UnsafeJSON, strict_loads
 from config.errors import ArborError, BadInput, NotFound
 from conversations.apis.serializers import ApprovalIn, EditIn, RegenerateIn, TurnIn
 from conversations.selectors import conversation_for_user
+from conversations.turns import detached
 from conversations.turns.events import ENDINGS, EventType
 from conversations.turns.runner import Turn
 from conversations.turns.start import turn_ask, turn_decide, turn_edit, turn_regenerate, turn_retry
 from conversations.turns.streaming import events_in_thread
 
 TOKEN_BATCH_SECONDS = 0.05  # tokens go out in small batches, not one frame each
+STOP_WAIT_SECONDS = 10
 
 
 def _ask(*, content: str, **common) -> Turn:
@@ -65,13 +70,18 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4404)
 
     async def disconnect(self, code):
-        await self._stop()
+        await self._stop_reading()  # the turn itself runs on
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
-        """One bad frame gets an error and keeps the socket (and any turn it runs) open."""
+        """One bad frame gets an error and keeps the socket (and any turn it runs) open. Frames are read like API
+        bodies (`strict_loads`): deep nesting, NUL, lone surrogates and out-of-range numbers are refused."""
         try:
-            content = json.loads(text_data) if text_data is not None else None
-        except (ValueError, RecursionError):
+            content = strict_loads(text_data) if text_data is not None else None
+        except UnsafeJSON as error:
+            path = {"path": error.path} if error.path else {}
+            await self.send_json({"type": "error", "code": "bad_input", "message": str(error), **path})
+            return
+        except ValueError:
             content = None
         if content is None:
             await self.send_json({"type": "error", "code": "bad_input", "message": "Send a JSON object with a type."})
@@ -87,7 +97,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4404)
             return
         if content["type"] == "stop":
-            await self._stop()
+            await self._stop_turn()
             # Sent once the stopped node is written, so a page can redraw from the server's record.
             await self.send_json({"type": "stopped"})
             return
@@ -145,9 +155,16 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 pending.clear()
             flushed_at = loop.time()
 
+        run_id = await database_sync_to_async(detached.start)(turn)
+        began = threading.Event()
+
+        def run():
+            began.set()
+            return detached.run(turn, run_id)
+
         try:
-            async with contextlib.aclosing(events_in_thread(turn.events)) as events:
-                async for event in events:
+            async with contextlib.aclosing(events_in_thread(run, detach=True)) as events:
+                async for _, event in events:
                     if event.type == EventType.TOKEN:
                         pending.append(event.data["text"])
                         node = event.data["node"]
@@ -158,15 +175,30 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     self.turn_ended = event.type in ENDINGS
                     await self.send_json({"type": event.type, **event.data})
         finally:
-            turn.abandon()  # a turn cancelled before its thread began gives its lock back
+            if not began.is_set():  # the socket went before the turn's thread began: it runs all the same
+                await database_sync_to_async(detached.run_apart)(turn, run_id)
 
-    async def _stop(self) -> None:
-        """Cancel the generation: the turn's thread closes it, so its node ends failed/cancelled."""
+    async def _stop_reading(self) -> None:
         task, self.generation = self.generation, None
         if task and not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def _stop_turn(self) -> None:
+        """Ask the conversation's running turn to stop and wait until it has recorded how it ended (its
+        node failed/cancelled), whichever tab or process runs it."""
+        if not await database_sync_to_async(detached.request_stop)(self.conversation_id):
+            return
+        task = self.generation
+        if task and not task.done():
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(task), timeout=STOP_WAIT_SECONDS)
+            return
+        for _ in range(int(STOP_WAIT_SECONDS / 0.1)):
+            if not await database_sync_to_async(detached.running)(self.conversation_id):
+                return
+            await asyncio.sleep(0.1)
 
     @database_sync_to_async
     def _owns(self) -> bool:

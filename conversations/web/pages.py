@@ -261,7 +261,8 @@ def preferences(request: HttpRequest) -> HttpResponse:
             return redirect("preferences")
         messages.error(request, "Nothing was changed. " + " ".join(map(str, form.errors.get("instructions", []))))
     context = {"conversation": None, "instructions": user_instructions(user_id=request.user.pk)}
-    return render(request, "chat/preferences.html", context)
+    refused = request.method == "POST"  # saved ones went back above; a refused form is shown again, as a 400
+    return render(request, "chat/preferences.html", context, status=400 if refused else 200)
 
 
 urlpatterns = [

@@ -47,11 +47,14 @@ async def test_a_question_streams_tokens_in_several_batches_then_done(chat):
 
 
 async def test_stop_cancels_the_turn_keeps_the_node_and_frees_the_conversation(chat):
-    """Stop: `stopped` comes once the node is written failed/cancelled (F1: the head is on it); asking goes on."""
+    """Stop: the turn's ending (`error`, cancelled) and then `stopped` come once the node is written
+    failed/cancelled (F1: the head is on it); asking goes on."""
     conversation, cookie = chat
     socket = await _socket_with_a_running_turn(conversation, cookie)
     await socket.send_json_to({"type": "stop"})
-    assert (await receive_until(socket, "stopped"))[-1] == {"type": "stopped"}
+    ending = (await receive_until(socket, "stopped"))[-1]
+    assert ending["type"] == "error" and ending["code"] == "cancelled"
+    assert await socket.receive_json_from(timeout=30) == {"type": "stopped"}
     node, head_id = await in_own_thread(
         lambda: (Node.objects.get(conversation=conversation), Conversation.objects.get(pk=conversation.pk).head_id))()
     assert node.status == "failed" and node.failure_reason == "cancelled" and head_id == node.pk
@@ -80,12 +83,29 @@ async def test_retry_calls_the_model_again_from_the_stopped_node_adding_nothing(
     await socket.disconnect()
 
 
-async def test_disconnect_cancels_the_running_turn(chat):
+async def test_issue_12_a_socket_that_closes_mid_answer_does_not_end_the_turn(chat):
+    """Issue 12: a closed tab stops reading, never the turn: the answer completes and is recorded whole."""
     conversation, cookie = chat
     socket = await _socket_with_a_running_turn(conversation, cookie)
     await socket.disconnect()
     node = await settled_node(conversation)
-    assert node.failure_reason == "cancelled"
+    assert node.status == "succeeded" and node.received[0]["text"].startswith(f"echo: {SLOW}")
+
+
+async def test_issue_12_stop_from_another_tab_ends_the_turn_it_did_not_start(chat):
+    """Issue 12: a second socket on the same conversation stops the first one's turn."""
+    conversation, cookie = chat
+    first = await _socket_with_a_running_turn(conversation, cookie)
+    second = chat_socket(conversation.pk, cookie)
+    await second.connect()
+    await second.send_json_to({"type": "stop"})
+    assert (await receive_until(second, "stopped"))[-1] == {"type": "stopped"}
+    ending = (await receive_until(first, "error"))[-1]
+    assert ending["code"] == "cancelled"
+    node = await settled_node(conversation)
+    assert (node.status, node.failure_reason) == ("failed", "cancelled")
+    await first.disconnect()
+    await second.disconnect()
 
 
 async def test_a_second_question_while_one_runs_is_refused(chat):

@@ -157,6 +157,7 @@ def test_issue_12_the_worker_waits_out_database_errors_and_goes_on(monkeypatch):
 
     monkeypatch.setattr(recovery, "sweep", sweep)
     monkeypatch.setattr(worker, "run_due", lambda batch: worker.RunStats())
+    monkeypatch.setattr(worker.log, "forget_old", lambda: 0)
     worker.run_forever(idle_seconds=0.5, stop=lambda: len(calls) >= 4, sleep=sleeps.append)
     assert len(calls) == 4
     assert sleeps == [1.0, 2.0, 0.5, 0.5], "backed off twice, then the usual idle pace"
@@ -172,7 +173,10 @@ def _free_port() -> int:
 
 
 def _database_url() -> str:
+    """The test database, for a second process (SQLite's test database is a file: config/settings.py)."""
     db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
     return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
@@ -182,8 +186,6 @@ def test_issue_12_kill_9_mid_answer_frees_the_conversation_and_keeps_the_streame
     """A server process started here streams a `#slow` answer; it is killed with SIGKILL after ~3 s. The
     conversation takes a new turn within 30 s (the lease, 20 s by default), and the dead call is
     failed/interrupted with the text saved up to 2 s before the kill."""
-    if connection.vendor != "postgresql":
-        pytest.skip("a second process shares the test database only on PostgreSQL (SQLite's is in memory)")
     port = _free_port()
     env = {**os.environ, "DATABASE_URL": _database_url(), "ARBOR_ECHO_WORD_SECONDS": "0.1",
            "DJANGO_DEBUG": "0", "DJANGO_ALLOWED_HOSTS": "127.0.0.1"}

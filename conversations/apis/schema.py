@@ -1,0 +1,151 @@
+"""What the conversation API's OpenAPI schema says that its serializers alone cannot (issue 14): text fields
+that may not be blank, the models a conversation may name, the approval's `call_id` and its older alias, the
+import file's shapes, and a turn's server-sent events. The shared error body is config/schema.py's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
+from drf_spectacular.openapi import AutoSchema
+
+from config.schema import NOT_BLANK, sse_event_schema
+from conversations.apis.serializers import ApprovalIn, StrictCharField, validate_model_name
+from conversations.transfer.arbor_tree import TREE_FORMAT, TREE_VERSION
+from conversations.turns.events import EventType
+
+
+class StrictCharFieldSchema(OpenApiSerializerFieldExtension):
+    """A required text says it may not be blank: no empty string, nor (when trimmed) only white space; a model
+    name is one of ARBOR_MODELS, read when the schema is built."""
+
+    target_class = StrictCharField
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema, direction):
+        field = self.target
+        schema = auto_schema._map_serializer_field(field, direction, bypass_extensions=True)
+        if validate_model_name in field.validators:
+            schema["enum"] = list(settings.ARBOR_MODELS)
+        elif not field.allow_blank and field.trim_whitespace:
+            schema["pattern"] = NOT_BLANK
+        elif not field.allow_blank:
+            schema["minLength"] = max(schema.get("minLength", 0), 1)
+        return schema
+
+
+class ApprovalInSchema(OpenApiSerializerExtension):
+    """`call_id`, as the `approval_required` event and the 202 answer name the call; `tool_call_id`, its earlier
+    name, is still read when `call_id` is absent: one of the two is required."""
+
+    target_class = ApprovalIn
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        schema["properties"]["tool_call_id"]["deprecated"] = True
+        schema["anyOf"] = [{"required": ["call_id"]}, {"required": ["tool_call_id"]}]
+        return schema
+
+
+class FileBodySchema(AutoSchema):
+    """For a view whose body is a file read as it is (not through a serializer): the body is required."""
+
+    def _get_request_body(self, direction="request"):
+        body = super()._get_request_body(direction)
+        if body is not None:
+            body["required"] = True
+        return body
+
+
+# What the importers (conversations.transfer) check, no more: a value they read leniently (a title that is no
+# text is no title, a message that is no object is no message) is described, not constrained.
+_CHATGPT_CONVERSATION: dict[str, Any] = {
+    "type": "object",
+    "description": "One entry of ChatGPT's conversations.json: its messages in `mapping` by id, each with its "
+                   "`parent` (null for the one root) and `message` ({author: {role}, content: {parts}}), "
+                   "branches kept; `title` and `current_node` are read when they are text.",
+    "properties": {
+        "mapping": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {"parent": {"type": "string", "nullable": True}},
+            },
+        },
+    },
+    "required": ["mapping"],
+}
+
+IMPORT_REQUEST: dict[str, Any] = {
+    "description": "The export file itself, as JSON: Arbor's tree export (an object), one ChatGPT conversation "
+                   "(an object), or ChatGPT's conversations.json (an array).",
+    "anyOf": [
+        {
+            "type": "object",
+            "description": "Arbor's tree export (GET .../export/?format=json): `nodes` with their ids, parents "
+                           "and items; `bubbles` and `approvals` name their node.",
+            "properties": {
+                "format": {"type": "string", "enum": [TREE_FORMAT]},
+                "version": {"type": "integer", "enum": [TREE_VERSION]},
+                "conversation": {"type": "object"},
+                "nodes": {"type": "array", "items": {"type": "object"}},
+                "bubbles": {"type": "array", "items": {"type": "object"}, "nullable": True},
+                "approvals": {"type": "array", "items": {"type": "object"}, "nullable": True},
+            },
+            "required": ["format", "version", "conversation", "nodes"],
+        },
+        _CHATGPT_CONVERSATION,
+        {"type": "array", "items": _CHATGPT_CONVERSATION, "minItems": 1},
+    ],
+}
+
+# One server-sent event of a turn; `data` is the event's JSON (EventType names each one's fields).
+TURN_EVENT = sse_event_schema([e.value for e in EventType], {"type": "object"})
+# An answer that is no stream, rendered as one event for a client that asked for text/event-stream.
+TURN_MESSAGE_EVENT = sse_event_schema(["message"], {"$ref": "#/components/schemas/TurnOut"})
+
+
+# Where a turn's answer leads next (OpenAPI links, which schemathesis's stateful phase follows): the answer's
+# head is the node to edit, regenerate, switch to or read; a paused turn names the call to decide.
+_FROM_TURN = {
+    "201": {
+        "edit": ("/edit/", {"node": "$response.body#/head"}),
+        "regenerate": ("/regenerate/", {"node": "$response.body#/head"}),
+        "switch": ("/switch/", {"node": "$response.body#/head"}),
+        "ask": ("/turns/", None),
+        "compact": ("/compact/", None),
+    },
+    "202": {
+        "approve": ("/approvals/", {"call_id": "$response.body#/approval_required/0/call_id"}),
+        "retry": ("/retry/", None),
+    },
+}
+_TURN_PATHS = ("/turns/", "/edit/", "/regenerate/", "/retry/", "/approvals/")
+_PREFIX = "/api/conversations/{conversation_id}"
+
+
+def turn_links(result: dict, generator, request, public) -> dict:
+    """drf-spectacular postprocessing hook: links from every turn-starting operation's answer (see _FROM_TURN),
+    and from it to the node it ended on."""
+    paths = result.get("paths", {})
+    ids = {path: item["post"]["operationId"] for path, item in paths.items() if "post" in item}
+    node_read = paths.get("/api/nodes/{node_id}/", {}).get("get", {}).get("operationId")
+    for source in _TURN_PATHS:
+        responses = paths.get(_PREFIX + source, {}).get("post", {}).get("responses", {})
+        for status, targets in _FROM_TURN.items():
+            if status not in responses:
+                continue
+            links = responses[status].setdefault("links", {})
+            for name, (target, body) in targets.items():
+                if _PREFIX + target not in ids:
+                    continue
+                link = {"operationId": ids[_PREFIX + target],
+                        "parameters": {"conversation_id": "$request.path.conversation_id"}}
+                if body:
+                    link["requestBody"] = body
+                    link["x-schemathesis"] = {"merge_body": True}
+                links[name] = link
+            if status == "201" and node_read:
+                links["node"] = {"operationId": node_read, "parameters": {"node_id": "$response.body#/head"}}
+    return result

@@ -1,0 +1,105 @@
+"""A running turn from outside the request that started it (issue 12): follow its numbered events from any
+process (`GET …/stream/`, resumable with `Last-Event-ID` or `?after=N`), and stop it (`POST …/stop/`)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from django.http import StreamingHttpResponse
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from config.api import error_body
+from config.errors import BadInput
+from config.schema import SSE
+from conversations.apis import serializers as s
+from conversations.apis.schema import TURN_EVENT
+from conversations.models import Node, TurnRun
+from conversations.selectors import conversation_for_user
+from conversations.turns import detached, log
+from conversations.turns.events import TurnEvent
+from conversations.turns.streaming import events_in_thread
+
+STOP_WAIT_SECONDS = 10
+
+
+def sse(seq: int | None, event: TurnEvent) -> bytes:
+    """One server-sent event; its `id` is the event's number in the turn's log, for `Last-Event-ID`."""
+    head = f"id: {seq}\n" if seq is not None else ""
+    return f"{head}event: {event.type}\ndata: {json.dumps(event.data, ensure_ascii=False)}\n\n".encode()
+
+
+class LogStream(StreamingHttpResponse):
+    """A run's events after `after`, then live until its ending. A client that leaves only stops reading:
+    the turn goes on (its record completes, and a later `…/stream/` replays it)."""
+
+    def __init__(self, run_id, *, after: int = 0):
+        super().__init__(self._events(run_id, after), content_type="text/event-stream")
+        self["Cache-Control"] = "no-cache"
+        self["X-Accel-Buffering"] = "no"
+
+    @staticmethod
+    async def _events(run_id, after: int):
+        async for seq, event in events_in_thread(lambda: log.follow(run_id, after=after)):
+            yield sse(seq, event)
+
+
+def _after(request: Request) -> int:
+    raw = request.headers.get("Last-Event-ID") or request.query_params.get("after") or "0"
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_EVENT_NUMBER:
+        raise BadInput("`Last-Event-ID` (or `after`) must be an event number: a whole number from 0.")
+    return int(raw)
+
+
+MAX_EVENT_NUMBER = 999_999_999
+_AFTER = OpenApiParameter("after", {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_NUMBER},
+                          description="resume after this event number (as `Last-Event-ID` does)")
+
+
+class TurnStreamFollow(APIView):
+    renderer_classes = [JSONRenderer]
+
+    @extend_schema(parameters=[_AFTER], responses={
+        (200, SSE): OpenApiResponse(TURN_EVENT, description="the running (or just ended) turn's events after "
+                                    "`Last-Event-ID` / `after`, then live until `done`, `approval_required` "
+                                    "or `error`; every event has an `id`"),
+        204: OpenApiResponse(description="no turn runs or ran lately"),
+        400: OpenApiResponse(description="bad event number"),
+        404: OpenApiResponse(description="not found or not yours")})
+    def get(self, request: Request, conversation_id: int):
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        after = _after(request)
+        run = log.latest_run(conversation.pk)
+        if run is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return LogStream(run.pk, after=after)
+
+
+class TurnStop(APIView):
+    @extend_schema(request=None, responses={200: s.NodeOut, 404: OpenApiResponse(description="not found or not yours"),
+                                            409: OpenApiResponse(description="no_turn_running")})
+    def post(self, request: Request, conversation_id: int) -> Response:
+        """Stop the running turn, from any process: 200 with the stopped node once it is recorded."""
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        run = TurnRun.objects.filter(conversation=conversation, ended_at__isnull=True).order_by("-started_at").first()
+        if run is None or not detached.request_stop(conversation.pk):
+            return Response(error_body("no_turn_running", "No turn is running on this conversation."),
+                            status=status.HTTP_409_CONFLICT)
+        deadline = time.monotonic() + STOP_WAIT_SECONDS
+        while not TurnRun.objects.filter(pk=run.pk, ended_at__isnull=False).exists():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(log.POLL_SECONDS)
+        entries = log.read(run.pk)
+        node_id = entries[-1][1].data.get("node") if entries else None
+        if node_id is None:  # it ended before a node was written, or has not noticed yet: its latest node
+            node_id = Node.objects.filter(conversation=conversation).values_list("pk", flat=True).last()
+        if node_id is None:
+            return Response(error_body("no_turn_running", "The turn ended before it wrote anything."),
+                            status=status.HTTP_409_CONFLICT)
+        return Response(s.NodeOut(Node.objects.get(pk=node_id)).data)

@@ -1,0 +1,102 @@
+"""A turn runs apart from the client that asked for it (issue 12).
+
+`start` gives a turn its run (the key of its numbered event log); `run` is the one place a turn runs with
+its log: it writes every event there and checks for a stop asked through the database, so any process
+and any tab can ask one. Clients read what `run` yields, or the log itself (`log.follow`, from any
+process); one that leaves never cancels the turn: the thread running it goes on to the end
+(`streaming.events_in_thread(..., detach=True)`), or a thread of its own does (`launch`).
+
+The lock makes a turn run once: it is taken before `start`, and a run's id is the lock's token.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+from django.db import connections
+
+from config.db import release_connection
+from conversations.models import TurnRun
+from conversations.turns.events import EventType, TurnEvent
+from conversations.turns.log import Entry, TurnLog
+from conversations.turns.runner import Turn
+
+logger = logging.getLogger("arbor.turns")
+
+STOP_CHECK_SECONDS = 0.5
+
+
+def start(turn: Turn) -> uuid.UUID:
+    """Open `turn`'s run: from now on `GET …/stream/` finds it. Return its id."""
+    return TurnRun.objects.create(id=turn.lock.token, conversation=turn.conversation).pk
+
+
+def launch(turn: Turn) -> uuid.UUID:
+    """Start `turn` in a thread of its own; return its run id."""
+    run_id = start(turn)
+    run_apart(turn, run_id)
+    return run_id
+
+
+def run_apart(turn: Turn, run_id: uuid.UUID) -> None:
+    """Run a started turn to its end in a thread of its own (its client left before reading it)."""
+
+    def work() -> None:
+        try:
+            for _ in run(turn, run_id):
+                pass
+        finally:
+            connections.close_all()
+
+    threading.Thread(target=work, name=f"arbor-turn-{turn.conversation.pk}", daemon=True).start()
+
+
+def run(turn: Turn, run_id: uuid.UUID) -> Iterator[Entry]:
+    """Run `turn` here, logging its events; yield each as it is logged, numbered."""
+    log = TurnLog(run_id)
+    events = turn.events()
+    checked_at = time.monotonic()
+    try:
+        for event in events:
+            yield from log.append(event)
+            if time.monotonic() - checked_at >= STOP_CHECK_SECONDS:
+                checked_at = time.monotonic()
+                if _stop_requested(run_id):
+                    events.close()  # recorded as failed/cancelled; its ending is said here
+                    yield from log.append(TurnEvent(EventType.ERROR, _cancelled(turn)))
+                    break
+    except Exception as error:  # a bug: the turn recorded what it could; its readers are told
+        logger.exception("turn %s failed", run_id)
+        yield from log.append(TurnEvent(EventType.ERROR, {"code": "server_error",
+                                                          "message": str(error) or repr(error)}))
+    finally:
+        events.close()
+        yield from log.close()
+
+
+def request_stop(conversation_id: int) -> bool:
+    """Ask the conversation's running turn to stop; False if none runs."""
+    return bool(TurnRun.objects.filter(conversation_id=conversation_id, ended_at__isnull=True)
+                .update(stop_requested=True))
+
+
+def running(conversation_id: int) -> bool:
+    """Whether a turn runs on the conversation now (a stop waits for this)."""
+    return TurnRun.objects.filter(conversation_id=conversation_id, ended_at__isnull=True).exists()
+
+
+def _stop_requested(run_id: uuid.UUID) -> bool:
+    asked = TurnRun.objects.filter(pk=run_id, stop_requested=True).exists()
+    release_connection()
+    return asked
+
+
+def _cancelled(turn: Turn) -> dict:
+    conversation = turn.conversation
+    conversation.refresh_from_db(fields=["head"])
+    return {"code": "cancelled", "message": "stopped by the user", "node": turn.nodes[-1] if turn.nodes else None,
+            "head": conversation.head_id, "nodes": list(turn.nodes)}

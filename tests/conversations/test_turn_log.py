@@ -1,0 +1,147 @@
+"""Issue 12: detached turns and their numbered event log.
+
+A turn launched apart from its client runs to its end whatever the client does; every event has a
+number; a reader resuming after any number gets exactly the rest; two readers get the same events.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+
+import pytest
+
+from conversations import items as it
+from conversations.models import Node, TurnLogEntry, TurnRun
+from conversations.turns import detached, log
+from conversations.turns.events import EventType, TurnEvent
+from conversations.turns.start import turn_ask
+from tests.conversations.helpers import head
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SLOW = "#slow " + " ".join(f"w{i}" for i in range(30))
+
+
+def _launch(conversation, content: str = SLOW):
+    return detached.launch(turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=content))
+
+
+def _text(entries) -> str:
+    return "".join(event.data["text"] for _, event in entries if event.type == EventType.TOKEN)
+
+
+def test_issue_12_a_reader_that_leaves_early_does_not_end_the_turn(conversation, settings):
+    """The client reads the first tokens and goes away; the turn completes, succeeded with the whole
+    answer, and the log replays it from the start."""
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.02
+    run_id = _launch(conversation)
+    reader = log.follow(run_id)
+    first = next(reader)
+    assert first[0] == 1 and first[1].type == EventType.TOKEN
+    reader.close()  # the client left
+    whole = list(log.follow(run_id))
+    assert whole[-1][1].type == EventType.DONE
+    node = head(conversation)
+    assert node.status == "succeeded" and it.answer_text(node.received) == _text(whole)
+    assert _text(whole).startswith(f"echo: {SLOW}")
+    assert [seq for seq, _ in whole] == list(range(1, len(whole) + 1)), "numbered 1, 2, 3, ... without gaps"
+    assert TurnRun.objects.get(pk=run_id).ended_at is not None
+
+
+def test_issue_12_resuming_after_any_number_gives_exactly_the_rest(conversation, settings):
+    """1,000 random cut points over a finished turn's log: nothing duplicated, nothing missing."""
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.03
+    run_id = _launch(conversation, "#slow " + " ".join(f"w{i}" for i in range(60)))
+    whole = list(log.follow(run_id))
+    full = _text(whole)
+    rng = random.Random(12)
+    duplicated = missing = 0
+    for _ in range(1000):
+        cut = rng.randrange(0, len(whole))
+        seen = _text(whole[:cut]) + _text(log.read(run_id, after=whole[cut - 1][0] if cut else 0))
+        duplicated += len(seen) > len(full)
+        missing += len(seen) < len(full)
+        assert seen == full
+    print(f"\nresume at 1000 random cut points over {len(whole)} events: {duplicated} duplicated, "
+          f"{missing} missing")
+
+
+def test_issue_12_two_readers_following_live_get_the_same_events(conversation, settings):
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.03
+    run_id = _launch(conversation)
+    got: list[list] = [[], []]
+
+    def read(into):
+        into.extend((seq, event.type, event.data) for seq, event in log.follow(run_id))
+
+    readers = [threading.Thread(target=read, args=(got[i],)) for i in range(2)]
+    for reader in readers:
+        reader.start()
+        time.sleep(0.2)  # the second joins late: it replays, then follows
+    for reader in readers:
+        reader.join(30)
+    assert got[0] == got[1] and got[0][-1][1] == EventType.DONE
+
+
+def test_issue_12_a_stop_asked_from_elsewhere_ends_the_turn_as_cancelled(conversation, settings):
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.05
+    run_id = _launch(conversation, "#slow " + " ".join(f"w{i}" for i in range(200)))
+    reader = log.follow(run_id)
+    next(reader)
+    asked = time.monotonic()
+    assert detached.request_stop(conversation.pk)
+    rest = list(reader)
+    took = time.monotonic() - asked
+    ending = rest[-1][1]
+    assert ending.type == EventType.ERROR and ending.data["code"] == "cancelled"
+    node = Node.objects.get(pk=ending.data["node"])
+    assert (node.status, node.failure_reason) == ("failed", "cancelled") and node.received
+    assert took < 2, f"stopped after {took:.2f} s"
+    assert detached.request_stop(conversation.pk) is False, "nothing runs any more"
+
+
+def test_issue_12_tokens_are_merged_but_never_across_nodes(conversation):
+    run = TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation)
+    writer = log.TurnLog(run.pk)
+    for text, node in [("a", 1), ("b", 1), ("c", 2)]:
+        writer.append(TurnEvent(EventType.TOKEN, {"text": text, "node": node}))
+    writer.append(TurnEvent(EventType.DONE, {"answer": "abc", "head": 2, "nodes": [1, 2]}))
+    writer.close()
+    assert [(e.type, e.data.get("text")) for _, e in log.read(run.pk)] == [
+        ("token", "ab"), ("token", "c"), ("done", None)]
+    assert TurnLogEntry.objects.filter(run=run).count() == 3
+
+
+def test_issue_12_old_logs_are_forgotten_and_then_no_run_is_shown(conversation, settings):
+    settings.ARBOR_ECHO_WORD_SECONDS = 0
+    run_id = _launch(conversation, "hi")
+    list(log.follow(run_id))
+    assert log.latest_run(conversation.pk).pk == run_id
+    settings.ARBOR_TURN_LOG_RETENTION_SECONDS = -1
+    assert log.latest_run(conversation.pk) is None
+    assert log.forget_old() >= 1 and not TurnLogEntry.objects.filter(run_id=run_id).exists()
+
+
+def test_issue_12_stream_answers_204_when_no_turn_runs_and_stop_409(conversation, api):
+    assert api.get(f"/api/conversations/{conversation.pk}/stream/").status_code == 204
+    response = api.post(f"/api/conversations/{conversation.pk}/stop/")
+    assert response.status_code == 409 and response.json()["error"]["code"] == "no_turn_running"
+    bad = api.get(f"/api/conversations/{conversation.pk}/stream/?after=-1")
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_input"
+
+
+def test_issue_12_stop_over_the_api_answers_the_stopped_node(conversation, api, settings, other_api):
+    """`POST …/stop/` from any client of the owner: 200 with the node, failed/cancelled, its partial kept."""
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.05
+    run_id = _launch(conversation, "#slow " + " ".join(f"w{i}" for i in range(200)))
+    next(log.follow(run_id))
+    assert other_api.post(f"/api/conversations/{conversation.pk}/stop/").status_code == 404
+    response = api.post(f"/api/conversations/{conversation.pk}/stop/")
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["status"], body["failure_reason"]) == ("failed", "cancelled")
+    assert it.answer_text(body["received"]).startswith("echo: #slow w0")
+    assert api.get(f"/api/conversations/{conversation.pk}/stream/").status_code == 200, "replayable a while"
