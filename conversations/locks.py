@@ -2,9 +2,10 @@
 
 A turn, a compaction by hand and a playbook conversion each hold it while they call a model, so nothing
 else moves the head meanwhile. It lives in the database, so it holds across processes. It is a short
-lease (`ARBOR_TURN_LOCK_SECONDS`): a heartbeat thread renews it every `ARBOR_TURN_HEARTBEAT_SECONDS`
-while it is held, whatever the holder does (a model may think for minutes and send nothing), so a holder
-whose process died frees the conversation within one lease. A holder that lost it can no longer move the
+lease (`ARBOR_TURN_LOCK_SECONDS`): inside its `with` block a heartbeat thread renews it every
+`ARBOR_TURN_HEARTBEAT_SECONDS`, whatever the holder does (a model may think for minutes and send
+nothing), so a holder whose process died frees the conversation within one lease, and a lock taken for a
+turn that never began runs out on its own. A holder that lost it can no longer move the
 head (`head_guard`).
 
     with TurnLock.acquire(conversation) as lock:   # TurnInProgress when another holds it
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -69,7 +69,6 @@ class TurnLock:
         self.lost = False  # set when a renewal found another holder (this one outlived its lease)
         self._released = False
         self._stop = threading.Event()
-        threading.Thread(target=self._beat, name=f"arbor-lock-{conversation.pk}", daemon=True).start()
 
     @classmethod
     def acquire(cls, conversation: Conversation) -> TurnLock:
@@ -91,19 +90,15 @@ class TurnLock:
 
     def _beat(self) -> None:
         """The heartbeat: renew every ARBOR_TURN_HEARTBEAT_SECONDS until released or lost. A renewal the
-        database refused (an outage) is tried again at the next beat, until a whole lease has passed
-        without one: by then the lock is free for others anyway."""
-        last_renewed = time.monotonic()
+        database refused (an outage) is tried again at the next beat: when the database is back, a lock
+        nobody took meanwhile is renewed, and one that was taken is reported lost."""
         while not self._stop.wait(settings.ARBOR_TURN_HEARTBEAT_SECONDS):
             try:
                 if not self.renew():
                     self.lost = True
                     return
-                last_renewed = time.monotonic()
             except DatabaseError as error:
                 logger.warning("turn lock of conversation %s: renewal failed: %r", self.conversation.pk, error)
-                if time.monotonic() - last_renewed > settings.ARBOR_TURN_LOCK_SECONDS:
-                    return
             finally:
                 connections.close_all()  # this thread's own connection, between beats
 
@@ -119,6 +114,7 @@ class TurnLock:
         self.conversation.turn_token = self.conversation.turn_expires_at = None
 
     def __enter__(self) -> TurnLock:
+        threading.Thread(target=self._beat, name=f"arbor-lock-{self.conversation.pk}", daemon=True).start()
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -11,6 +11,7 @@ The lock makes a turn run once: it is taken before `start`, and a run's id is th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ from django.db import connections
 
 from config.db import release_connection
 from conversations.models import TurnRun
-from conversations.turns.events import EventType, TurnEvent
+from conversations.turns.events import ENDINGS, EventType, TurnEvent
 from conversations.turns.log import Entry, TurnLog
 from conversations.turns.runner import Turn
 
@@ -63,14 +64,18 @@ def run(turn: Turn, run_id: uuid.UUID) -> Iterator[Entry]:
     try:
         for event in events:
             yield from log.append(event)
+            if event.type in ENDINGS:
+                continue  # ended: a stop asked now has nothing left to stop
             if time.monotonic() - checked_at >= STOP_CHECK_SECONDS:
                 checked_at = time.monotonic()
                 if _stop_requested(run_id):
                     events.close()  # recorded as failed/cancelled; its ending is said here
                     yield from log.append(TurnEvent(EventType.ERROR, _cancelled(turn)))
                     break
-    except Exception as error:  # a bug: the turn recorded what it could; its readers are told
+    except Exception as error:  # a bug, or the log could not be written (the database is away)
         logger.exception("turn %s failed", run_id)
+        with contextlib.suppress(Exception):
+            events.throw(error)  # the turn records itself failed/interrupted (never "stopped by the user")
         yield from log.append(TurnEvent(EventType.ERROR, {"code": "server_error",
                                                           "message": str(error) or repr(error)}))
     finally:

@@ -24,6 +24,7 @@ from conversations.turns.events import ENDINGS, EventType, TurnEvent
 
 FLUSH_SECONDS = 0.1
 POLL_SECONDS = 0.1
+ORPHAN_SECONDS = 3
 
 Entry = tuple[int, TurnEvent]
 
@@ -31,9 +32,9 @@ Entry = tuple[int, TurnEvent]
 class TurnLog:
     """The writer of one run's log, in the process that runs the turn."""
 
-    def __init__(self, run_id: uuid.UUID):
+    def __init__(self, run_id: uuid.UUID, *, after: int = 0):
         self.run_id = run_id
-        self.seq = 0
+        self.seq = after  # a log ended by another process (recovery) goes on from its last number
         self._tokens: list[str] = []
         self._token_node: int | None = None
         self._flushed_at = time.monotonic()
@@ -80,8 +81,12 @@ def read(run_id: uuid.UUID, *, after: int = 0) -> list[Entry]:
 
 def follow(run_id: uuid.UUID, *, after: int = 0, sleep: Callable[[float], None] = time.sleep
            ) -> Iterator[Entry]:
-    """The run's events above `after`, then the new ones as they are written, until the turn's ending. A
-    run that ended without one (its process died) ends the reading when nothing more is left."""
+    """The run's events above `after`, then the new ones as they are written, until the turn's ending.
+
+    A run that ended without one, or whose lock has been gone for `ORPHAN_SECONDS` with nothing written
+    (its process died, or its turn never began), ends the reading: a reader never follows a dead run
+    for ever. A turn that ends gives its lock back just before it writes its ending, hence the grace."""
+    lock_gone_since: float | None = None
     while True:
         entries = read(run_id, after=after)
         for entry in entries:
@@ -89,12 +94,16 @@ def follow(run_id: uuid.UUID, *, after: int = 0, sleep: Callable[[float], None] 
             if entry[1].type in ENDINGS:
                 return
         if entries:
-            after = entries[-1][0]
+            after, lock_gone_since = entries[-1][0], None
             continue
-        ended = TurnRun.objects.filter(pk=run_id, ended_at__isnull=False).exists()
+        run = TurnRun.objects.filter(pk=run_id).values("ended_at", "conversation__turn_token").first()
         release_connection()
-        if ended and not read(run_id, after=after):
+        if run is None or (run["ended_at"] is not None and not read(run_id, after=after)):
             return
+        if run["conversation__turn_token"] != run_id:
+            lock_gone_since = lock_gone_since or time.monotonic()
+            if time.monotonic() - lock_gone_since > ORPHAN_SECONDS:
+                return
         sleep(POLL_SECONDS)
 
 

@@ -61,6 +61,14 @@ def fail(node: Node, error: llm.LLMError) -> None:
             received=error.partial, finished_at=timezone.now())
 
 
+def interrupt(node: Node, error: llm.LLMError) -> bool:
+    """Fail a node still pending (its process is gone); False if it ended meanwhile (its process was only
+    late): then its own record stands, and nothing is written."""
+    return bool(Node.objects.filter(pk=node.pk, status=Node.Status.PENDING).update(
+        status=Node.Status.FAILED, failure_reason=error.reason, failure_message=error.message,
+        received=error.partial, finished_at=timezone.now()))
+
+
 def _settle(node: Node, **fields: Any) -> None:
     """Write how a pending node ended, once. A node a sweep has already failed as interrupted (its process
     outlived its lease, and the next turn took over) keeps that record: what this process brings goes on

@@ -9,8 +9,9 @@ turn resumed after an approval) first decides *where the new node's parent is*, 
 
 Loading the state expands a compaction root the conversation's model cannot read (C3,
 `selectors.context_path`); before each round's call, `conversations.compaction` runs when the call
-would pass the budget's threshold (C1, C2). `Turn.events` is a generator of `TurnEvent`s; closing it
-(stop, or a client that went away) ends the turn as failed/cancelled. Every node is written by the one
+would pass the budget's threshold (C1, C2). `Turn.events` is a generator of `TurnEvent`s; closing it (a
+stop) ends the turn as failed/cancelled. A client that goes away does not close it: `turns.detached`
+runs a turn apart from its clients. Every node is written by the one
 recorder (`records.py`); the head moves only through `services.head_move`.
 """
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -156,14 +155,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             flushed_at = loop.time()
 
         run_id = await database_sync_to_async(detached.start)(turn)
-        began = threading.Event()
-
-        def run():
-            began.set()
-            return detached.run(turn, run_id)
-
+        began = False
         try:
-            async with contextlib.aclosing(events_in_thread(run, detach=True)) as events:
+            async with contextlib.aclosing(events_in_thread(lambda: detached.run(turn, run_id), detach=True)) as events:
+                # No await from here to the thread's start (in the first step of the loop): a cancelled task
+                # either never began reading, or its turn's thread runs.
+                began = True
                 async for _, event in events:
                     if event.type == EventType.TOKEN:
                         pending.append(event.data["text"])
@@ -175,7 +172,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     self.turn_ended = event.type in ENDINGS
                     await self.send_json({"type": event.type, **event.data})
         finally:
-            if not began.is_set():  # the socket went before the turn's thread began: it runs all the same
+            if not began:  # the socket went before the turn's thread began: it runs all the same
                 await database_sync_to_async(detached.run_apart)(turn, run_id)
 
     async def _stop_reading(self) -> None:

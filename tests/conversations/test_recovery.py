@@ -238,3 +238,36 @@ def test_issue_12_kill_9_mid_answer_frees_the_conversation_and_keeps_the_streame
     assert 0 <= lost_words <= 2 / 0.1 + 2, "at most the last 2 s of words (0.1 s each) are lost"
     assert head(conversation).parent_id == dead.pk
     assert django_settings.ARBOR_TURN_LOCK_SECONDS <= 30
+
+
+def test_issue_12_a_call_that_finished_late_is_left_as_it_ended(conversation, settings, frozen_now, graveyard):
+    """Recovery fails only what is still pending: a process that was only late keeps its own record, and
+    no copy of the node is made."""
+    settings.ARBOR_TURN_LOCK_SECONDS = 20
+    _die_mid_answer(conversation, settings, graveyard)
+    node = Node.objects.get(conversation=conversation)
+    Node.objects.filter(pk=node.pk).update(status="succeeded")  # it finished just before the sweep read it
+    frozen_now["now"] += timedelta(seconds=21)
+    lock = locks.TurnLock.acquire(Conversation.objects.get(pk=conversation.pk))
+    assert recovery.recover(conversation, lock) == []
+    lock.release()
+    assert Node.objects.filter(conversation=conversation).count() == 1
+    assert Node.objects.get(pk=node.pk).status == "succeeded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_issue_12_a_run_whose_turn_never_began_ends_for_its_readers(conversation, settings, monkeypatch):
+    """A turn whose client left before it began (its lock runs out unheld): readers stop following within
+    a few seconds, and the sweep ends its run with an `interrupted` event."""
+    from conversations.turns import detached, log
+
+    turn = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="never run")
+    run_id = detached.start(turn)
+    turn.abandon()  # the lock goes back; the run was opened and nobody runs it
+    monkeypatch.setattr(log, "ORPHAN_SECONDS", 0.3)
+    assert list(log.follow(run_id)) == []
+    settings.ARBOR_TURN_LOCK_SECONDS = -1
+    recovery.sweep()
+    (seq, ending), = log.read(run_id)
+    assert seq == 1 and ending.data["code"] == "interrupted"
+    assert log.latest_run(conversation.pk).ended_at is not None

@@ -340,21 +340,26 @@ def test_t9_release_twice_is_harmless_and_the_with_block_releases(conversation):
 
 @pytest.mark.django_db(transaction=True)
 def test_t9_a_held_lock_is_renewed_by_its_heartbeat_while_its_holder_is_silent(conversation, settings):
-    """Issue 12: the lease is renewed in the background (a model may send nothing for minutes); the
-    heartbeat stops with the release, so a released lock is never renewed again."""
+    """Issue 12: a held lock (inside its with-block) is renewed in the background (a model may send nothing
+    for minutes); one taken for a turn that never began is not, and runs out; the heartbeat stops with the
+    release, so a released lock is never renewed again."""
     settings.ARBOR_TURN_LOCK_SECONDS = 30
     settings.ARBOR_TURN_HEARTBEAT_SECONDS = 0.05
 
     def expiry():
         return Conversation.objects.get(pk=conversation.pk).turn_expires_at
 
-    lock = locks.TurnLock.acquire(conversation)
+    idle = locks.TurnLock.acquire(conversation)  # taken, never entered: no heartbeat, it runs out
     first = expiry()
-    deadline = time.monotonic() + 10
-    while expiry() == first and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert expiry() > first, "the heartbeat pushed the expiry ahead while the holder did nothing"
-    lock.release()
+    time.sleep(0.3)
+    assert expiry() == first
+    idle.release()
+    with locks.TurnLock.acquire(conversation) as lock:
+        first = expiry()
+        deadline = time.monotonic() + 10
+        while expiry() == first and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert expiry() > first, "the heartbeat pushed the expiry ahead while the holder did nothing"
     time.sleep(0.2)
     assert expiry() is None and not lock.lost
 
@@ -363,7 +368,7 @@ def test_t9_a_held_lock_is_renewed_by_its_heartbeat_while_its_holder_is_silent(c
 def test_t9_a_heartbeat_that_finds_another_holder_marks_its_lock_lost(conversation, settings, frozen_now):
     settings.ARBOR_TURN_LOCK_SECONDS = 30
     settings.ARBOR_TURN_HEARTBEAT_SECONDS = 0.05
-    first = locks.TurnLock.acquire(conversation)
+    first = locks.TurnLock.acquire(conversation).__enter__()  # held: its heartbeat beats
     frozen_now["now"] += timedelta(seconds=31)
     second = locks.TurnLock.acquire(conversation)
     deadline = time.monotonic() + 10
