@@ -89,6 +89,12 @@ def request_stop(conversation_id: int) -> bool:
                 .update(stop_requested=True))
 
 
+def running_run(conversation_id: int) -> uuid.UUID | None:
+    """The run of the turn under way on the conversation, if one is."""
+    return (TurnRun.objects.filter(conversation_id=conversation_id, ended_at__isnull=True)
+            .order_by("-started_at").values_list("pk", flat=True).first())
+
+
 def running(conversation_id: int) -> bool:
     """Whether a turn runs on the conversation now (a stop waits for this)."""
     return TurnRun.objects.filter(conversation_id=conversation_id, ended_at__isnull=True).exists()

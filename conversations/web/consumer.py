@@ -20,7 +20,7 @@ from config.api import UnsafeJSON, strict_loads
 from config.errors import ArborError, BadInput, NotFound
 from conversations.apis.serializers import ApprovalIn, EditIn, RegenerateIn, TurnIn
 from conversations.selectors import conversation_for_user
-from conversations.turns import detached
+from conversations.turns import detached, log
 from conversations.turns.events import ENDINGS, EventType
 from conversations.turns.runner import Turn
 from conversations.turns.start import turn_ask, turn_decide, turn_edit, turn_regenerate, turn_retry
@@ -28,6 +28,7 @@ from conversations.turns.streaming import events_in_thread
 
 TOKEN_BATCH_SECONDS = 0.05  # tokens go out in small batches, not one frame each
 STOP_WAIT_SECONDS = 10
+WATCH_SECONDS = 0.5  # how soon a socket notices a turn started elsewhere
 
 
 def _ask(*, content: str, **common) -> Turn:
@@ -58,8 +59,10 @@ _STARTS: dict[str, tuple[type | None, Callable[..., Turn | None]]] = {
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
-        self.generation: asyncio.Task | None = None
+        self.generation: asyncio.Task | None = None  # the task reading the turn this socket shows
         self.turn_ended = False  # the running generation has sent its turn's last event (done, error, approval)
+        self.following = None  # the run it reads (its own or one it joined)
+        self.watcher: asyncio.Task | None = None
         self.user = self.scope.get("user")
         self.conversation_id = self.scope["url_route"]["kwargs"]["conversation_id"]
         await self.accept()
@@ -67,9 +70,33 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             # Anyone else's conversation is "not found", as over HTTP. Accepted first: a socket refused
             # during the handshake reaches a browser as 1006 with no reason.
             await self.close(code=4404)
+            return
+        self.watcher = asyncio.create_task(self._watch())
 
     async def disconnect(self, code):
+        if self.watcher:
+            self.watcher.cancel()
         await self._stop_reading()  # the turn itself runs on
+
+    async def _watch(self) -> None:
+        """Join a turn that runs on this conversation but not through this socket (another tab, the API,
+        or its own turn after a reload or reconnect): its events so far, then live (issue 12)."""
+        while True:
+            if not (self.generation and not self.generation.done()):
+                run_id = await database_sync_to_async(detached.running_run)(self.conversation_id)
+                if run_id is not None and run_id != self.following:
+                    self.turn_ended = False
+                    self.generation = asyncio.create_task(self._join(run_id))
+            await asyncio.sleep(WATCH_SECONDS)
+
+    async def _join(self, run_id) -> None:
+        self.following = run_id
+        await self.send_json({"type": "joined"})
+        async with contextlib.aclosing(events_in_thread(lambda: log.follow(run_id))) as events:
+            await self._forward(events)
+        if not self.turn_ended:  # a run whose process is gone ends with no event of its own
+            self.turn_ended = True
+            await self.send_json({"type": "ended"})
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         """One bad frame gets an error and keeps the socket (and any turn it runs) open. Frames are read like API
@@ -142,6 +169,21 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         return lambda: start(user=self.user, conversation_id=self.conversation_id, **values)
 
     async def _stream(self, turn: Turn) -> None:
+        run_id = await database_sync_to_async(detached.start)(turn)
+        self.following = run_id
+        began = False
+        try:
+            async with contextlib.aclosing(events_in_thread(lambda: detached.run(turn, run_id), detach=True)) as events:
+                # No await from here to the thread's start (in the first step of the loop): a cancelled task
+                # either never began reading, or its turn's thread runs.
+                began = True
+                await self._forward(events)
+        finally:
+            if not began:  # the socket went before the turn's thread began: it runs all the same
+                await database_sync_to_async(detached.run_apart)(turn, run_id)
+
+    async def _forward(self, events) -> None:
+        """Send a turn's numbered events on, tokens in small batches."""
         pending: list[str] = []
         node = None
         loop = asyncio.get_running_loop()
@@ -154,26 +196,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 pending.clear()
             flushed_at = loop.time()
 
-        run_id = await database_sync_to_async(detached.start)(turn)
-        began = False
-        try:
-            async with contextlib.aclosing(events_in_thread(lambda: detached.run(turn, run_id), detach=True)) as events:
-                # No await from here to the thread's start (in the first step of the loop): a cancelled task
-                # either never began reading, or its turn's thread runs.
-                began = True
-                async for _, event in events:
-                    if event.type == EventType.TOKEN:
-                        pending.append(event.data["text"])
-                        node = event.data["node"]
-                        if loop.time() - flushed_at >= TOKEN_BATCH_SECONDS:
-                            await flush()
-                        continue
+        async for _, event in events:
+            if event.type == EventType.TOKEN:
+                pending.append(event.data["text"])
+                node = event.data["node"]
+                if loop.time() - flushed_at >= TOKEN_BATCH_SECONDS:
                     await flush()
-                    self.turn_ended = event.type in ENDINGS
-                    await self.send_json({"type": event.type, **event.data})
-        finally:
-            if not began:  # the socket went before the turn's thread began: it runs all the same
-                await database_sync_to_async(detached.run_apart)(turn, run_id)
+                continue
+            await flush()
+            self.turn_ended = event.type in ENDINGS
+            await self.send_json({"type": event.type, **event.data})
+        await flush()
 
     async def _stop_reading(self) -> None:
         task, self.generation = self.generation, None

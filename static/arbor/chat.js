@@ -59,7 +59,7 @@
         say("This conversation is not available any more.");
         return;
       }
-      if (running) finish("The connection dropped; the answer so far is kept.");
+      if (running) finish("The connection dropped; the answer goes on and shows here again once reconnected.");
       setTimeout(connect, 1000);
     });
   }
@@ -75,7 +75,15 @@
 
   function onEvent(event) {
     switch (event.type) {
+      case "joined":
+        // A turn that runs elsewhere (another tab, before a reload): its answer so far, then live.
+        for (const stale of list().querySelectorAll(".msg.streaming")) stale.remove();
+        streaming = null;
+        setRunning(true);
+        say("Answering…");
+        break;
       case "token":
+        if (!running) setRunning(true);
         if (!streaming) streaming = appendBubble("assistant streaming", "");
         streaming.querySelector(".body").textContent += event.text;
         streaming.dataset.frames = String(Number(streaming.dataset.frames || 0) + 1);
@@ -99,6 +107,9 @@
         break;
       case "stopped":
         finish("Stopped.");
+        break;
+      case "ended":
+        finish("");
         break;
       case "error":
         finish(event.message || "Something went wrong.");
@@ -138,10 +149,12 @@
     element.remove();
   }
 
-  async function redraw() {
+  async function redraw({ unlessStreaming = false } = {}) {
     const response = await fetch(chat.dataset.messagesUrl, { headers: { "X-Fragment": "1" } });
     if (!response.ok) throw new Error(`${response.status}`);
-    box.innerHTML = await response.text();
+    const html = await response.text();
+    if (unlessStreaming && streaming) return true;  // a joined answer streams in meanwhile: keep it
+    box.innerHTML = html;
     enhance(box);
     return list().dataset.turnRunning === "1";
   }
@@ -161,20 +174,26 @@
   }
 
   async function waitForOtherTurn() {
-    // A turn started elsewhere (another tab, the API): show it when it ends.
+    // A turn runs on this conversation (another tab, the API, or ours before a reload): the socket joins
+    // it and streams its answer here. Until it does, the page redraws now and then, so a turn that ends
+    // meanwhile shows too.
     setRunning(true);
-    say("A turn is running on this conversation elsewhere; this page updates when it ends.");
-    let stillRunning = true;
-    while (stillRunning) {
+    say("A turn is running on this conversation; its answer follows here.");
+    while (running && !streaming) {
       await new Promise((resolve) => setTimeout(resolve, 2000));
+      if (streaming) return;
+      let stillRunning = false;
       try {
-        stillRunning = await redraw();
+        stillRunning = await redraw({ unlessStreaming: true });
       } catch (error) {
         stillRunning = false;
       }
+      if (streaming) return;
+      if (!stillRunning) {
+        setRunning(false);
+        say("");
+      }
     }
-    setRunning(false);
-    say("");
   }
 
   // --- what the person does -----------------------------------------------------------------------------

@@ -239,3 +239,40 @@ def test_palette_jumps_to_a_conversation_and_the_page_works_at_phone_width(brows
     assert browser.find_element(By.ID, "sidebar").is_displayed()
     assert toggle.get_attribute("aria-expanded") == "true"
     screenshot(browser, "chat-phone-menu")
+
+
+def _streaming_text(browser) -> str | None:
+    return browser.execute_script(
+        "const b = document.querySelector('.msg.streaming .body'); return b ? b.textContent : null")
+
+
+def test_issue_12_a_reload_mid_answer_picks_it_up_and_a_second_window_sees_it_live(browser, asgi_server, user,
+                                                                                   conversation):
+    """Issue 12: reloading the page in the middle of a `#slow` answer shows it continuing from where it was
+    (replayed, then live), with no word twice or missing; a second window on the same conversation sees it
+    stream live, and its controls know a turn runs."""
+    sign_in(browser, asgi_server, user)
+    _open(browser, asgi_server, conversation)
+    words = " ".join(f"w{i}" for i in range(50))
+    _send(browser, f"#slow {words}")
+    wait(browser).until(lambda d: len(_streaming_text(d) or "") > 20)
+    browser.refresh()
+    wait(browser).until(lambda d: len(_streaming_text(d) or "") > 40)
+    after_reload = _streaming_text(browser)
+    assert after_reload.startswith("echo: #slow w0 w1"), "the answer so far, from its start"
+    assert browser.find_element(By.ID, "stop").is_displayed(), "the reloaded page knows a turn runs"
+
+    first = browser.current_window_handle
+    browser.switch_to.new_window("window")
+    browser.get(f"{asgi_server.url}/chat/{conversation.pk}/")
+    wait(browser).until(lambda d: len(_streaming_text(d) or "") > len(after_reload))
+    assert browser.find_element(By.ID, "stop").is_displayed() and not browser.find_element(By.ID, "send").is_displayed()
+    screenshot(browser, "chat-second-window-live")
+    _wait_for_answer_count(browser, 1)
+    (second_view,) = _answers(browser)
+    browser.switch_to.window(first)
+    _wait_for_answer_count(browser, 1)
+    (first_view,) = _answers(browser)
+    assert first_view == second_view and first_view.startswith(f"echo: #slow {words}")
+    conversation.refresh_from_db()
+    assert conversation.head.status == "succeeded"

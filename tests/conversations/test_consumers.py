@@ -98,8 +98,11 @@ async def test_issue_12_stop_from_another_tab_ends_the_turn_it_did_not_start(cha
     first = await _socket_with_a_running_turn(conversation, cookie)
     second = chat_socket(conversation.pk, cookie)
     await second.connect()
+    assert (await second.receive_json_from(timeout=30))["type"] == "joined", "it shows the running turn too"
     await second.send_json_to({"type": "stop"})
-    assert (await receive_until(second, "stopped"))[-1] == {"type": "stopped"}
+    seen = (await receive_until(second, "stopped"))[-1]
+    assert seen["type"] == "error" and seen["code"] == "cancelled", "the joined turn's ending"
+    assert await second.receive_json_from(timeout=30) == {"type": "stopped"}
     ending = (await receive_until(first, "error"))[-1]
     assert ending["code"] == "cancelled"
     node = await settled_node(conversation)
@@ -140,3 +143,22 @@ async def test_bad_messages_get_clear_errors_and_change_nothing(chat):
         assert reply["type"] == "error" and reply["code"] == code, (payload, reply)
     assert await in_own_thread(lambda: Node.objects.count())() == 0
     await socket.disconnect()
+
+
+async def test_issue_12_a_socket_opened_mid_answer_joins_it_with_nothing_missing_or_repeated(chat):
+    """A reloaded page or a second tab: its socket joins the running turn, gets the answer so far and then
+    the rest live; the tokens it gets are the whole answer, once."""
+    conversation, cookie = chat
+    first = await _socket_with_a_running_turn(conversation, cookie)
+    late = chat_socket(conversation.pk, cookie)
+    await late.connect()
+    messages = await receive_until(late, "done")
+    assert messages[0] == {"type": "joined"} and messages[-1]["type"] == "done"
+    joined_text = "".join(m["text"] for m in messages if m["type"] == "token")
+    assert joined_text == messages[-1]["answer"] and joined_text.startswith(f"echo: {SLOW}")
+    own = await receive_until(first, "done")
+    assert own[-1] == messages[-1]
+    await late.send_json_to({"type": "ask", "content": "and the late tab asks on"})
+    assert (await receive_until(late, "done"))[-1]["answer"].startswith("echo: and the late tab asks on")
+    await first.disconnect()
+    await late.disconnect()
