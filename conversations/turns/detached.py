@@ -16,13 +16,13 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from django.db import connections
 
 from config.db import release_connection
 from conversations.models import TurnRun
-from conversations.turns.events import ENDINGS, EventType, TurnEvent
+from conversations.turns.events import EventType, TurnEvent
 from conversations.turns.log import Entry, TurnLog
 from conversations.turns.runner import Turn
 
@@ -59,19 +59,11 @@ def run_apart(turn: Turn, run_id: uuid.UUID) -> None:
 def run(turn: Turn, run_id: uuid.UUID) -> Iterator[Entry]:
     """Run `turn` here, logging its events; yield each as it is logged, numbered."""
     log = TurnLog(run_id)
+    turn.stop_requested = _stop_check(run_id)
     events = turn.events()
-    checked_at = time.monotonic()
     try:
         for event in events:
             yield from log.append(event)
-            if event.type in ENDINGS:
-                continue  # ended: a stop asked now has nothing left to stop
-            if time.monotonic() - checked_at >= STOP_CHECK_SECONDS:
-                checked_at = time.monotonic()
-                if _stop_requested(run_id):
-                    events.close()  # recorded as failed/cancelled; its ending is said here
-                    yield from log.append(TurnEvent(EventType.ERROR, _cancelled(turn)))
-                    break
     except Exception as error:  # a bug, or the log could not be written (the database is away)
         logger.exception("turn %s failed", run_id)
         with contextlib.suppress(Exception):
@@ -100,14 +92,16 @@ def running(conversation_id: int) -> bool:
     return TurnRun.objects.filter(conversation_id=conversation_id, ended_at__isnull=True).exists()
 
 
-def _stop_requested(run_id: uuid.UUID) -> bool:
-    asked = TurnRun.objects.filter(pk=run_id, stop_requested=True).exists()
-    release_connection()
+def _stop_check(run_id: uuid.UUID) -> Callable[[], bool]:
+    """Whether a stop was asked for the run: read from the database at most every STOP_CHECK_SECONDS (the
+    turn asks on every token and every quarter second of a silent call)."""
+    state = {"checked_at": 0.0, "asked": False}
+
+    def asked() -> bool:
+        if not state["asked"] and time.monotonic() - state["checked_at"] >= STOP_CHECK_SECONDS:
+            state["checked_at"] = time.monotonic()
+            state["asked"] = TurnRun.objects.filter(pk=run_id, stop_requested=True).exists()
+            release_connection()
+        return state["asked"]
+
     return asked
-
-
-def _cancelled(turn: Turn) -> dict:
-    conversation = turn.conversation
-    conversation.refresh_from_db(fields=["head"])
-    return {"code": "cancelled", "message": "stopped by the user", "node": turn.nodes[-1] if turn.nodes else None,
-            "head": conversation.head_id, "nodes": list(turn.nodes)}

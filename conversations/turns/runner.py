@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 from django.conf import settings
 from django.db import transaction
@@ -34,7 +34,10 @@ from conversations.retrieval import retrieved_items
 from conversations.selectors import context_path, instructions_for, path_node
 from conversations.tools import all_tools
 from conversations.turns import calls, records
+from conversations.turns.call_reader import CallReader
 from conversations.turns.events import ENDINGS, EventType, TurnEvent
+
+STOP_POLL_SECONDS = 0.25  # how often a silent call looks up for a stop
 
 
 class Turn:
@@ -59,6 +62,8 @@ class Turn:
         self._started = False
         self._start_lock = threading.Lock()  # `events` (a worker thread) and `abandon` may race
         self._summary_failed = False  # a failed summary is not tried again in the same turn
+        # Asked while a call streams or is silent (turns.detached sets it: a stop asked through the database).
+        self.stop_requested: Callable[[], bool] = lambda: False
 
     # --- running ---------------------------------------------------------------------------------------
 
@@ -189,34 +194,32 @@ class Turn:
                     ) -> Generator[TurnEvent, None, llm.CallResult | None]:
         """Stream one call as token events; return its result, or None once its failure is recorded."""
         release_connection()  # no database connection is held while the model thinks
-        call = llm.stream_call(model=self.model, messages=messages, tools=tools)
+        call = CallReader(llm.stream_call(model=self.model, messages=messages, tools=tools))
         text: list[str] = []
         saved_at = time.monotonic()
         try:
             while True:
-                try:
-                    token = next(call)
-                except StopIteration as stop:
-                    return stop.value
+                token = call.next(timeout=STOP_POLL_SECONDS)
+                if token is CallReader.DONE:
+                    return call.result
+                if self.stop_requested():  # also while the model is silent: the call is left, not waited out
+                    yield self._fail(llm.LLMError("cancelled", "stopped by the user", partial=call.leave(text)))
+                    return None
+                if token is CallReader.SILENT:
+                    continue
                 text.append(token)
                 if time.monotonic() - saved_at >= settings.ARBOR_PARTIAL_SAVE_SECONDS:
                     records.save_partial(node, "".join(text))  # what a crash would otherwise lose
                     saved_at = time.monotonic()
                 yield TurnEvent(EventType.TOKEN, {"text": token, "node": node.pk})
         except GeneratorExit:
-            try:
-                call.close()
-            except llm.LLMError as error:
-                self._fail(error)
+            self._fail(llm.LLMError("cancelled", "stopped by the user", partial=call.leave(text)))
             raise
         except llm.LLMError as error:
             yield self._fail(error)
             return None
-        except Exception as error:  # a bug mid-stream: close the call and keep what it had received (D3)
-            try:
-                call.close()
-            except llm.LLMError as closed:
-                self._fail(llm.LLMError("interrupted", f"the turn stopped: {error!r}", partial=closed.partial))
+        except Exception as error:  # a bug mid-stream: leave the call and keep what it had received (D3)
+            self._fail(llm.LLMError("interrupted", f"the turn stopped: {error!r}", partial=call.leave(text)))
             raise
 
     # --- what is written -------------------------------------------------------------------------------

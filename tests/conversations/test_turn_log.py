@@ -145,3 +145,23 @@ def test_issue_12_stop_over_the_api_answers_the_stopped_node(conversation, api, 
     assert (body["status"], body["failure_reason"]) == ("failed", "cancelled")
     assert it.answer_text(body["received"]).startswith("echo: #slow w0")
     assert api.get(f"/api/conversations/{conversation.pk}/stream/").status_code == 200, "replayable a while"
+
+
+def test_issue_12_a_stop_while_the_model_is_silent_ends_the_turn_without_waiting_it_out(conversation, settings):
+    """The model sends a word, then nothing for 3 s: a stop asked from elsewhere ends the turn as
+    failed/cancelled without waiting for the next word, keeping the word it had."""
+    settings.ARBOR_ECHO_WORD_SECONDS = 3
+    run_id = _launch(conversation, "#slow one two three")
+    reader = log.follow(run_id)
+    first = next(reader)
+    asked = time.monotonic()
+    assert detached.request_stop(conversation.pk)
+    rest = list(reader)
+    took = time.monotonic() - asked
+    print(f"\nstop while the model is silent -> cancelled: {took:.2f} s (the next word was 3 s away)")
+    ending = rest[-1][1]
+    assert ending.type == EventType.ERROR and ending.data["code"] == "cancelled"
+    node = Node.objects.get(pk=ending.data["node"])
+    assert (node.status, node.failure_reason) == ("failed", "cancelled")
+    assert it.answer_text(node.received) == first[1].data["text"]
+    assert took < 2.5, "it did not wait for the silent call's next word"

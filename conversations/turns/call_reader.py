@@ -1,0 +1,75 @@
+"""A model call read in a thread of its own, so the turn can look up from it while it is silent.
+
+A provider may think for a minute and send nothing; a blocked read cannot notice a stop. The reader
+hands each token over through a queue, so the turn waits at most `timeout` at a time. A turn that leaves
+the call (a stop) does not wait it out: the reader closes the call as soon as it next speaks, and the
+turn keeps what it had received (all of it when the call answers the close at once, else its text).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Generator
+from typing import Any
+
+from conversations import items as it
+from conversations import llm
+
+LEAVE_WAIT_SECONDS = 0.2  # how long a leaving turn waits for the call's own partial items
+
+
+class CallReader:
+    SILENT = object()  # nothing arrived within the timeout
+    DONE = object()  # the call ended: `result` holds what it returned
+
+    def __init__(self, call: Generator[str, None, llm.CallResult]):
+        self.result: llm.CallResult | None = None
+        self._queue: queue.Queue = queue.Queue()
+        self._leaving = threading.Event()
+        self._closed = threading.Event()
+        self._partial: list[dict] | None = None
+        threading.Thread(target=self._read, args=(call,), name="arbor-call", daemon=True).start()
+
+    def _read(self, call: Generator[str, None, llm.CallResult]) -> None:
+        try:
+            while not self._leaving.is_set():
+                self._queue.put(("token", next(call)))
+        except StopIteration as stop:
+            self._queue.put(("done", stop.value))
+            return
+        except BaseException as error:  # handed to the turn, which records it
+            self._queue.put(("error", error))
+            return
+        try:
+            call.close()
+        except llm.LLMError as closed:  # a closed call says what it had received
+            self._partial = closed.partial
+        except Exception:  # a provider that fails to close: its text is kept by the turn
+            pass
+        finally:
+            self._closed.set()
+
+    def next(self, *, timeout: float) -> Any:
+        """The next token, SILENT, or DONE; a failure of the call is raised here."""
+        try:
+            kind, value = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return self.SILENT
+        if kind == "done":
+            self.result = value
+            return self.DONE
+        if kind == "error":
+            raise value
+        return value
+
+    def leave(self, text: list[str]) -> list[dict]:
+        """Stop reading; return what was received: the call's own partial items if it gives them back at
+        once, else the text read so far."""
+        self._leaving.set()
+        with contextlib.suppress(Exception):
+            self._closed.wait(LEAVE_WAIT_SECONDS)
+        if self._partial is not None:
+            return self._partial
+        return [it.text("".join(text))] if text else []
