@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import jsonschema
@@ -19,9 +21,11 @@ logger = logging.getLogger("arbor.tools")
 # A tool that times out keeps its thread until it returns; enough threads that a few hung ones do not
 # stall every other turn.
 _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="arbor-tool")
+STOP_POLL_SECONDS = 0.25
 
 
-def run_tool_call(call: it.Item, *, approved: bool | None = None, max_bytes: int | None = None) -> it.Item:
+def run_tool_call(call: it.Item, *, approved: bool | None = None, max_bytes: int | None = None,
+                  stop_requested: Callable[[], bool] = lambda: False) -> it.Item:
     """Return the tool_result item for `call`. `approved=False` means a person refused it (F3).
 
     Its content is at most `max_bytes` (and ARBOR_TOOL_OUTPUT_MAX_BYTES) of UTF-8, read within the time
@@ -48,16 +52,36 @@ def run_tool_call(call: it.Item, *, approved: bool | None = None, max_bytes: int
         return error(f"error: the arguments are not valid JSON ({exc.msg})")
     except jsonschema.ValidationError as exc:
         return error(f"error: invalid arguments: {exc.message}")
+
     def run() -> str:
         return capped_text(tool.function(**arguments), cell_max=settings.ARBOR_TOOL_CELL_MAX_BYTES,
                            total_max=total_max)
 
-    future = _pool.submit(run)
     try:
-        text = future.result(timeout=settings.ARBOR_TOOL_TIMEOUT_SECONDS)
+        text = _wait(_pool.submit(run), stop_requested)
     except FutureTimeout:
         return error(f"error: {name} did not finish within {settings.ARBOR_TOOL_TIMEOUT_SECONDS:g} s")
+    except _Stopped:
+        return error(f"stopped: the turn was stopped while {name} ran; whether it finished is not known")
     except Exception as exc:  # a raising tool still yields a result (C4)
         logger.info("tool %s raised %r", name, exc)
         return error(f"error: {exc}")
     return it.tool_result(call_id, name, text)
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _wait(future: Future, stop_requested: Callable[[], bool]) -> str:
+    """The tool's text, within the time limit; a stop asked meanwhile is noticed within STOP_POLL_SECONDS
+    (the tool's thread is left to finish on its own: a thread cannot be killed)."""
+    deadline = time.monotonic() + settings.ARBOR_TOOL_TIMEOUT_SECONDS
+    while True:
+        try:
+            return future.result(timeout=min(STOP_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+        except FutureTimeout:
+            if time.monotonic() >= deadline:
+                raise
+            if stop_requested():
+                raise _Stopped() from None

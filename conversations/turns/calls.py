@@ -8,6 +8,8 @@ the action never runs twice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.conf import settings
 
 from conversations import items as it
@@ -39,9 +41,11 @@ def undecided(tip: PathNode | None) -> list[it.Item]:
     return [c for c in calls if c["id"] not in decided]
 
 
-def resolve(node: PathNode, *, run: bool, note: str = "") -> list[it.Item]:
+def resolve(node: PathNode, *, run: bool, note: str = "",
+            stop_requested: Callable[[], bool] = lambda: False) -> list[it.Item]:
     """Results for `node`'s open calls (C4: every call gets one). Without `run`, nothing new executes:
-    a call with no stored result gets an error result that says `note`."""
+    a call with no stored result gets an error result that says `note`. A stop asked while a tool runs
+    leaves it with a result that says so."""
     calls = open_calls(node)
     decisions = ({a.call_id: a for a in ToolApproval.objects.filter(node_id=node.id)}
                  if any(needs_approval(c) for c in calls) else {})
@@ -55,9 +59,9 @@ def resolve(node: PathNode, *, run: bool, note: str = "") -> list[it.Item]:
         elif not run:
             results.append(it.tool_result(call["id"], call["name"], note, is_error=True))
         elif decision is not None:
-            result = run_tool_call(call, approved=decision.approved, max_bytes=share)
+            result = run_tool_call(call, approved=decision.approved, max_bytes=share, stop_requested=stop_requested)
             services.approval_store_result(node_id=node.id, call_id=call["id"], result=result)
             results.append(result)
         else:
-            results.append(run_tool_call(call, max_bytes=share))
+            results.append(run_tool_call(call, max_bytes=share, stop_requested=stop_requested))
     return results

@@ -119,7 +119,8 @@ class Turn:
     def _round(self, path: list[PathNode], *, last_round: bool
                ) -> Generator[TurnEvent, None, tuple[list[PathNode], bool]]:
         """One model call and what follows it; return the path for the next round and whether the turn ended."""
-        sent = [*(calls.resolve(self._open, run=True) if self._open else []), *self.new_items]
+        sent = [*(calls.resolve(self._open, run=True, stop_requested=self.stop_requested) if self._open else []),
+                *self.new_items]
         self.new_items = []
         tools = None if last_round else [t.spec() for t in all_tools()]  # the last round must answer
         path, compacted = self._compact_if_needed(path, sent, tools)

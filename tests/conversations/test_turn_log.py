@@ -165,3 +165,33 @@ def test_issue_12_a_stop_while_the_model_is_silent_ends_the_turn_without_waiting
     assert (node.status, node.failure_reason) == ("failed", "cancelled")
     assert it.answer_text(node.received) == first[1].data["text"]
     assert took < 2.5, "it did not wait for the silent call's next word"
+
+
+def test_issue_12_a_stop_while_a_tool_runs_ends_the_turn_without_waiting_for_it(conversation, settings,
+                                                                                monkeypatch):
+    """A tool that takes 5 s: a stop asked meanwhile ends the turn as failed/cancelled within about a
+    second; the call has a result that says it was stopped while it ran (C4: no call without one)."""
+    from conversations.tools import registry
+    from conversations.tools.registry import Tool
+
+    started = threading.Event()
+
+    def slow(**_):
+        started.set()
+        time.sleep(5)
+        return "late"
+
+    monkeypatch.setitem(registry._TOOLS, "slow_tool", Tool("slow_tool", "Takes its time.", {"type": "object"}, slow))
+    run_id = _launch(conversation, "#tool slow_tool {}")
+    assert started.wait(30)
+    asked = time.monotonic()
+    assert detached.request_stop(conversation.pk)
+    entries = list(log.follow(run_id))
+    took = time.monotonic() - asked
+    print(f"\nstop while a tool runs -> cancelled: {took:.2f} s (the tool needed 5 s)")
+    ending = entries[-1][1]
+    assert ending.type == EventType.ERROR and ending.data["code"] == "cancelled"
+    node = Node.objects.get(pk=ending.data["node"])
+    (result,) = node.sent
+    assert result["is_error"] and result["content"].startswith("stopped: the turn was stopped while slow_tool ran")
+    assert took < 3, "it did not wait for the tool"
