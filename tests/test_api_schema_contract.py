@@ -266,3 +266,17 @@ def test_integers_in_the_schema_are_signed_64_bit_as_the_api_reads_them(schema):
 def test_the_schema_does_not_describe_itself(schema):
     """Finding: /api/schema/ was one of the operations fuzzed, with its own `format` and `lang` parameters."""
     assert "/api/schema/" not in schema["paths"]
+
+
+@pytest.mark.parametrize("value", [0, 1, "true", "on", None])
+def test_a_boolean_field_takes_only_true_or_false_as_its_schema_says(api, page, value):
+    """The fuzzer's finding: `{"keep_retrieved": 0}` was accepted for a boolean. Now 400, nothing changed;
+    the settings form's checkbox ("true"/"false") still works."""
+    cid = _conversation(api)
+    response = api.patch(f"/api/conversations/{cid}/", {"keep_retrieved": value}, format="json")
+    assert response.status_code == 400 and "keep_retrieved" in response.json()["error"]["message"]
+    assert api.get(f"/api/conversations/{cid}/").json()["keep_retrieved"] is False
+    assert api.patch(f"/api/conversations/{cid}/", {"keep_retrieved": True}, format="json").json()["keep_retrieved"]
+    page.post(f"/chat/{cid}/update/", {"retrieval": ["false", "true"], "keep_retrieved": "false"})
+    body = api.get(f"/api/conversations/{cid}/").json()
+    assert (body["retrieval"], body["keep_retrieved"]) == (True, False)

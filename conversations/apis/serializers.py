@@ -18,6 +18,16 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """true or false only: DRF's own field would take 0, 1, "yes" or "on" as well, which the schema does not
+    allow (the fuzzer's finding)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
 class StrictIntegerField(serializers.IntegerField):
     def to_internal_value(self, data):
         if isinstance(data, bool) or not isinstance(data, int | str):
@@ -36,9 +46,8 @@ class ConversationIn(serializers.Serializer):
     title = StrictCharField(max_length=200, required=False, allow_blank=True)
     model = StrictCharField(max_length=200, required=False, validators=[validate_model_name])
     instructions = StrictCharField(required=False, allow_blank=True, max_length=20000)
-    retrieval = serializers.BooleanField(required=False, help_text="R2: search my other conversations first")
-    keep_retrieved = serializers.BooleanField(required=False,
-                                              help_text="R2: keep retrieved items in later calls' context")
+    retrieval = StrictBooleanField(required=False, help_text="R2: search my other conversations first")
+    keep_retrieved = StrictBooleanField(required=False, help_text="R2: keep retrieved items in later calls' context")
 
 
 class PreferencesIn(serializers.Serializer):

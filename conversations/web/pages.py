@@ -119,9 +119,15 @@ def chat_switch(request: HttpRequest, conversation_id: int) -> HttpResponse:
     return redirect("chat-conversation", conversation.pk)
 
 
+# A checkbox posts "true" (its hidden twin "false"); the API takes JSON booleans only.
+_BOOLEAN_FIELDS = {"retrieval", "keep_retrieved"}
+_FORM_BOOLEANS = {"true": True, "false": False}
+
+
 def _update(request: HttpRequest, conversation: Conversation, fields: tuple[str, ...]) -> None:
     """Validate with the API's own input rules, so a page and a client are held to the same limits."""
-    data = {name: request.POST[name] for name in fields if name in request.POST}
+    data = {name: _FORM_BOOLEANS.get(request.POST[name], request.POST[name]) if name in _BOOLEAN_FIELDS
+            else request.POST[name] for name in fields if name in request.POST}
     form = ConversationIn(data=data)
     if not form.is_valid():
         problems = "; ".join(f"{field}: {' '.join(map(str, errors))}" for field, errors in form.errors.items())
