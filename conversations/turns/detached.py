@@ -72,7 +72,8 @@ def run(turn: Turn, run_id: uuid.UUID) -> Iterator[Entry]:
                                                           "message": str(error) or repr(error)}))
     finally:
         events.close()
-        yield from log.close()
+        ending = log.close()  # written even when this reader is closed early; then nothing more is yielded
+    yield from ending
 
 
 def request_stop(conversation_id: int) -> bool:
