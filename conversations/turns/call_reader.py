@@ -3,7 +3,7 @@
 A provider may think for a minute and send nothing; a blocked read cannot notice a stop. The reader
 hands each token over through a queue, so the turn waits at most `timeout` at a time. A turn that leaves
 the call (a stop) does not wait it out: the reader closes the call as soon as it next speaks, and the
-turn keeps what it had received (all of it when the call answers the close at once, else its text).
+turn keeps the text it had passed on, with the call's other items when the call gives them back at once.
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ class CallReader:
         self._leaving.set()
         with contextlib.suppress(Exception):
             self._closed.wait(LEAVE_WAIT_SECONDS)
-        if self._partial is not None:
-            return self._partial
-        return [it.text("".join(text))] if text else []
+        # The reader may have read ahead of the turn: the text kept is what the turn passed on (and the
+        # person saw), the call's other items (reasoning, tool calls) as the call gave them back.
+        delivered = [it.text("".join(text))] if text else []
+        others = [item for item in self._partial or [] if item.get("type") != "text"]
+        calls = [item for item in others if item.get("type") == "tool_call"]
+        return [*(item for item in others if item.get("type") != "tool_call"), *delivered, *calls]
