@@ -65,8 +65,8 @@ class CallReader:
         return value
 
     def leave(self, text: list[str]) -> list[dict]:
-        """Stop reading; return what was received: the call's own partial items if it gives them back at
-        once, else the text read so far."""
+        """Stop reading; return what was received: the text the turn passed on, with the call's other
+        items when it gives them back at once."""
         self._leaving.set()
         with contextlib.suppress(Exception):
             self._closed.wait(LEAVE_WAIT_SECONDS)
