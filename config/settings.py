@@ -127,8 +127,10 @@ else:
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "var" / f"test-arbor-{os.getpid()}.sqlite3")}
 
 # No channel layer: nothing sends between consumers through one. A turn's events reach every tab and
-# process through its log in the database (conversations/turns/log.py). With channels-redis, an idle
-# socket's layer read hit redis's own read timeout and closed the socket (1011) every few seconds.
+# process through its log (conversations/turns/log.py): Redis Streams when REDIS_URL is set, else the
+# database. With channels-redis, an idle socket's layer read hit redis's own read timeout and closed the
+# socket (1011) every few seconds.
+REDIS_URL = os.environ.get("REDIS_URL", "").strip()
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

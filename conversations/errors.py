@@ -24,7 +24,8 @@ class BeforeCompaction(ArborError):
 
 
 # A failed model call's reason (T1) as an HTTP status.
-FAILURE_STATUS = {"rate_limit": 503, "timeout": 503, "context_overflow": 502, "provider_error": 502}
+FAILURE_STATUS = {"rate_limit": 503, "timeout": 503, "context_overflow": 502, "provider_error": 502,
+                  "unavailable": 503}
 
 
 class ProviderFailed(ArborError):

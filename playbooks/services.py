@@ -30,6 +30,7 @@ from conversations.errors import FAILURE_STATUS, ApprovalPending
 from conversations.locks import TurnLock
 from conversations.models import Conversation, Node
 from conversations.selectors import context_path, conversation_for_user, instructions_for, node_path
+from conversations.turns import detached
 from conversations.turns.events import EventType, TurnEvent, TurnOutcome
 from conversations.turns.records import run_side_call
 from conversations.turns.start import turn_ask
@@ -223,7 +224,7 @@ def playbook_run(*, user, playbook_id: Any, values: Any) -> RunResult:
             owner=user, title=f"Run: {playbook.name}{f' ({shown})' if shown else ''}"[:200], model=model)
         run = PlaybookRun.objects.create(playbook=playbook, playbook_version=version, version=version.number,
                                          values=bound, conversation=conversation)
-    events = turn_ask(user=user, conversation_id=conversation.pk, content=question).run()
+    events = detached.run_here(turn_ask(user=user, conversation_id=conversation.pk, content=question))
     return _run_result(run, events)
 
 

@@ -4,12 +4,13 @@ process (`GET …/stream/`, resumable with `Last-Event-ID` or `?after=N`), and s
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.renderers import JSONRenderer
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -22,10 +23,12 @@ from conversations.apis.schema import TURN_EVENT
 from conversations.models import Node, TurnRun
 from conversations.selectors import conversation_for_user
 from conversations.turns import detached, log
-from conversations.turns.events import TurnEvent
-from conversations.turns.streaming import events_in_thread
+from conversations.turns.events import EventType, TurnEvent
+from conversations.turns.streaming import follow_in_thread
 
 STOP_WAIT_SECONDS = 10
+
+logger = logging.getLogger("arbor.api")
 
 
 def sse(seq: int | None, event: TurnEvent) -> bytes:
@@ -39,14 +42,35 @@ class LogStream(StreamingHttpResponse):
     the turn goes on (its record completes, and a later `…/stream/` replays it)."""
 
     def __init__(self, run_id, *, after: int = 0):
+        self.run_id = run_id
         super().__init__(self._events(run_id, after), content_type="text/event-stream")
         self["Cache-Control"] = "no-cache"
         self["X-Accel-Buffering"] = "no"
 
     @staticmethod
     async def _events(run_id, after: int):
-        async for seq, event in events_in_thread(lambda: log.follow(run_id, after=after)):
-            yield sse(seq, event)
+        try:
+            async for seq, event in follow_in_thread(run_id, after=after):
+                yield sse(seq, event)
+        except Exception as error:  # the stream has begun: the status is sent, so say it as an event
+            logger.exception("turn stream %s failed", run_id)
+            yield sse(None, TurnEvent(EventType.ERROR, {
+                "code": "server_error", "message": f"Reading the turn's events failed ({error!r}); the turn goes "
+                                                   "on: `GET …/stream/` resumes it."}))
+
+
+class EventStreamRenderer(BaseRenderer):
+    """Lets clients ask for `text/event-stream`; a refusal before the stream starts is one `error` event."""
+
+    media_type = "text/event-stream"
+    format = "sse"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        if data is None:
+            return b""
+        kind = "error" if isinstance(data, dict) and "error" in data else "message"
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
 def _after(request: Request) -> int:
@@ -62,7 +86,7 @@ _AFTER = OpenApiParameter("after", {"type": "integer", "minimum": 0, "maximum": 
 
 
 class TurnStreamFollow(APIView):
-    renderer_classes = [JSONRenderer]
+    renderer_classes = [JSONRenderer, EventStreamRenderer]  # an EventSource asks for text/event-stream
 
     @extend_schema(parameters=[_AFTER], responses={
         (200, SSE): OpenApiResponse(TURN_EVENT, description="the running (or just ended) turn's events after "

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
-from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -18,16 +17,15 @@ from config.schema import SSE, PaginatedList
 from conversations import services
 from conversations.apis import serializers as s
 from conversations.apis.schema import TURN_EVENT, TURN_MESSAGE_EVENT
-from conversations.apis.streams import sse
+from conversations.apis.streams import EventStreamRenderer, LogStream
 from conversations.models import Node
 from conversations.screen import path_bubbles
 from conversations.selectors import conversation_for_user, conversation_list, conversation_nodes, node_for_user
 from conversations.turns import detached
-from conversations.turns.events import EventType, TurnEvent, TurnOutcome
+from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.runner import Turn
 from conversations.turns.seen import next_context
 from conversations.turns.start import turn_ask, turn_compact, turn_decide, turn_edit, turn_regenerate, turn_retry
-from conversations.turns.streaming import events_in_thread
 
 logger = logging.getLogger("arbor.api")
 
@@ -77,44 +75,20 @@ def _wants_stream(request: Request) -> bool:
         getattr(request, "accepted_renderer", None), EventStreamRenderer)
 
 
-class TurnStream(StreamingHttpResponse):
-    """A turn as server-sent events, each with its number in the turn's log (`id:`), so a client that lost
-    the stream resumes with `GET …/stream/`. A client that leaves never ends the turn (issue 12): read
-    or not, it runs to its end."""
-
-    def __init__(self, turn: Turn):
-        self.turn = turn
-        self.run_id = detached.start(turn)
-        self.began = False
-        super().__init__(self._events(), content_type="text/event-stream")
-        self["Cache-Control"] = "no-cache"
-        self["X-Accel-Buffering"] = "no"
-
-    async def _events(self):
-        self.began = True
-        try:
-            async for seq, event in events_in_thread(lambda: detached.run(self.turn, self.run_id), detach=True):
-                yield sse(seq, event)
-        except Exception as error:  # the stream has begun: the status is sent, so say it as an event
-            logger.exception("turn stream failed")
-            yield sse(None, TurnEvent(EventType.ERROR, {"code": "server_error",
-                                                        "message": str(error) or repr(error)}))
-
-    def close(self):
-        if not self.began:  # its client left before reading a byte: the turn runs all the same
-            detached.run_apart(self.turn, self.run_id)
-        super().close()
-
-
 def _turn_response(request: Request, turn: Turn | None) -> Response | StreamingHttpResponse:
     """Run the turn and answer: SSE when asked for, else one JSON body when the turn has ended."""
     if turn is None:  # an approval recorded, others still waiting
         return Response({"answer": None, "head": None, "nodes": [], "approval_required": []},
                         status=status.HTTP_202_ACCEPTED)
     if _wants_stream(request):
-        return TurnStream(turn)
-    outcome = TurnOutcome.of([event for _, event in detached.run(turn, detached.start(turn))])
-    nodes = s.NodeOut(Node.objects.filter(pk__in=turn.nodes).order_by("id"), many=True).data
+        # The turn runs in a thread of its own and the stream follows its log: a client that leaves, even
+        # before the first byte, never ends the turn (issue 12), and its `id:`s resume with `…/stream/`.
+        return LogStream(detached.launch(turn))
+    outcome = TurnOutcome.of(detached.run_here(turn))
+    if outcome.ending == EventType.ERROR and outcome.error["code"] == "unavailable":
+        nodes = []  # the database is away: the error's message names the nodes recorded
+    else:
+        nodes = s.NodeOut(Node.objects.filter(pk__in=turn.nodes).order_by("id"), many=True).data
     if outcome.ending == EventType.ERROR:
         body = error_body(outcome.error["code"], outcome.error["message"], node=outcome.failed_node,
                           head=outcome.head, nodes=nodes)
@@ -123,20 +97,6 @@ def _turn_response(request: Request, turn: Turn | None) -> Response | StreamingH
     if outcome.ending == EventType.APPROVAL_REQUIRED:
         body["approval_required"] = outcome.approval_required
     return Response(body, status=outcome.http_status)
-
-
-class EventStreamRenderer(BaseRenderer):
-    """Lets clients ask for `text/event-stream`; a refusal before the stream starts is one `error` event."""
-
-    media_type = "text/event-stream"
-    format = "sse"
-    charset = "utf-8"
-
-    def render(self, data, accepted_media_type=None, renderer_context=None):
-        if data is None:
-            return b""
-        kind = "error" if isinstance(data, dict) and "error" in data else "message"
-        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
 class TurnView(APIView):

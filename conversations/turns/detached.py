@@ -1,10 +1,10 @@
 """A turn runs apart from the client that asked for it (issue 12).
 
-`start` gives a turn its run (the key of its numbered event log); `run` is the one place a turn runs with
-its log: it writes every event there and checks for a stop asked through the database, so any process
-and any tab can ask one. Clients read what `run` yields, or the log itself (`log.follow`, from any
-process); one that leaves never cancels the turn: the thread running it goes on to the end
-(`streaming.events_in_thread(..., detach=True)`), or a thread of its own does (`launch`).
+`run` is the one place a turn runs: it writes every event to the run's numbered log (`log.TurnLog`) and
+checks for a stop asked through the database, so any process and any tab can ask one. `launch` runs a
+turn in a thread of its own and gives back its run's id: clients then read the log (`log.follow`), the
+one that started the turn as any other, so one that leaves never cancels it. `run_here` runs one in the
+caller's thread (a JSON request, a playbook run) and gives back its events.
 
 The lock makes a turn run once: it is taken before `start`, and a run's id is the lock's token.
 """
@@ -18,7 +18,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 
-from django.db import connections
+from django.conf import settings
+from django.db import DatabaseError, connections
 
 from config.db import release_connection
 from conversations.models import TurnRun
@@ -37,43 +38,58 @@ def start(turn: Turn) -> uuid.UUID:
 
 
 def launch(turn: Turn) -> uuid.UUID:
-    """Start `turn` in a thread of its own; return its run id."""
+    """Start `turn` in a thread of its own; return its run id (follow it with `log.follow`)."""
     run_id = start(turn)
-    run_apart(turn, run_id)
-    return run_id
-
-
-def run_apart(turn: Turn, run_id: uuid.UUID) -> None:
-    """Run a started turn to its end in a thread of its own (its client left before reading it)."""
+    log = TurnLog(run_id)  # before the thread: a reader that follows the id at once finds it in memory
 
     def work() -> None:
         try:
-            for _ in run(turn, run_id):
+            for _ in run(turn, run_id, log=log):
                 pass
         finally:
             connections.close_all()
 
     threading.Thread(target=work, name=f"arbor-turn-{turn.conversation.pk}", daemon=True).start()
+    return run_id
 
 
-def run(turn: Turn, run_id: uuid.UUID) -> Iterator[Entry]:
+def run_here(turn: Turn) -> list[TurnEvent]:
+    """Run `turn` in this thread, logged like any other; return its events."""
+    return [event for _, event in run(turn, start(turn))]
+
+
+def run(turn: Turn, run_id: uuid.UUID, *, log: TurnLog | None = None) -> Iterator[Entry]:
     """Run `turn` here, logging its events; yield each as it is logged, numbered."""
-    log = TurnLog(run_id)
+    log = log or TurnLog(run_id)
     turn.stop_requested = _stop_check(run_id)
     events = turn.events()
     try:
         for event in events:
             yield from log.append(event)
-    except Exception as error:  # a bug, or the log could not be written (the database is away)
+    except Exception as error:  # a bug, or the database went away
         logger.exception("turn %s failed", run_id)
         with contextlib.suppress(Exception):
             events.throw(error)  # the turn records itself failed/interrupted (never "stopped by the user")
-        yield from log.append(TurnEvent(EventType.ERROR, {"code": "server_error",
-                                                          "message": str(error) or repr(error)}))
+        yield from log.append(TurnEvent(EventType.ERROR, failure(turn, error)))
     finally:
         events.close()
         ending = log.close()  # written even when this reader is closed early; then nothing more is yielded
     yield from ending
+
+
+def failure(turn: Turn, error: Exception) -> dict:
+    """The `error` event of a turn that broke off: what it was, and what of the turn is recorded (a
+    client must never read "nothing changed" when a node was written)."""
+    outage = isinstance(error, DatabaseError)
+    code = "unavailable" if outage else "server_error"
+    cause = "The database could not be reached" if outage else f"The server failed ({error!r})"
+    if not turn.nodes:
+        return {"code": code, "message": f"{cause}; no node of this turn was recorded.", "node": None}
+    nodes = ", ".join(map(str, turn.nodes))
+    return {"code": code, "node": turn.nodes[-1],
+            "message": f"{cause} during the turn. Recorded: node(s) {nodes}, with the answer's text as "
+                       f"last saved; a call left pending is marked interrupted (with that text, and Retry) "
+                       f"within {settings.ARBOR_TURN_LOCK_SECONDS} s of the database being back."}
 
 
 def request_stop(conversation_id: int) -> bool:

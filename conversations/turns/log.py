@@ -2,31 +2,93 @@
 and pick it up again where it lost it (issue 12).
 
 The process running the turn writes (`TurnLog`); readers ask for what came after the last number they
-saw (`read`, `follow`). The log lives in the database: it needs no extra service, and every web process
-behind the database reads the same one. Tokens are merged and written at most every `FLUSH_SECONDS`,
-so a long answer costs a few rows a second rather than a row a token; a merged event is one numbered
-event, so a reader resuming after any number gets exactly the rest.
+saw (`read`, `follow`). Entries are kept in a store every process reads (`log_stores`: Redis Streams
+when `REDIS_URL` is set, else the database), and, while the run goes on and a little after, in this
+process's memory: a reader in the process that runs the turn (the socket or request that started it,
+another tab on the same server) waits on it, never polling a store. Tokens are merged and written at most
+every `FLUSH_SECONDS` (a flusher thread writes a merge the model left waiting); a merged event is one
+numbered event, so a reader resuming after any number gets exactly the rest.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Iterator
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils import timezone
 
 from config.db import release_connection
-from conversations.models import TurnLogEntry, TurnRun
+from conversations.models import TurnRun
+from conversations.turns import log_stores
 from conversations.turns.events import ENDINGS, EventType, TurnEvent
+from conversations.turns.log_stores import Entry
+
+logger = logging.getLogger("arbor.turns")
 
 FLUSH_SECONDS = 0.1
-POLL_SECONDS = 0.1
+POLL_SECONDS = log_stores.POLL_SECONDS
 ORPHAN_SECONDS = 3
+LOCAL_WAIT_SECONDS = 1.0
+LOCAL_KEEP_SECONDS = 60  # a run's entries stay in memory this long after it ends (then readers use the store)
 
-Entry = tuple[int, TurnEvent]
+__all__ = ["Entry", "TurnLog", "follow", "forget_old", "latest_run", "read"]
+
+
+class _Local:
+    """A run this process writes: its entries in memory, and a condition its readers wait on."""
+
+    def __init__(self):
+        self.entries: list[Entry] = []
+        self.ended_at: float | None = None
+        self.changed = threading.Condition()
+
+    def add(self, entry: Entry) -> None:
+        with self.changed:
+            self.entries.append(entry)
+            self.changed.notify_all()
+
+    def end(self) -> None:
+        with self.changed:
+            self.ended_at = time.monotonic()
+            self.changed.notify_all()
+
+    def follow(self, after: int, stop: threading.Event) -> Iterator[Entry]:
+        while not stop.is_set():
+            with self.changed:
+                while not self.since(after) and self.ended_at is None and not stop.is_set():
+                    self.changed.wait(LOCAL_WAIT_SECONDS)
+                found, ended = self.since(after), self.ended_at is not None
+            for entry in found:
+                yield entry
+                if entry[1].type in ENDINGS:
+                    return
+            if found:
+                after = found[-1][0]
+            elif ended:
+                return
+
+    def since(self, after: int) -> list[Entry]:
+        return self.entries[max(0, after):]  # a run written here is numbered from 1, one entry each
+
+
+_local: dict[uuid.UUID, _Local] = {}
+_local_lock = threading.Lock()
+
+
+def _share(run_id: uuid.UUID) -> _Local:
+    with _local_lock:
+        gone = [key for key, run in _local.items()
+                if run.ended_at is not None and time.monotonic() - run.ended_at > LOCAL_KEEP_SECONDS]
+        for key in gone:
+            del _local[key]
+        return _local.setdefault(run_id, _Local())
 
 
 class TurnLog:
@@ -34,23 +96,56 @@ class TurnLog:
 
     def __init__(self, run_id: uuid.UUID, *, after: int = 0):
         self.run_id = run_id
-        self.seq = after  # a log ended by another process (recovery) goes on from its last number
+        self.seq = after
+        # A run started here is shared in memory with this process's readers; a log ended for a run whose
+        # process died (recovery, `after` its last number) is only written to the store.
+        self._local = _share(run_id) if after == 0 else None
+        self._store = log_stores.store()
         self._tokens: list[str] = []
         self._token_node: int | None = None
         self._flushed_at = time.monotonic()
+        self._lock = threading.Lock()  # the turn's thread and the flusher
+        if self._local is not None:
+            _flusher.watch(self)
 
     def append(self, event: TurnEvent) -> list[Entry]:
         """Log `event`; return the entries written now (a token may wait to be merged with the next ones)."""
+        with self._lock:
+            return self._append(event)
+
+    def flush_if_due(self) -> None:
+        """A merge the model left waiting (it paused mid-answer) goes out after FLUSH_SECONDS all the same."""
+        with self._lock:
+            if self._tokens and time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
+                self._flush()
+
+    def close(self) -> list[Entry]:
+        """The turn ended: write what is buffered and mark the run ended (its log is kept a while)."""
+        with self._lock:
+            written = self._flush()
+            self._tokens = []
+        _flusher.forget(self)
+        try:
+            self._mark_ended()
+        except DatabaseError:  # the database is away: the sweep ends the run for other readers later
+            logger.exception("turn log %s: could not mark the run ended", self.run_id)
+        finally:
+            release_connection()
+            if self._local is not None:
+                self._local.end()
+        return written
+
+    def _append(self, event: TurnEvent) -> list[Entry]:
         if event.type == EventType.TOKEN and self._token_node in (None, event.data["node"]):
             self._tokens.append(event.data["text"])
             self._token_node = event.data["node"]
-            return self.flush() if time.monotonic() - self._flushed_at >= FLUSH_SECONDS else []
-        written = self.flush()
+            return self._flush() if time.monotonic() - self._flushed_at >= FLUSH_SECONDS else []
+        written = self._flush()
         if event.type == EventType.TOKEN:  # a new node's first token
-            return written + self.append(event)
+            return written + self._append(event)
         return [*written, self._write(event)]
 
-    def flush(self) -> list[Entry]:
+    def _flush(self) -> list[Entry]:
         self._flushed_at = time.monotonic()
         if not self._tokens:
             return []
@@ -58,37 +153,91 @@ class TurnLog:
         self._tokens, self._token_node = [], None
         return [self._write(merged)]
 
-    def close(self) -> list[Entry]:
-        """The turn ended: write what is buffered and mark the run ended (its log is kept a while)."""
-        written = self.flush()
-        TurnRun.objects.filter(pk=self.run_id).update(ended_at=timezone.now())
-        release_connection()
-        return written
-
     def _write(self, event: TurnEvent) -> Entry:
         self.seq += 1
-        TurnLogEntry.objects.create(run_id=self.run_id, seq=self.seq, type=event.type, data=event.data)
-        release_connection()  # the model goes on talking; no connection is held meanwhile
-        return self.seq, event
+        entry = (self.seq, event)
+        try:
+            self._store.write(self.run_id, self.seq, event)
+            if event.type in ENDINGS:  # after the entry (a reader elsewhere that sees the run ended finds it),
+                self._mark_ended()     # before readers here see it (the run has ended once they have)
+        except DatabaseError:
+            if self._local is None:
+                raise
+            # The database is away: this process's readers still get the event (a turn's error says what
+            # was recorded); readers elsewhere find the run orphaned and end.
+            logger.exception("turn log %s: event %d kept in memory only", self.run_id, self.seq)
+        finally:
+            if self._local is not None:
+                self._local.add(entry)
+        return entry
+
+    def _mark_ended(self) -> None:
+        TurnRun.objects.filter(pk=self.run_id, ended_at__isnull=True).update(ended_at=timezone.now())
+        release_connection()
+        self._store.ended(self.run_id)
+
+
+class _Flusher:
+    """One thread per process that writes token merges a paused model left waiting."""
+
+    def __init__(self):
+        self._logs: weakref.WeakSet[TurnLog] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, log: TurnLog) -> None:
+        with self._lock:
+            self._logs.add(log)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="arbor-log-flusher", daemon=True)
+                self._thread.start()
+
+    def forget(self, log: TurnLog) -> None:
+        with self._lock:
+            self._logs.discard(log)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(FLUSH_SECONDS)
+            with self._lock:
+                logs = list(self._logs)
+            for log in logs:
+                try:
+                    log.flush_if_due()
+                except Exception:  # the turn's own next write meets the same trouble and reports it
+                    logger.exception("turn log %s: flush failed", log.run_id)
+                finally:
+                    release_connection()
+
+
+_flusher = _Flusher()
 
 
 def read(run_id: uuid.UUID, *, after: int = 0) -> list[Entry]:
     """The run's events numbered above `after`, in order."""
-    rows = TurnLogEntry.objects.filter(run_id=run_id, seq__gt=after).order_by("seq").values_list(
-        "seq", "type", "data")
-    return [(seq, TurnEvent(EventType(kind), data)) for seq, kind, data in rows]
+    local = _local.get(run_id)
+    if local is not None:
+        with local.changed:
+            return local.since(after)
+    return log_stores.store().read(run_id, after)
 
 
-def follow(run_id: uuid.UUID, *, after: int = 0, sleep: Callable[[float], None] = time.sleep
-           ) -> Iterator[Entry]:
+def follow(run_id: uuid.UUID, *, after: int = 0, stop: threading.Event | None = None) -> Iterator[Entry]:
     """The run's events above `after`, then the new ones as they are written, until the turn's ending.
 
-    A run that ended without one, or whose lock has been gone for `ORPHAN_SECONDS` with nothing written
-    (its process died, or its turn never began), ends the reading: a reader never follows a dead run
-    for ever. A turn that ends gives its lock back just before it writes its ending, hence the grace."""
+    A run written in this process is read from memory. Elsewhere, a run that ended without an ending, or
+    whose lock has been gone for `ORPHAN_SECONDS` with nothing written (its process died, or its turn
+    never began), ends the reading: a reader never follows a dead run for ever. A turn that ends gives its
+    lock back just before it writes its ending, hence the grace. `stop` set ends it within a second."""
+    stop = stop or threading.Event()
+    local = _local.get(run_id)
+    if local is not None:
+        yield from local.follow(after, stop)
+        return
+    store = log_stores.store()
     lock_gone_since: float | None = None
-    while True:
-        entries = read(run_id, after=after)
+    while not stop.is_set():
+        entries = store.wait(run_id, after)
         for entry in entries:
             yield entry
             if entry[1].type in ENDINGS:
@@ -98,13 +247,12 @@ def follow(run_id: uuid.UUID, *, after: int = 0, sleep: Callable[[float], None] 
             continue
         run = TurnRun.objects.filter(pk=run_id).values("ended_at", "conversation__turn_token").first()
         release_connection()
-        if run is None or (run["ended_at"] is not None and not read(run_id, after=after)):
+        if run is None or (run["ended_at"] is not None and not store.read(run_id, after)):
             return
         if run["conversation__turn_token"] != run_id:
             lock_gone_since = lock_gone_since or time.monotonic()
             if time.monotonic() - lock_gone_since > ORPHAN_SECONDS:
                 return
-        sleep(POLL_SECONDS)
 
 
 def latest_run(conversation_id: int) -> TurnRun | None:

@@ -13,16 +13,19 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 from django.db import connections
 
+from conversations.turns import log
+
 _END = object()
 SETTLE_SECONDS = 5
 
 
-async def events_in_thread(make_events: Callable[[], Iterator], *, detach: bool = False) -> AsyncIterator:
-    """Yield what `make_events()` yields, run in its own thread. Leaving early closes it, unless `detach`:
-    then the thread reads it to its end, unheard (a detached turn runs on when its client leaves)."""
+async def events_in_thread(make_events: Callable[[], Iterator], *, stop: threading.Event | None = None
+                           ) -> AsyncIterator:
+    """Yield what `make_events()` yields, run in its own thread. Leaving early sets `stop` and closes it
+    at its next item (an iterator that waits long, as a log's reader does, looks at `stop` itself)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
-    stop = threading.Event()
+    stop = stop or threading.Event()
     finished = loop.create_future()
 
     def post(callback, value) -> None:
@@ -34,12 +37,11 @@ async def events_in_thread(make_events: Callable[[], Iterator], *, detach: bool 
             events = make_events()
             try:
                 for event in events:
-                    if not stop.is_set():
-                        post(queue.put_nowait, event)
-                    elif not detach:
+                    if stop.is_set():
                         break
+                    post(queue.put_nowait, event)
             finally:
-                events.close()  # a turn still running when its reader left (not detached) ends cancelled
+                events.close()  # a turn read here directly, still running when its reader left, ends cancelled
         except BaseException as error:  # handed over to the async side
             post(queue.put_nowait, error)
         finally:
@@ -59,8 +61,16 @@ async def events_in_thread(make_events: Callable[[], Iterator], *, detach: bool 
             yield item
     finally:
         stop.set()
-        if not detach:
-            # Let the turn record how it ended before this caller moves on; a call that sends nothing
-            # (a silent provider) notices the stop only at its next event, so do not wait for ever.
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(finished), timeout=SETTLE_SECONDS)
+        # Let the thread close its iterator (a turn read directly records how it ended) before this caller
+        # moves on; one that waits on something silent notices only later, so do not wait for ever.
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(finished), timeout=SETTLE_SECONDS)
+
+
+async def follow_in_thread(run_id, *, after: int = 0) -> AsyncIterator:
+    """A run's numbered log entries (`log.follow`) for async code; leaving ends the reading within a second."""
+    stop = threading.Event()
+    async with contextlib.aclosing(events_in_thread(lambda: log.follow(run_id, after=after, stop=stop),
+                                                    stop=stop)) as entries:
+        async for entry in entries:
+            yield entry

@@ -20,11 +20,11 @@ from config.api import UnsafeJSON, strict_loads
 from config.errors import ArborError, BadInput, NotFound
 from conversations.apis.serializers import ApprovalIn, EditIn, RegenerateIn, TurnIn
 from conversations.selectors import conversation_for_user
-from conversations.turns import detached, log
+from conversations.turns import detached
 from conversations.turns.events import ENDINGS, EventType
 from conversations.turns.runner import Turn
 from conversations.turns.start import turn_ask, turn_decide, turn_edit, turn_regenerate, turn_retry
-from conversations.turns.streaming import events_in_thread
+from conversations.turns.streaming import follow_in_thread
 
 TOKEN_BATCH_SECONDS = 0.05  # tokens go out in small batches, not one frame each
 STOP_WAIT_SECONDS = 10
@@ -57,12 +57,19 @@ _STARTS: dict[str, tuple[type | None, Callable[..., Turn | None]]] = {
 }
 
 
+def _begin_and_launch(begin: Callable[[], Turn | None]):
+    """Start the turn a message asks for and launch it; its run id, or None for an approval recorded."""
+    turn = begin()
+    return None if turn is None else detached.launch(turn)
+
+
 class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.generation: asyncio.Task | None = None  # the task reading the turn this socket shows
         self.turn_ended = False  # the running generation has sent its turn's last event (done, error, approval)
         self.following = None  # the run it reads (its own or one it joined)
         self.watcher: asyncio.Task | None = None
+        self.starting = False  # a message of this socket is starting a turn
         self.user = self.scope.get("user")
         self.conversation_id = self.scope["url_route"]["kwargs"]["conversation_id"]
         await self.accept()
@@ -82,17 +89,23 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         """Join a turn that runs on this conversation but not through this socket (another tab, the API,
         or its own turn after a reload or reconnect): its events so far, then live (issue 12)."""
         while True:
-            if not (self.generation and not self.generation.done()):
+            if self._idle():
                 run_id = await database_sync_to_async(detached.running_run)(self.conversation_id)
-                if run_id is not None and run_id != self.following:
+                # Asked again after the wait: this socket may have started that very turn meanwhile.
+                if run_id is not None and run_id != self.following and self._idle():
                     self.turn_ended = False
+                    self.following = run_id
                     self.generation = asyncio.create_task(self._join(run_id))
             await asyncio.sleep(WATCH_SECONDS)
 
-    async def _join(self, run_id) -> None:
-        self.following = run_id
-        await self.send_json({"type": "joined"})
-        async with contextlib.aclosing(events_in_thread(lambda: log.follow(run_id))) as events:
+    def _idle(self) -> bool:
+        return not self.starting and not (self.generation and not self.generation.done())
+
+    async def _join(self, run_id, *, announce: bool = True) -> None:
+        """Read a run's log to its end: this socket's own turn, or (`announce`d as `joined`) another's."""
+        if announce:
+            await self.send_json({"type": "joined"})
+        async with contextlib.aclosing(follow_in_thread(run_id)) as events:
             await self._forward(events)
         if not self.turn_ended:  # a run whose process is gone ends with no event of its own
             self.turn_ended = True
@@ -143,16 +156,22 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 return
             with contextlib.suppress(Exception):  # its turn has ended and said so; only its thread winds down
                 await self.generation
+        self.starting = True  # the watcher must not join the turn this socket is starting
         try:
-            turn = await database_sync_to_async(begin)()
+            # One step in a thread: the turn (its question written) and the thread that runs it. A socket
+            # that drops meanwhile cancels only this wait; the turn runs all the same.
+            run_id = await database_sync_to_async(_begin_and_launch)(begin)
         except ArborError as error:
             await self.send_json({"type": "error", "code": error.code, "message": error.message})
             return
-        if turn is None:  # an approval recorded; others still wait
+        finally:
+            self.starting = False
+        if run_id is None:  # an approval recorded; others still wait
             await self.send_json({"type": "approval_recorded"})
             return
         self.turn_ended = False
-        self.generation = asyncio.create_task(self._stream(turn))
+        self.following = run_id
+        self.generation = asyncio.create_task(self._join(run_id, announce=False))
 
     def _begin_for(self, content: dict[str, Any]) -> Callable[[], Turn | None] | None:
         """The turn start a message asks for, its fields checked by the API's own input serializer;
@@ -167,20 +186,6 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise BadInput(" ".join(f"{name}: {' '.join(map(str, errors))}" for name, errors in data.errors.items()))
         values = data.validated_data if data is not None else {}
         return lambda: start(user=self.user, conversation_id=self.conversation_id, **values)
-
-    async def _stream(self, turn: Turn) -> None:
-        run_id = await database_sync_to_async(detached.start)(turn)
-        self.following = run_id
-        began = False
-        try:
-            async with contextlib.aclosing(events_in_thread(lambda: detached.run(turn, run_id), detach=True)) as events:
-                # No await from here to the thread's start (in the first step of the loop): a cancelled task
-                # either never began reading, or its turn's thread runs.
-                began = True
-                await self._forward(events)
-        finally:
-            if not began:  # the socket went before the turn's thread began: it runs all the same
-                await database_sync_to_async(detached.run_apart)(turn, run_id)
 
     async def _forward(self, events) -> None:
         """Send a turn's numbered events on, tokens in small batches."""

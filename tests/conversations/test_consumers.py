@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 from channels.testing import WebsocketCommunicator
 
 from conversations import services
 from conversations.models import Conversation, Node
+from conversations.web import consumer
 from tests.support.async_db import in_own_thread, settled_node
 from tests.support.sockets import chat_socket, receive_until, session_cookie
 
@@ -90,6 +94,31 @@ async def test_issue_12_a_socket_that_closes_mid_answer_does_not_end_the_turn(ch
     await socket.disconnect()
     node = await settled_node(conversation)
     assert node.status == "succeeded" and node.received[0]["text"].startswith(f"echo: {SLOW}")
+
+
+async def test_issue_12_a_socket_dropped_the_moment_its_question_is_sent_keeps_the_question(chat, monkeypatch):
+    """The socket goes (the consumer's task cancelled) while the question is being started: the turn is
+    started and launched in one step in a thread, so the cancelled wait loses nothing; the question and
+    its answer are recorded."""
+    conversation, cookie = chat
+    entered, leave = threading.Event(), threading.Event()
+    begin_and_launch = consumer._begin_and_launch
+
+    def held(begin):
+        entered.set()
+        leave.wait(10)  # until the consumer has been cancelled
+        return begin_and_launch(begin)
+
+    monkeypatch.setattr(consumer, "_begin_and_launch", held)
+    socket = chat_socket(conversation.pk, cookie)
+    await socket.connect()
+    await socket.send_json_to({"type": "ask", "content": "typed with care"})
+    assert await asyncio.to_thread(entered.wait, 10)
+    await socket.disconnect(timeout=0.001)  # cancels the consumer mid-await
+    leave.set()
+    node = await settled_node(conversation)
+    assert node.status == "succeeded" and node.sent[-1]["text"] == "typed with care"
+    assert node.received[0]["text"].startswith("echo: typed with care")
 
 
 async def test_issue_12_stop_from_another_tab_ends_the_turn_it_did_not_start(chat):

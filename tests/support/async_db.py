@@ -23,10 +23,10 @@ def in_own_thread(function):
 
 
 async def settled_node(conversation) -> Node:
-    """The conversation's only node, once it is no longer pending (a cancelled turn is recorded by its thread)."""
+    """The conversation's only node, once it is written and no longer pending (a cancelled turn is recorded by its thread)."""
     for _ in range(200):
-        node = await in_own_thread(lambda: Node.objects.get(conversation=conversation))()
-        if node.status != Node.Status.PENDING:
+        node = await in_own_thread(lambda: Node.objects.filter(conversation=conversation).first())()
+        if node is not None and node.status != Node.Status.PENDING:
             return node
         await asyncio.sleep(0.05)
-    raise AssertionError("the node stayed pending")
+    raise AssertionError("no node was written, or it stayed pending")

@@ -1,0 +1,199 @@
+"""Issue 12, resumable streams: a turn's numbered events reach readers in other processes through a store,
+Redis Streams when `REDIS_URL` is set, else the database; and a stream goes on when Redis stops or restarts.
+
+A reader "in another process" is simulated by hiding this process's in-memory copy of the run
+(`elsewhere`): it then reads the store, as a web process that does not run the turn does. Redis is a
+throwaway `redis-server` each test starts on a port of its own, so stopping it harms nothing else.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+from conversations import items as it
+from conversations.models import TurnLogEntry, TurnRun
+from conversations.turns import detached, log, log_stores
+from conversations.turns.events import EventType, TurnEvent
+from conversations.turns.start import turn_ask
+from tests.conversations.helpers import head
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORDS = [f"w{i}" for i in range(40)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ThrowawayRedis:
+    def __init__(self):
+        self.port = _free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> ThrowawayRedis:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True).stdout != b"PONG\n":
+            assert time.monotonic() < deadline, "the throwaway redis-server did not start"
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def xlen(self, run_id) -> int:
+        out = subprocess.run(["redis-cli", "-p", str(self.port), "xlen", log_stores.RedisStore.key(run_id)],
+                             capture_output=True, text=True).stdout
+        return int(out.strip() or 0)
+
+
+@pytest.fixture
+def redis_server(settings):
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = ThrowawayRedis().start()
+    settings.REDIS_URL = server.url
+    log_stores.reset()
+    yield server
+    server.stop()
+    log_stores.reset()
+
+
+@pytest.fixture
+def database_store(settings):
+    settings.REDIS_URL = ""
+    log_stores.reset()
+    yield
+    log_stores.reset()
+
+
+def _launch(conversation, words=WORDS):
+    return detached.launch(turn_ask(user=conversation.owner, conversation_id=conversation.pk,
+                                    content="#slow " + " ".join(words)))
+
+
+def _elsewhere(run_id):
+    """Read the run as a process that does not run it would: from the store, not this process's memory."""
+    log._local.pop(run_id, None)
+
+
+def _text(entries) -> str:
+    return "".join(event.data["text"] for _, event in entries if event.type == EventType.TOKEN)
+
+
+def _numbered(entries) -> bool:
+    return [seq for seq, _ in entries] == list(range(1, len(entries) + 1))
+
+
+@pytest.mark.parametrize("store", ["database_store", "redis_server"])
+def test_issue_12_a_reader_in_another_process_follows_the_turn_live_from_the_store(conversation, settings, store,
+                                                                                    request):
+    """Two readers of one running turn, one here (memory) and one elsewhere (the store), get the same
+    numbered events; with Redis the entries are in its stream and none in the database."""
+    server = request.getfixturevalue(store)
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.02
+    run_id = _launch(conversation)
+    here: list = []
+    reading = threading.Thread(target=lambda: here.extend(log.follow(run_id)))
+    reading.start()
+    first = next(log.follow(run_id))  # the turn is under way
+    _elsewhere(run_id)
+    there = list(log.follow(run_id))
+    reading.join(30)
+    assert there[0] == first and there[-1][1].type == EventType.DONE and _numbered(there)
+    assert [(seq, e.type, e.data) for seq, e in there] == [(seq, e.type, e.data) for seq, e in here]
+    assert _text(there) == it.answer_text(head(conversation).received)
+    stored_rows = TurnLogEntry.objects.filter(run_id=run_id).count()
+    if store == "redis_server":
+        assert server.xlen(run_id) == len(there) and stored_rows == 0
+    else:
+        assert stored_rows == len(there)
+
+
+def test_issue_12_resume_from_redis_after_any_number_gives_exactly_the_rest(conversation, settings, redis_server):
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.01
+    run_id = _launch(conversation)
+    whole = list(log.follow(run_id))
+    _elsewhere(run_id)
+    for cut in range(len(whole) + 1):
+        assert log.read(run_id, after=cut) == whole[cut:]
+
+
+@pytest.mark.slow
+def test_issue_12_redis_stopped_and_restarted_mid_turn_loses_no_event(conversation, settings, redis_server):
+    """Redis dies while a turn streams and comes back (empty, as a restarted cache does): the writer puts
+    what Redis cannot take in the database, and a reader elsewhere, following all along, gets every event
+    once, in order, to the end; the node has the whole answer."""
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.1
+    run_id = _launch(conversation, [f"w{i}" for i in range(80)])
+    first = next(log.follow(run_id))
+    _elsewhere(run_id)
+    there: list = [first]
+    reading = threading.Thread(target=lambda: there.extend(log.follow(run_id, after=first[0])))
+    reading.start()
+    time.sleep(1.5)
+    redis_server.stop()
+    time.sleep(2)
+    redis_server.start()
+    reading.join(60)
+    assert not reading.is_alive()
+    assert there[-1][1].type == EventType.DONE and _numbered(there), [seq for seq, _ in there]
+    assert _text(there) == it.answer_text(head(conversation).received)
+    assert "w78 w79" in _text(there)
+    fallen_back = TurnLogEntry.objects.filter(run_id=run_id).count()
+    assert fallen_back > 0, "the events written while Redis was away are in the database"
+    deadline = time.monotonic() + 5  # marked just after its ending is written
+    while TurnRun.objects.get(pk=run_id).ended_at is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_issue_12_a_redis_that_cannot_be_reached_at_all_leaves_the_database_log(conversation, settings):
+    """REDIS_URL set but nothing listening: turns and their streams work as on the embedded default."""
+    settings.REDIS_URL = f"redis://127.0.0.1:{_free_port()}/0"
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.01
+    log_stores.reset()
+    try:
+        run_id = _launch(conversation, WORDS[:5])
+        here = list(log.follow(run_id))
+        _elsewhere(run_id)
+        assert list(log.follow(run_id)) == here and here[-1][1].type == EventType.DONE
+        assert TurnLogEntry.objects.filter(run_id=run_id).count() == len(here)
+    finally:
+        log_stores.reset()
+
+
+def test_issue_12_tokens_a_paused_model_left_waiting_reach_readers_without_the_next_event(conversation,
+                                                                                          database_store):
+    """Tokens are merged for `FLUSH_SECONDS`; when the model then goes quiet (thinking before a tool call),
+    the merge is written by the flusher, not held until the model speaks again."""
+    run_id = TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation).pk
+    writer = log.TurnLog(run_id)
+    writer.append(TurnEvent(EventType.TOKEN, {"text": "a", "node": 1}))  # written: its first token
+    assert writer.append(TurnEvent(EventType.TOKEN, {"text": "b", "node": 1})) == [], "merged, waiting"
+    writer.append(TurnEvent(EventType.TOKEN, {"text": "c", "node": 1}))
+    deadline = time.monotonic() + 3
+    while _text(log.read(run_id)) != "abc":
+        assert time.monotonic() < deadline, log.read(run_id)
+        time.sleep(0.05)
+    _elsewhere(run_id)
+    assert _text(log.read(run_id)) == "abc" and _numbered(log.read(run_id))
+    writer.close()
