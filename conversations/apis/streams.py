@@ -24,7 +24,7 @@ from conversations.models import Node, TurnRun
 from conversations.selectors import conversation_for_user
 from conversations.turns import detached, log
 from conversations.turns.events import EventType, TurnEvent
-from conversations.turns.streaming import follow_in_thread
+from conversations.turns.streaming import follow_log
 
 STOP_WAIT_SECONDS = 10
 
@@ -50,7 +50,7 @@ class LogStream(StreamingHttpResponse):
     @staticmethod
     async def _events(run_id, after: int):
         try:
-            async for seq, event in follow_in_thread(run_id, after=after):
+            async for seq, event in follow_log(run_id, after=after):
                 yield sse(seq, event)
         except Exception as error:  # the stream has begun: the status is sent, so say it as an event
             logger.exception("turn stream %s failed", run_id)

@@ -12,12 +12,14 @@ numbered event, so a reader resuming after any number gets exactly the rest.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 
 from django.conf import settings
@@ -41,23 +43,54 @@ LOCAL_KEEP_SECONDS = 60  # a run's entries stay in memory this long after it end
 __all__ = ["Entry", "TurnLog", "follow", "forget_old", "latest_run", "read"]
 
 
-class _Local:
-    """A run this process writes: its entries in memory, and a condition its readers wait on."""
+class LocalRun:
+    """A run this process writes: its entries in memory, a condition its threads wait on, and the events
+    of async readers (a socket or stream here needs no thread to follow it)."""
 
     def __init__(self):
         self.entries: list[Entry] = []
         self.ended_at: float | None = None
         self.changed = threading.Condition()
+        self._wakes: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
 
     def add(self, entry: Entry) -> None:
         with self.changed:
             self.entries.append(entry)
-            self.changed.notify_all()
+            self._notify()
 
     def end(self) -> None:
         with self.changed:
             self.ended_at = time.monotonic()
-            self.changed.notify_all()
+            self._notify()
+
+    def _notify(self) -> None:
+        self.changed.notify_all()
+        for loop, wake in list(self._wakes):
+            with contextlib.suppress(RuntimeError):  # that reader's loop is closed
+                loop.call_soon_threadsafe(wake.set)
+
+    async def follow_async(self, after: int) -> AsyncIterator[Entry]:
+        wake = (asyncio.get_running_loop(), asyncio.Event())
+        with self.changed:
+            self._wakes.add(wake)
+        try:
+            while True:
+                wake[1].clear()  # before looking: a write after the look sets it again
+                with self.changed:
+                    found, ended = self.since(after), self.ended_at is not None
+                for entry in found:
+                    yield entry
+                    if entry[1].type in ENDINGS:
+                        return
+                if found:
+                    after = found[-1][0]
+                elif ended:
+                    return
+                else:
+                    await wake[1].wait()
+        finally:
+            with self.changed:
+                self._wakes.discard(wake)
 
     def follow(self, after: int, stop: threading.Event) -> Iterator[Entry]:
         while not stop.is_set():
@@ -78,17 +111,17 @@ class _Local:
         return self.entries[max(0, after):]  # a run written here is numbered from 1, one entry each
 
 
-_local: dict[uuid.UUID, _Local] = {}
+_local: dict[uuid.UUID, LocalRun] = {}
 _local_lock = threading.Lock()
 
 
-def _share(run_id: uuid.UUID) -> _Local:
+def _share(run_id: uuid.UUID) -> LocalRun:
     with _local_lock:
         gone = [key for key, run in _local.items()
                 if run.ended_at is not None and time.monotonic() - run.ended_at > LOCAL_KEEP_SECONDS]
         for key in gone:
             del _local[key]
-        return _local.setdefault(run_id, _Local())
+        return _local.setdefault(run_id, LocalRun())
 
 
 class TurnLog:
@@ -211,6 +244,11 @@ class _Flusher:
 
 
 _flusher = _Flusher()
+
+
+def local_run(run_id: uuid.UUID) -> LocalRun | None:
+    """The run's copy in this process's memory, if this process runs it (or ran it lately)."""
+    return _local.get(run_id)
 
 
 def read(run_id: uuid.UUID, *, after: int = 0) -> list[Entry]:

@@ -24,11 +24,11 @@ from conversations.turns import detached
 from conversations.turns.events import ENDINGS, EventType
 from conversations.turns.runner import Turn
 from conversations.turns.start import turn_ask, turn_decide, turn_edit, turn_regenerate, turn_retry
-from conversations.turns.streaming import follow_in_thread
+from conversations.turns.streaming import follow_log
+from conversations.web import run_watch
 
 TOKEN_BATCH_SECONDS = 0.05  # tokens go out in small batches, not one frame each
 STOP_WAIT_SECONDS = 10
-WATCH_SECONDS = 0.5  # how soon a socket notices a turn started elsewhere
 
 
 def _ask(*, content: str, **common) -> Turn:
@@ -68,7 +68,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.generation: asyncio.Task | None = None  # the task reading the turn this socket shows
         self.turn_ended = False  # the running generation has sent its turn's last event (done, error, approval)
         self.following = None  # the run it reads (its own or one it joined)
-        self.watcher: asyncio.Task | None = None
+        self.watching = False
         self.starting = False  # a message of this socket is starting a turn
         self.user = self.scope.get("user")
         self.conversation_id = self.scope["url_route"]["kwargs"]["conversation_id"]
@@ -78,34 +78,28 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             # during the handshake reaches a browser as 1006 with no reason.
             await self.close(code=4404)
             return
-        self.watcher = asyncio.create_task(self._watch())
+        self.watching = True
+        run_watch.watch().add(self.conversation_id, self._on_running)
 
     async def disconnect(self, code):
-        if self.watcher:
-            self.watcher.cancel()
+        if self.watching:
+            run_watch.watch().remove(self.conversation_id, self._on_running)
         await self._stop_reading()  # the turn itself runs on
 
-    async def _watch(self) -> None:
+    def _on_running(self, run_id) -> None:
         """Join a turn that runs on this conversation but not through this socket (another tab, the API,
         or its own turn after a reload or reconnect): its events so far, then live (issue 12)."""
-        while True:
-            if self._idle():
-                run_id = await database_sync_to_async(detached.running_run)(self.conversation_id)
-                # Asked again after the wait: this socket may have started that very turn meanwhile.
-                if run_id is not None and run_id != self.following and self._idle():
-                    self.turn_ended = False
-                    self.following = run_id
-                    self.generation = asyncio.create_task(self._join(run_id))
-            await asyncio.sleep(WATCH_SECONDS)
-
-    def _idle(self) -> bool:
-        return not self.starting and not (self.generation and not self.generation.done())
+        busy = self.starting or (self.generation and not self.generation.done())
+        if not busy and run_id != self.following:
+            self.turn_ended = False
+            self.following = run_id
+            self.generation = asyncio.create_task(self._join(run_id))
 
     async def _join(self, run_id, *, announce: bool = True) -> None:
         """Read a run's log to its end: this socket's own turn, or (`announce`d as `joined`) another's."""
         if announce:
             await self.send_json({"type": "joined"})
-        async with contextlib.aclosing(follow_in_thread(run_id)) as events:
+        async with contextlib.aclosing(follow_log(run_id)) as events:
             await self._forward(events)
         if not self.turn_ended:  # a run whose process is gone ends with no event of its own
             self.turn_ended = True
