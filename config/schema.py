@@ -11,12 +11,13 @@ from typing import Any
 
 from rest_framework.settings import api_settings
 
+from config.api import INT64_MAX, INT64_MIN  # what the API reads as an integer (strict_loads)
+
 ERROR = "Error"
 ERROR_REF = {"$ref": f"#/components/schemas/{ERROR}"}
 ERROR_EVENT = "ErrorEvent"
 JSON_VALUE = "JsonValue"
 JSON_VALUE_REF = {"$ref": f"#/components/schemas/{JSON_VALUE}"}
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what the API reads as an integer (config.api.strict_loads)
 
 # config.api.error_body: {"error": {"code": ..., "message": ..., **extra}}.
 ERROR_SCHEMA: dict[str, Any] = {
