@@ -87,6 +87,9 @@ _SHARED_ERRORS = (
      lambda op, method: _parameters(op, "path") or {"page", "format"} & set(_parameters(op, "query"))),
     ("413", "too_large: the request body is too large",
      lambda op, method: "requestBody" in op),
+    ("429", "throttled: too many requests from this caller lately (see `Retry-After`); a turn's "
+     "too_many_turns: too many of the person's turns run at once",
+     lambda op, method: True),
 )
 
 

@@ -131,6 +131,10 @@ else:
 # database. With channels-redis, an idle socket's layer read hit redis's own read timeout and closed the
 # socket (1011) every few seconds.
 REDIS_URL = os.environ.get("REDIS_URL", "").strip()
+# Shared between processes when Redis is there (throttle counts); else this process's memory.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                      "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1}}
+          if REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -165,7 +169,19 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "config.api.exception_handler",
+    # One caller cannot starve the others: requests per caller (a signed-in user, else the client's address),
+    # counted in the shared cache (Redis when REDIS_URL is set). A cache that fails lets requests through.
+    "DEFAULT_THROTTLE_CLASSES": ["config.throttles.UserThrottle", "config.throttles.AnonThrottle"],
+    # The client's address is REMOTE_ADDR unless ARBOR_NUM_PROXIES proxies add X-Forwarded-For (else anyone
+    # could pick their own address by sending that header).
+    "NUM_PROXIES": int(os.environ.get("ARBOR_NUM_PROXIES", "0")),
+    "DEFAULT_THROTTLE_RATES": {
+        "user": os.environ.get("ARBOR_API_USER_RATE", "1200/min"),
+        "anon": os.environ.get("ARBOR_API_ANON_RATE", "120/min"),
+    },
 }
+# Sign-in attempts per client address and per user name (config/throttles.py), then 429 until it passes.
+ARBOR_SIGNIN_RATE = os.environ.get("ARBOR_SIGNIN_RATE", "10/min")
 SPECTACULAR_SETTINGS = {
     "TITLE": "Arbor API",
     "DESCRIPTION": "Conversation-tree context store and chat service.",
@@ -206,6 +222,9 @@ ARBOR_MAX_CONTENT_CHARS = int(os.environ.get("ARBOR_MAX_CONTENT_CHARS", "100000"
 # every ARBOR_PARTIAL_SAVE_SECONDS, so a crash loses at most those last moments.
 ARBOR_TURN_LOCK_SECONDS = float(os.environ.get("ARBOR_TURN_LOCK_SECONDS", "20"))
 ARBOR_TURN_HEARTBEAT_SECONDS = float(os.environ.get("ARBOR_TURN_HEARTBEAT_SECONDS", "5"))
+# Fairness (issue 13): a person's turns (and compactions, conversions) running at once; beyond, 429
+# too_many_turns. 0: no limit.
+ARBOR_MAX_CONCURRENT_TURNS_PER_USER = int(os.environ.get("ARBOR_MAX_CONCURRENT_TURNS_PER_USER", "4"))
 ARBOR_PARTIAL_SAVE_SECONDS = float(os.environ.get("ARBOR_PARTIAL_SAVE_SECONDS", "2"))
 # A turn's numbered event log is kept this long after it ends, for clients that resume (GET .../stream/).
 ARBOR_TURN_LOG_RETENTION_SECONDS = float(os.environ.get("ARBOR_TURN_LOG_RETENTION_SECONDS", "600"))

@@ -3,6 +3,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from config import api
+from config.throttles import ThrottledLoginView
 from search.apis import Search
 
 urlpatterns = [
@@ -14,6 +15,7 @@ urlpatterns = [
     path("api/", include("conversations.apis.urls")),
     path("api/", include("playbooks.urls")),
     re_path(r"^api/", api.not_found),  # every other /api/ path answers in the API's error format
+    path("accounts/login/", ThrottledLoginView.as_view(), name="login"),  # before auth.urls' own
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("search.pages")),
     path("playbooks/", include("playbooks.pages")),

@@ -13,6 +13,13 @@ class TurnInProgress(ArborError):
         super().__init__(message)
 
 
+class TooManyTurns(ArborError):
+    """The person already has ARBOR_MAX_CONCURRENT_TURNS_PER_USER turns running (fairness, issue 13)."""
+
+    code = "too_many_turns"
+    status = 429
+
+
 class ApprovalPending(ArborError):
     code = "approval_pending"
     status = 409

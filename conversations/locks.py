@@ -25,10 +25,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connections
-from django.db.models import Q
+from django.db.models import Count, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from conversations.errors import TurnInProgress
+from conversations.errors import TooManyTurns, TurnInProgress
 from conversations.models import Conversation
 
 
@@ -57,6 +58,13 @@ def head_guard(lock: TurnLock | None) -> tuple[Q, dict[str, Any]]:
     return is_free(), {"turn_token": None, "turn_expires_at": None}
 
 
+def _held_by_owner():
+    """How many locks the conversation's owner holds on other conversations (a subquery)."""
+    return (Conversation.objects.filter(owner_id=OuterRef("owner_id"), turn_token__isnull=False,
+                                        turn_expires_at__gte=now())
+            .exclude(pk=OuterRef("pk")).order_by().values("owner_id").annotate(n=Count("pk")).values("n"))
+
+
 class TurnLock:
     """A held turn lock. Release it once (a `with` block does); releasing twice is harmless."""
 
@@ -76,8 +84,13 @@ class TurnLock:
         token = uuid.uuid4()
         expires = _expiry()
         took_over = conversation.turn_token is not None  # as last read: a holder that is gone
-        if not Conversation.objects.filter(is_free(), pk=conversation.pk).update(turn_token=token,
-                                                                                 turn_expires_at=expires):
+        free = Conversation.objects.filter(is_free(), pk=conversation.pk)
+        limit = settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER
+        if limit:  # fairness: in the same UPDATE, the owner's other held locks are counted
+            free = free.alias(held=Coalesce(Subquery(_held_by_owner()), 0)).filter(held__lt=limit)
+        if not free.update(turn_token=token, turn_expires_at=expires):
+            if limit and Conversation.objects.filter(is_free(), pk=conversation.pk).exists():
+                raise TooManyTurns(f"You have {limit} turns running; wait for one to end.")
             raise TurnInProgress()
         conversation.turn_token, conversation.turn_expires_at = token, expires
         return cls(conversation, token, took_over=took_over)

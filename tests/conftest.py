@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.core.cache import cache
 from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -10,6 +11,12 @@ from rest_framework.test import APIClient
 from conversations import services
 from tests.support.browser import asgi_server, browser  # noqa: F401 - fixtures for the browser tests
 from tests.support.openai_stub import OpenAIStub
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rate_counts():
+    """Throttle counts (config/throttles.py) start at zero in each test: ids and addresses repeat."""
+    cache.clear()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ def in_own_thread(function):
 
 
 async def settled_node(conversation) -> Node:
-    """The conversation's only node, once it is written and no longer pending (a cancelled turn is recorded by its thread)."""
+    """The conversation's only node, once it is written and no longer pending (a turn's thread records it)."""
     for _ in range(200):
         node = await in_own_thread(lambda: Node.objects.filter(conversation=conversation).first())()
         if node is not None and node.status != Node.Status.PENDING:

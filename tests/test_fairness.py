@@ -1,0 +1,105 @@
+"""Issue 13, fairness and limits: a person's concurrent turns are capped (429 `too_many_turns`), the API is
+throttled per caller and sign-in per address and per user name, and a throttle whose cache is away lets
+requests through rather than refusing everyone."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.cache import cache
+from django.urls import reverse
+
+from conversations import services
+from conversations.errors import TooManyTurns, TurnInProgress
+from conversations.locks import TurnLock
+from conversations.models import Conversation, Node
+
+pytestmark = pytest.mark.django_db
+
+
+def _conversations(user, n):
+    return [services.conversation_create(owner=user, title=f"c{i}") for i in range(n)]
+
+
+def test_issue_13_a_person_holds_at_most_the_limit_of_turns_and_a_freed_one_lets_the_next_in(user, other_user,
+                                                                                            settings):
+    settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER = 2
+    first, second, third = _conversations(user, 3)
+    held = [TurnLock.acquire(first), TurnLock.acquire(second)]
+    with pytest.raises(TooManyTurns) as refused:
+        TurnLock.acquire(third)
+    assert refused.value.status == 429 and "2 turns running" in refused.value.message
+    assert Conversation.objects.get(pk=third.pk).turn_token is None, "a refusal changes nothing"
+    with pytest.raises(TurnInProgress):
+        TurnLock.acquire(Conversation.objects.get(pk=first.pk)), "a held conversation is still a 409"
+    TurnLock.acquire(_conversations(other_user, 1)[0]).release()  # another person is not held back
+    held[0].release()
+    TurnLock.acquire(Conversation.objects.get(pk=third.pk)).release()
+
+
+def test_issue_13_an_expired_lease_does_not_count_against_the_person(user, settings, monkeypatch):
+    from conversations import locks
+
+    settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER = 1
+    dead, fresh = _conversations(user, 2)
+    TurnLock.acquire(dead)  # its process "dies": never released
+    later = locks.now() + __import__("datetime").timedelta(seconds=settings.ARBOR_TURN_LOCK_SECONDS + 1)
+    monkeypatch.setattr(locks, "now", lambda: later)
+    TurnLock.acquire(fresh).release()
+
+
+def test_issue_13_the_api_answers_429_too_many_turns_and_records_nothing(api, user, settings):
+    settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER = 1
+    busy, idle = _conversations(user, 2)
+    lock = TurnLock.acquire(busy)
+    response = api.post(reverse("turn-create", args=[idle.pk]), {"content": "hello"}, format="json")
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == "too_many_turns"
+    assert not Node.objects.filter(conversation=idle).exists()
+    lock.release()
+    assert api.post(reverse("turn-create", args=[idle.pk]), {"content": "hello"}, format="json").status_code == 201
+
+
+def test_issue_13_the_api_is_throttled_per_caller(api, other_user, settings):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
+                               "DEFAULT_THROTTLE_RATES": {"user": "3/min", "anon": "2/min"}}
+    from rest_framework.settings import api_settings
+    from rest_framework.throttling import SimpleRateThrottle
+
+    api_settings.reload()
+    SimpleRateThrottle.THROTTLE_RATES = api_settings.DEFAULT_THROTTLE_RATES
+    try:
+        codes = [api.get(reverse("conversation-list")).status_code for _ in range(4)]
+        assert codes == [200, 200, 200, 429]
+        refused = api.get(reverse("conversation-list"))
+        assert refused.json()["error"]["code"] == "throttled" and "Retry-After" in refused.headers
+        from tests.conftest import _client_for
+
+        assert _client_for(other_user).get(reverse("conversation-list")).status_code == 200, "others go on"
+    finally:
+        settings.REST_FRAMEWORK = {k: v for k, v in settings.REST_FRAMEWORK.items()}
+        api_settings.reload()
+        SimpleRateThrottle.THROTTLE_RATES = api_settings.DEFAULT_THROTTLE_RATES
+
+
+def test_issue_13_a_throttle_whose_cache_is_away_lets_requests_through(api, monkeypatch):
+    def away(*args, **kwargs):
+        raise ConnectionError("redis is down")
+
+    monkeypatch.setattr(cache, "get", away)
+    monkeypatch.setattr(cache, "set", away)
+    assert api.get(reverse("conversation-list")).status_code == 200
+
+
+def test_issue_13_sign_in_is_refused_with_429_after_too_many_attempts(client, user, settings):
+    settings.ARBOR_SIGNIN_RATE = "3/min"
+    url = reverse("login")
+    for _ in range(3):
+        assert client.post(url, {"username": user.username, "password": "wrong"}).status_code == 200
+    refused = client.post(url, {"username": user.username, "password": "wrong"})
+    assert refused.status_code == 429 and b"Too many sign-in attempts" in refused.content
+    user.set_password("right-password-123")
+    user.save()
+    assert client.post(url, {"username": user.username, "password": "right-password-123"}).status_code == 429, \
+        "even the right password waits: the attempts are counted, not only the failures"
+    cache.clear()
+    assert client.post(url, {"username": user.username, "password": "right-password-123"}).status_code == 302
