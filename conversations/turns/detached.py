@@ -73,8 +73,7 @@ def run(turn: Turn, run_id: uuid.UUID, *, log: TurnLog | None = None) -> Iterato
         yield from log.append(TurnEvent(EventType.ERROR, failure(turn, error)))
     finally:
         events.close()
-        ending = log.close()  # written even when this reader is closed early; then nothing more is yielded
-    yield from ending
+        log.close()  # even when this reader is closed early
 
 
 def failure(turn: Turn, error: Exception) -> dict:

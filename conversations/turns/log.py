@@ -5,9 +5,10 @@ The process running the turn writes (`TurnLog`); readers ask for what came after
 saw (`read`, `follow`). Entries are kept in a store every process reads (`log_stores`: Redis Streams
 when `REDIS_URL` is set, else the database), and, while the run goes on and a little after, in this
 process's memory: a reader in the process that runs the turn (the socket or request that started it,
-another tab on the same server) waits on it, never polling a store. Tokens are merged and written at most
-every `FLUSH_SECONDS` (a flusher thread writes a merge the model left waiting); a merged event is one
-numbered event, so a reader resuming after any number gets exactly the rest.
+another tab on the same server) gets each token the moment it arrives, never polling a store. Every event
+is numbered as it comes; tokens go to the store in batches, every `FLUSH_SECONDS` (a flusher thread), so
+a long answer costs a few writes a second rather than one a token; any other event is written at once,
+after the tokens before it. A reader resuming after any number gets exactly the rest.
 """
 
 from __future__ import annotations
@@ -134,63 +135,25 @@ class TurnLog:
         # process died (recovery, `after` its last number) is only written to the store.
         self._local = _share(run_id) if after == 0 else None
         self._store = log_stores.store()
-        self._tokens: list[str] = []
-        self._token_node: int | None = None
-        self._flushed_at = time.monotonic()
-        self._lock = threading.Lock()  # the turn's thread and the flusher
+        self._unwritten: list[Entry] = []  # tokens numbered and shared here, not yet in the store
+        self._written_at = time.monotonic()
+        self._lock = threading.Lock()  # numbering and `_unwritten`: the turn's thread and the flusher
+        self._write_lock = threading.Lock()  # store writes, one batch at a time, in order
         if self._local is not None:
             _flusher.watch(self)
 
     def append(self, event: TurnEvent) -> list[Entry]:
-        """Log `event`; return the entries written now (a token may wait to be merged with the next ones)."""
+        """Log `event` and return its entry. A token is shared with readers here at once and written to the
+        store with the next batch; any other event is written at once, after the tokens before it."""
         with self._lock:
-            return self._append(event)
-
-    def flush_if_due(self) -> None:
-        """A merge the model left waiting (it paused mid-answer) goes out after FLUSH_SECONDS all the same."""
-        with self._lock:
-            if self._tokens and time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
-                self._flush()
-
-    def close(self) -> list[Entry]:
-        """The turn ended: write what is buffered and mark the run ended (its log is kept a while)."""
-        with self._lock:
-            written = self._flush()
-            self._tokens = []
-        _flusher.forget(self)
+            self.seq += 1
+            entry = (self.seq, event)
+            self._unwritten.append(entry)
+        if event.type == EventType.TOKEN and self._local is not None:
+            self._local.add(entry)
+            return [entry]
         try:
-            self._mark_ended()
-        except DatabaseError:  # the database is away: the sweep ends the run for other readers later
-            logger.exception("turn log %s: could not mark the run ended", self.run_id)
-        finally:
-            release_connection()
-            if self._local is not None:
-                self._local.end()
-        return written
-
-    def _append(self, event: TurnEvent) -> list[Entry]:
-        if event.type == EventType.TOKEN and self._token_node in (None, event.data["node"]):
-            self._tokens.append(event.data["text"])
-            self._token_node = event.data["node"]
-            return self._flush() if time.monotonic() - self._flushed_at >= FLUSH_SECONDS else []
-        written = self._flush()
-        if event.type == EventType.TOKEN:  # a new node's first token
-            return written + self._append(event)
-        return [*written, self._write(event)]
-
-    def _flush(self) -> list[Entry]:
-        self._flushed_at = time.monotonic()
-        if not self._tokens:
-            return []
-        merged = TurnEvent(EventType.TOKEN, {"text": "".join(self._tokens), "node": self._token_node})
-        self._tokens, self._token_node = [], None
-        return [self._write(merged)]
-
-    def _write(self, event: TurnEvent) -> Entry:
-        self.seq += 1
-        entry = (self.seq, event)
-        try:
-            self._store.write(self.run_id, self.seq, event)
+            self._write_out()
             if event.type in ENDINGS:  # after the entry (a reader elsewhere that sees the run ended finds it),
                 self._mark_ended()     # before readers here see it (the run has ended once they have)
         except DatabaseError:
@@ -202,7 +165,33 @@ class TurnLog:
         finally:
             if self._local is not None:
                 self._local.add(entry)
-        return entry
+        return [entry]
+
+    def write_if_due(self) -> None:
+        """Tokens waiting longer than FLUSH_SECONDS go to the store (the flusher calls this)."""
+        if self._unwritten and time.monotonic() - self._written_at >= FLUSH_SECONDS:
+            self._write_out()
+
+    def close(self) -> None:
+        """The turn ended: write what waits and mark the run ended (its log is kept a while)."""
+        _flusher.forget(self)
+        try:
+            self._write_out()
+            self._mark_ended()
+        except DatabaseError:  # the database is away: the sweep ends the run for other readers later
+            logger.exception("turn log %s: could not write its last entries or mark the run ended", self.run_id)
+        finally:
+            release_connection()
+            if self._local is not None:
+                self._local.end()
+
+    def _write_out(self) -> None:
+        with self._write_lock:
+            with self._lock:
+                batch, self._unwritten = self._unwritten, []
+            self._written_at = time.monotonic()
+            if batch:
+                self._store.write(self.run_id, batch)
 
     def _mark_ended(self) -> None:
         TurnRun.objects.filter(pk=self.run_id, ended_at__isnull=True).update(ended_at=timezone.now())
@@ -211,7 +200,7 @@ class TurnLog:
 
 
 class _Flusher:
-    """One thread per process that writes token merges a paused model left waiting."""
+    """One thread per process that writes the tokens of its turns to the store, a batch at a time."""
 
     def __init__(self):
         self._logs: weakref.WeakSet[TurnLog] = weakref.WeakSet()
@@ -236,9 +225,9 @@ class _Flusher:
                 logs = list(self._logs)
             for log in logs:
                 try:
-                    log.flush_if_due()
+                    log.write_if_due()
                 except Exception:  # the turn's own next write meets the same trouble and reports it
-                    logger.exception("turn log %s: flush failed", log.run_id)
+                    logger.exception("turn log %s: writing its tokens failed", log.run_id)
                 finally:
                     release_connection()
 

@@ -35,8 +35,9 @@ REDIS_REST_SECONDS = 5.0
 class DatabaseStore:
     """The embedded default: rows of `TurnLogEntry`; every process behind the database reads them."""
 
-    def write(self, run_id: uuid.UUID, seq: int, event: TurnEvent) -> None:
-        TurnLogEntry.objects.create(run_id=run_id, seq=seq, type=event.type, data=event.data)
+    def write(self, run_id: uuid.UUID, entries: list[Entry]) -> None:
+        TurnLogEntry.objects.bulk_create([TurnLogEntry(run_id=run_id, seq=seq, type=event.type, data=event.data)
+                                          for seq, event in entries])
         release_connection()  # the model goes on talking; no connection is held meanwhile
 
     def read(self, run_id: uuid.UUID, after: int) -> list[Entry]:
@@ -74,19 +75,20 @@ class RedisStore:
     def key(run_id: uuid.UUID) -> str:
         return f"arbor:turn-log:{run_id}"
 
-    def write(self, run_id: uuid.UUID, seq: int, event: TurnEvent) -> None:
+    def write(self, run_id: uuid.UUID, entries: list[Entry]) -> None:
         if self._usable():
             try:
                 pipe = self.client.pipeline(transaction=False)
-                fields = {"type": event.type, "data": json.dumps(event.data, ensure_ascii=False)}
-                pipe.xadd(self.key(run_id), fields, id=f"{seq}-0")
+                for seq, event in entries:
+                    fields = {"type": event.type, "data": json.dumps(event.data, ensure_ascii=False)}
+                    pipe.xadd(self.key(run_id), fields, id=f"{seq}-0")
                 # Kept while the turn runs (a lease it renews with every event), then the retention.
                 pipe.expire(self.key(run_id), int(settings.ARBOR_TURN_LOG_RETENTION_SECONDS) + 3600)
                 pipe.execute()
                 return
             except self.errors as error:
                 self._rest(error)
-        self.database.write(run_id, seq, event)
+        self.database.write(run_id, entries)
 
     def read(self, run_id: uuid.UUID, after: int) -> list[Entry]:
         return self._with_database(run_id, after, self._redis_read(run_id, after, block=False))

@@ -182,30 +182,50 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         return lambda: start(user=self.user, conversation_id=self.conversation_id, **values)
 
     async def _forward(self, events) -> None:
-        """Send a turn's numbered events on, tokens in small batches."""
+        """Send a turn's numbered events on, tokens in small batches: a token waits at most
+        TOKEN_BATCH_SECONDS (a timer sends the batch; it never waits for the next token)."""
         pending: list[str] = []
         node = None
+        timer: asyncio.TimerHandle | None = None
         loop = asyncio.get_running_loop()
-        flushed_at = loop.time()
+        sending = asyncio.Lock()  # the timer's batch and the loop's events go out one at a time, in order
 
         async def flush():
-            nonlocal flushed_at
-            if pending:
-                await self.send_json({"type": "token", "text": "".join(pending), "node": node})
-                pending.clear()
-            flushed_at = loop.time()
+            nonlocal timer
+            if timer is not None:
+                timer.cancel()
+                timer = None
+            async with sending:
+                if pending:
+                    text = "".join(pending)
+                    pending.clear()
+                    await self.send_json({"type": "token", "text": text, "node": node})
 
-        async for _, event in events:
-            if event.type == EventType.TOKEN:
-                pending.append(event.data["text"])
-                node = event.data["node"]
-                if loop.time() - flushed_at >= TOKEN_BATCH_SECONDS:
-                    await flush()
-                continue
+        def due():
+            nonlocal timer
+            timer = None
+            batches.add(task := loop.create_task(flush()))
+            task.add_done_callback(batches.discard)
+
+        batches: set[asyncio.Task] = set()
+        try:
+            async for _, event in events:
+                if event.type == EventType.TOKEN:
+                    if pending and event.data["node"] != node:
+                        await flush()
+                    pending.append(event.data["text"])
+                    node = event.data["node"]
+                    if timer is None:
+                        timer = loop.call_later(TOKEN_BATCH_SECONDS, due)
+                    continue
+                await flush()
+                self.turn_ended = event.type in ENDINGS
+                async with sending:
+                    await self.send_json({"type": event.type, **event.data})
             await flush()
-            self.turn_ended = event.type in ENDINGS
-            await self.send_json({"type": event.type, **event.data})
-        await flush()
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     async def _stop_reading(self) -> None:
         task, self.generation = self.generation, None

@@ -50,6 +50,40 @@ async def test_a_question_streams_tokens_in_several_batches_then_done(chat):
     await socket.disconnect()
 
 
+async def test_issue_13_a_token_goes_out_on_the_batch_timer_without_waiting_for_the_next():
+    """Uneven pacing: two tokens 10 ms apart, then the model is silent for a second. The second token goes
+    out on the batch's timer (within TOKEN_BATCH_SECONDS), not when the model speaks again."""
+    from conversations.turns.events import EventType, TurnEvent
+
+    sent: list[tuple[float, dict]] = []
+    loop = asyncio.get_running_loop()
+
+    class Socket(consumer.ChatConsumer):
+        def __init__(self):
+            self.turn_ended = False
+
+        async def send_json(self, content, close=False):
+            sent.append((loop.time(), content))
+
+    silence_began = {}
+
+    async def events():
+        for text in ("a", "b"):
+            yield 0, TurnEvent(EventType.TOKEN, {"text": text, "node": 1})
+            await asyncio.sleep(0.01)
+        silence_began["at"] = loop.time()
+        await asyncio.sleep(1)
+        yield 0, TurnEvent(EventType.TOKEN, {"text": "c", "node": 1})
+        yield 0, TurnEvent(EventType.DONE, {"answer": "abc", "head": 1, "nodes": [1]})
+
+    await Socket()._forward(events())
+    tokens = [(at, m["text"]) for at, m in sent if m["type"] == "token"]
+    assert "".join(text for _, text in tokens) == "abc"
+    b_sent_at = next(at for at, text in tokens if "b" in text)
+    assert b_sent_at - silence_began["at"] < 0.5, "sent on the timer, during the silence"
+    assert sent[-1][1]["type"] == "done"
+
+
 async def test_stop_cancels_the_turn_keeps_the_node_and_frees_the_conversation(chat):
     """Stop: the turn's ending (`error`, cancelled) and then `stopped` come once the node is written
     failed/cancelled (F1: the head is on it); asking goes on."""

@@ -12,6 +12,8 @@ import time
 import uuid
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from conversations import items as it
 from conversations.models import Node, TurnLogEntry, TurnRun
@@ -103,16 +105,23 @@ def test_issue_12_a_stop_asked_from_elsewhere_ends_the_turn_as_cancelled(convers
     assert detached.request_stop(conversation.pk) is False, "nothing runs any more"
 
 
-def test_issue_12_tokens_are_merged_but_never_across_nodes(conversation):
+def test_issue_12_tokens_reach_readers_here_at_once_and_the_store_in_one_batch(conversation):
+    """Each token is numbered and shared with this process's readers as it comes; the store gets the tokens
+    in one batched write, before the event that follows them."""
     run = TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation)
     writer = log.TurnLog(run.pk)
     for text, node in [("a", 1), ("b", 1), ("c", 2)]:
         writer.append(TurnEvent(EventType.TOKEN, {"text": text, "node": node}))
-    writer.append(TurnEvent(EventType.DONE, {"answer": "abc", "head": 2, "nodes": [1, 2]}))
+    assert [(seq, e.data["text"]) for seq, e in log.read(run.pk)] == [(1, "a"), (2, "b"), (3, "c")]
+    with CaptureQueriesContext(connection) as queries:
+        writer.append(TurnEvent(EventType.DONE, {"answer": "abc", "head": 2, "nodes": [1, 2]}))
+    inserts = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("INSERT")]
+    assert len(inserts) <= 1, inserts
     writer.close()
-    assert [(e.type, e.data.get("text")) for _, e in log.read(run.pk)] == [
-        ("token", "ab"), ("token", "c"), ("done", None)]
-    assert TurnLogEntry.objects.filter(run=run).count() == 3
+    log._local.pop(run.pk)  # read as another process does: from the store
+    assert [(seq, e.type, e.data.get("text")) for seq, e in log.read(run.pk)] == [
+        (1, "token", "a"), (2, "token", "b"), (3, "token", "c"), (4, "done", None)]
+    assert TurnLogEntry.objects.filter(run=run).count() == 4
 
 
 def test_issue_12_old_logs_are_forgotten_and_then_no_run_is_shown(conversation, settings):
