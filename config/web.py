@@ -4,9 +4,11 @@ ASGI gives every sync view (the Content-Security-Policy is config.middleware's, 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import wraps
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
@@ -39,11 +41,26 @@ def page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     return run
 
 
+_long_views: ThreadPoolExecutor | None = None
+
+
+def _long_view_threads() -> ThreadPoolExecutor:
+    """The pool long views run in: threads are made as needed, up to ARBOR_LONG_VIEW_THREADS, so a turn
+    that waits a minute on its model holds one of hundreds, not one of the loop's default handful (six on
+    two cores: a seventh JSON turn used to wait for one of the first six to end, issue 13)."""
+    global _long_views
+    if _long_views is None:
+        _long_views = ThreadPoolExecutor(max_workers=settings.ARBOR_LONG_VIEW_THREADS,
+                                         thread_name_prefix="arbor-view")
+    return _long_views
+
+
 def off_the_shared_thread(view: Callable) -> Callable:
     """Run a long (model-calling) view in a thread of its own under ASGI.
 
-    Under ASGI, Django runs every sync view on one shared thread; a turn lasting seconds there would
-    hold up every other request (an edit's immediate 409, say). Under WSGI nothing is shared.
+    Under ASGI, Django runs sync views one per request context, but a view's thread that waits seconds on a
+    model must not come from a small shared pool either: it gets one of `_long_view_threads`. Under WSGI
+    nothing is shared.
     """
 
     def run(request, *args, **kwargs):
@@ -54,7 +71,8 @@ def off_the_shared_thread(view: Callable) -> Callable:
 
     async def wrapper(request, *args, **kwargs):
         if isinstance(request, ASGIRequest):
-            return await sync_to_async(run, thread_sensitive=False)(request, *args, **kwargs)
+            return await sync_to_async(run, thread_sensitive=False, executor=_long_view_threads())(
+                request, *args, **kwargs)
         return await sync_to_async(view, thread_sensitive=True)(request, *args, **kwargs)
 
     for attribute in ("cls", "initkwargs", "csrf_exempt", "view_class", "view_initkwargs"):
