@@ -137,6 +137,7 @@ class TurnLog:
         self._store = log_stores.store()
         self._unwritten: list[Entry] = []  # tokens numbered and shared here, not yet in the store
         self._written_at = time.monotonic()
+        self._ended = False
         self._lock = threading.Lock()  # numbering and `_unwritten`: the turn's thread and the flusher
         self._write_lock = threading.Lock()  # store writes, one batch at a time, in order
         if self._local is not None:
@@ -194,9 +195,12 @@ class TurnLog:
                 self._store.write(self.run_id, batch)
 
     def _mark_ended(self) -> None:
+        if self._ended:  # by its ending event, before `close`
+            return
         TurnRun.objects.filter(pk=self.run_id, ended_at__isnull=True).update(ended_at=timezone.now())
         release_connection()
         self._store.ended(self.run_id)
+        self._ended = True
 
 
 class _Flusher:
