@@ -117,7 +117,12 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # psycopg 3's pool: turn threads open and close connections often.
-    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 2, "max_size": 20, "timeout": 10}
+    # Each process opens at most ARBOR_DB_POOL_MAX connections and gives idle ones back after a minute:
+    # PostgreSQL's max_connections must exceed (server processes + workers) x ARBOR_DB_POOL_MAX (README).
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": int(os.environ.get("ARBOR_DB_POOL_MIN", "1")),
+        "max_size": int(os.environ.get("ARBOR_DB_POOL_MAX", "20")),
+        "max_idle": 60, "timeout": 10}
 else:
     # SQLite: wait for the writer instead of failing at once when a turn thread holds the lock.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
