@@ -111,7 +111,8 @@ def running(conversation_id: int) -> bool:
 def _stop_check(run_id: uuid.UUID) -> Callable[[], bool]:
     """Whether a stop was asked for the run: read from the database at most every STOP_CHECK_SECONDS (the
     turn asks on every token and every quarter second of a silent call)."""
-    state = {"checked_at": time.monotonic(), "asked": False}  # first asked after STOP_CHECK_SECONDS: a quick turn asks never
+    # First asked after STOP_CHECK_SECONDS: a quick turn costs no query for it.
+    state = {"checked_at": time.monotonic(), "asked": False}
 
     def asked() -> bool:
         if not state["asked"] and time.monotonic() - state["checked_at"] >= STOP_CHECK_SECONDS:
