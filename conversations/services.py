@@ -25,24 +25,23 @@ def head_move(*, conversation: Conversation, to: int | None, lock: TurnLock | No
     A move without a lock also clears an expired one, so the turn that let it expire can no longer
     move the head when it finally ends.
     """
-    guard, cleared = head_guard(lock)
-    changes = {"head_id": to, "version": F("version") + 1, "updated_at": timezone.now(), **cleared}
-    if not Conversation.objects.filter(guard, pk=conversation.pk).update(**changes):
+    if not _moved(conversation, to, lock):
         raise TurnInProgress()
-    conversation.head_id = to
-    conversation.version += 1
 
 
 def head_move_held(*, conversation: Conversation, to: int, lock: TurnLock) -> bool:
-    """Move the head with a held turn lock; False if the lock was lost meanwhile (R3).
+    """Move the head with a held turn lock; False if the lock was lost meanwhile (R3). A refused move
+    raises nothing and writes nothing, so what the caller wrote before it in the same transaction stands."""
+    return _moved(conversation, to, lock)
 
-    A savepoint: a refused move never undoes what the caller wrote before it in the same transaction.
-    """
-    try:
-        with transaction.atomic():
-            head_move(conversation=conversation, to=to, lock=lock)
-    except TurnInProgress:
+
+def _moved(conversation: Conversation, to: int | None, lock: TurnLock | None) -> bool:
+    guard, cleared = head_guard(lock)
+    changes = {"head_id": to, "version": F("version") + 1, "updated_at": timezone.now(), **cleared}
+    if not Conversation.objects.filter(guard, pk=conversation.pk).update(**changes):
         return False
+    conversation.head_id = to
+    conversation.version += 1
     return True
 
 
