@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -101,19 +102,17 @@ class TurnLock:
             turn_expires_at=_expiry())
         return bool(renewed)
 
-    def _beat(self) -> None:
-        """The heartbeat: renew every ARBOR_TURN_HEARTBEAT_SECONDS until released or lost. A renewal the
-        database refused (an outage) is tried again at the next beat: when the database is back, a lock
-        nobody took meanwhile is renewed, and one that was taken is reported lost."""
-        while not self._stop.wait(settings.ARBOR_TURN_HEARTBEAT_SECONDS):
-            try:
-                if not self.renew():
-                    self.lost = True
-                    return
-            except DatabaseError as error:
-                logger.warning("turn lock of conversation %s: renewal failed: %r", self.conversation.pk, error)
-            finally:
-                connections.close_all()  # this thread's own connection, between beats
+    def beat(self) -> bool:
+        """One heartbeat (the process's `_heartbeat` calls it): renew; False once the lock is lost. A renewal the
+        database refused (an outage) is tried again at the next beat: when the database is back, a lock nobody
+        took meanwhile is renewed, and one that was taken is reported lost."""
+        try:
+            if not self.renew():
+                self.lost = True
+                return False
+        except DatabaseError as error:
+            logger.warning("turn lock of conversation %s: renewal failed: %r", self.conversation.pk, error)
+        return True
 
     def release(self) -> None:
         """Give the lock back; a second call costs nothing (a turn frees it before its last event, then its
@@ -127,8 +126,46 @@ class TurnLock:
         self.conversation.turn_token = self.conversation.turn_expires_at = None
 
     def __enter__(self) -> TurnLock:
-        threading.Thread(target=self._beat, name=f"arbor-lock-{self.conversation.pk}", daemon=True).start()
+        _heartbeat.add(self)
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.release()
+
+
+class _Heartbeat:
+    """One thread per process renews every lock held in it, each every ARBOR_TURN_HEARTBEAT_SECONDS (no
+    thread started per turn: starting one cost a turn milliseconds on a busy machine, issue 13)."""
+
+    def __init__(self):
+        self._due: dict[TurnLock, float] = {}
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, lock: TurnLock) -> None:
+        with self._changed:
+            self._due[lock] = time.monotonic() + settings.ARBOR_TURN_HEARTBEAT_SECONDS
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="arbor-lock-heartbeat", daemon=True)
+                self._thread.start()
+            self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                for gone in [lock for lock in self._due if lock._stop.is_set()]:  # released (or a test's "death")
+                    del self._due[gone]
+                now = time.monotonic()
+                due = [lock for lock, at in self._due.items() if at <= now]
+                for lock in due:
+                    self._due[lock] = now + settings.ARBOR_TURN_HEARTBEAT_SECONDS
+                if not due:
+                    self._changed.wait(min(self._due.values(), default=now + 1) - now)
+                    continue
+            for lock in due:
+                if not lock._stop.is_set() and not lock.beat():
+                    lock._stop.set()
+            connections.close_all()  # this thread's own connection, between beats
+
+
+_heartbeat = _Heartbeat()

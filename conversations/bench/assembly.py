@@ -32,10 +32,12 @@ from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
 
 from conversations import items as it
+from conversations import llm
 from conversations.context import PathNode, assemble
 from conversations.models import Bubble, Conversation, Node, ToolApproval
 from conversations.selectors import node_path
 from conversations.services import head_move
+from conversations.turns import detached
 from conversations.turns.start import turn_ask
 
 PREFIX = "arbor-bench:"
@@ -304,14 +306,17 @@ def timings(fn: Callable[[], object], repeat: int, *, warmup: int, budget_s: flo
     return samples
 
 
-def interleaved_timings(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
-    """Milliseconds per call, the functions taking turns run by run, so drift hits all of them alike."""
+def interleaved_timings(fns: dict, repeat: int) -> dict[object, list[float]]:
+    """Milliseconds per call, every function once per run, in an order rotated run by run: drift over the
+    minutes of a run, and whatever runs first or after which, hits all of them alike."""
     for _ in range(WARMUP):
         for fn in fns.values():
             fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
+    samples: dict[object, list[float]] = {name: [] for name in fns}
+    order = list(fns.items())
+    for run in range(repeat):
+        shift = run % len(order)
+        for name, fn in order[shift:] + order[:shift]:
             begin = time.perf_counter()
             fn()
             samples[name].append((time.perf_counter() - begin) * 1000)
@@ -353,19 +358,64 @@ def unfiltered_ancestors_ms(head: Node) -> float | None:
 def turn_queries(tree: Tree) -> tuple[int, float]:
     """The SQL queries and seconds of one whole arbor/echo turn from the tree's head; the head is put back.
 
-    echo's answer lists every message it got, so its stream grows with the path; the lock renewals during
-    a stream are time-based, so the lock's life is raised here to count what depends on the depth alone.
+    echo's answer lists every message it got, so its stream grows with the path; the lock renewals, the
+    partial saves and the stop checks during a stream are time-based, so their paces are slowed here to
+    count what depends on the depth alone.
     """
     conversation = tree.conversation
-    limits = override_settings(ARBOR_ECHO_MAX_INPUT_TOKENS=10**12, ARBOR_TURN_LOCK_SECONDS=24 * 3600)
+    limits = override_settings(ARBOR_ECHO_MAX_INPUT_TOKENS=10**12, ARBOR_TURN_LOCK_SECONDS=24 * 3600,
+                               ARBOR_PARTIAL_SAVE_SECONDS=24 * 3600)
     began = time.perf_counter()
+    stop_check, detached.STOP_CHECK_SECONDS = detached.STOP_CHECK_SECONDS, 24 * 3600
     with limits, CaptureQueriesContext(connection) as captured:
-        events = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="One more question?").run()
+        events = detached.run_here(turn_ask(user=conversation.owner, conversation_id=conversation.pk,
+                                            content="One more question?"))
     elapsed = time.perf_counter() - began
+    detached.STOP_CHECK_SECONDS = stop_check
     head_move(conversation=conversation, to=tree.head_id)
     if events[-1].type != "done":
         raise CommandError(f"the bench turn on {conversation.title} ended with {events[-1]}")
     return len(captured.captured_queries), elapsed
+
+
+def turn_overhead(owner, repeat: int) -> tuple[int, list[float], list[float]]:
+    """A whole turn at path depth 10 as the API runs it (`detached.run_here`), arbor/echo answering at once:
+    its statements, and per run the milliseconds of the turn beyond its model call and of the call itself
+    (from `llm.stream_call`'s first step to its end). The head is put back after each run (not timed)."""
+    conversation = Conversation.objects.filter(owner=owner, title=f"{PREFIX}depth-10").first()
+    if conversation is None:
+        conversation = Conversation.objects.create(owner=owner, title=f"{PREFIX}depth-10")
+        for k in range(10):
+            detached.run_here(turn_ask(user=owner, conversation_id=conversation.pk, content=f"question {k}"))
+    tip = Conversation.objects.get(pk=conversation.pk).head_id
+    calls: list[float] = []
+    original = llm.stream_call
+
+    def timed_call(**kwargs):
+        began = time.perf_counter()
+        result = yield from original(**kwargs)
+        calls.append((time.perf_counter() - began) * 1000)
+        return result
+
+    overheads, call_times, count = [], [], 0
+    llm.stream_call = timed_call
+    try:
+        for run in range(WARMUP + repeat):
+            calls.clear()
+            began = time.perf_counter()
+            with CaptureQueriesContext(connection) as captured:
+                events = detached.run_here(turn_ask(user=owner, conversation_id=conversation.pk, content="one more"))
+            elapsed = (time.perf_counter() - began) * 1000
+            head_move(conversation=Conversation.objects.get(pk=conversation.pk), to=tip)
+            if events[-1].type != "done":
+                raise CommandError(f"the depth-10 bench turn ended with {events[-1]}")
+            if run >= WARMUP:
+                overheads.append(elapsed - sum(calls))
+                call_times.append(sum(calls))
+                count = len(captured.captured_queries)
+    finally:
+        llm.stream_call = original
+    return count, overheads, call_times
 
 
 # --- the command ----------------------------------------------------------------------------------------
@@ -393,6 +443,8 @@ class Command(BaseCommand):
             self.report_timings(trees, depths, options["repeat"])
         turns = {d: turn_queries(trees[(d, False)]) for d in (depths[0], depths[-1])}
         self.report_queries(turns)
+        with override_settings(DEBUG=False):
+            self.report_turn_overhead(trees[(depths[0], False)].conversation.owner, options["repeat"])
         self.report_targets(depths, {d: count for d, (count, _) in turns.items()})
 
     def parse_depths(self, value: str) -> tuple[int, ...]:
@@ -437,8 +489,13 @@ class Command(BaseCommand):
 
     def report_timings(self, trees: dict[tuple[int, bool], Tree], depths: tuple[int, ...], repeat: int) -> None:
         self.stdout.write(f"times in ms, median / p95 of {repeat} runs after {WARMUP} warm-up runs, DEBUG off; "
-                          "the four figures of a tree are timed in turn, run by run")
-        samples = {key: interleaved_timings(arbor_and_floor(tree), repeat) for key, tree in trees.items()}
+                          "every figure of every tree timed once per run, in an order rotated run by run")
+        # Every tree's four figures in one rotation: normal and bushier trees are timed run by run, side by
+        # side (timing all normal trees before all bushier ones once swung their ratio past the target).
+        measured = interleaved_timings({(key, name): fn for key, tree in trees.items()
+                                        for name, fn in arbor_and_floor(tree).items()}, repeat)
+        samples = {key: {name: measured[(key, name)] for name in ("assembly", "node_path", "assemble", "floor")}
+                   for key in trees}
         for name, title in (
             ("assembly", "Arbor full assembly: node_path(head) -> assemble(path, [user item], instructions=...)"),
             ("node_path", "  of which node_path(head) alone (one recursive CTE, rows -> PathNode)"),
@@ -473,10 +530,21 @@ class Command(BaseCommand):
         self.stdout.write(f"without tree_filter, path {depths[0]} (whole table, cap {UNFILTERED_CAP_S} s): {shown}")
 
     def report_queries(self, turns: dict[int, tuple[int, float]]) -> None:
-        self.section("SQL queries per whole arbor/echo turn (turn_ask(...).run(), CaptureQueriesContext; "
+        self.section("SQL queries per whole arbor/echo turn, as the API runs it (detached.run_here: the turn, its "
+                     "run and its event log; CaptureQueriesContext counts every statement, BEGIN/COMMIT included; "
                      "echo input limit and turn-lock life raised for the count)")
         for depth, (count, seconds) in turns.items():
             self.stdout.write(f"path {depth:>5}  queries per turn {count}   (the turn took {seconds:.1f} s)")
+
+    def report_turn_overhead(self, owner, repeat: int) -> None:
+        count, overheads, call_times = turn_overhead(owner, repeat)
+        self.section("A whole turn at path depth 10 (detached.run_here, arbor/echo answering at once): what the "
+                     f"turn adds to its model call, median / p95 of {repeat} runs after {WARMUP} warm-up runs")
+        self.stdout.write(f"statements per turn {count}; overhead {statistics.median(overheads):.1f} / "
+                          f"{p95(overheads):.1f} ms; the model call itself {statistics.median(call_times):.1f} / "
+                          f"{p95(call_times):.1f} ms")
+        self.figures[("turn_overhead", 10, False)] = statistics.median(overheads)
+        self.figures[("turn_statements", 10, False)] = count
 
     def report_targets(self, depths: tuple[int, ...], counts: dict[int, int]) -> None:
         middle, deep = depths[1], depths[2]
@@ -488,6 +556,11 @@ class Command(BaseCommand):
                     all(1 / 1.15 <= g <= 1.15 for g in growth), ", ".join(f"{g:.2f}x" for g in growth))
         self.target("queries per turn constant in depth", len(set(counts.values())) == 1,
                     " vs ".join(f"{c} at path {d}" for d, c in counts.items()))
+        statements = self.figures[("turn_statements", 10, False)]
+        self.target("a single-round turn makes at most 8 queries (issue 13)", statements <= 8, f"{statements}")
+        overhead = self.figures[("turn_overhead", 10, False)]
+        self.target("a turn adds at most 10 ms to its model call at depth 10 (issue 13)", overhead <= 10,
+                    f"{overhead:.1f} ms")
 
     # --- printing ---
 

@@ -21,13 +21,14 @@ def test_bench_assembly_prints_every_figure_on_a_tiny_dataset():
     output = _run("--nodes", "300", "--depths", "4,6,9", "--repeat", "2", "--allow-sqlite")
     for heading in ("== Arbor full assembly", "node_path(head) alone", "assemble(...) alone", "Tree grown 4x",
                     "== Raw-SQL floor", "== django-tree-queries", "without tree_filter, path 4",
-                    "== SQL queries per whole arbor/echo turn", "== Targets"):
+                    "== SQL queries per whole arbor/echo turn", "== A whole turn at path depth 10", "== Targets"):
         assert heading in output
     for depth in (4, 6, 9):
         assert f"path {depth:>5}  normal  tree" in output and f"path {depth:>5}  bushier tree" in output
     figures = [line for line in output.splitlines() if line.startswith("path") and " median " in line]
     assert len(figures) == 6 * 5, "six trees, five timed figures each"
-    assert "queries per turn" in output and output.count("[met]") + output.count("[MISSED]") == 3
+    assert "queries per turn" in output and output.count("[met]") + output.count("[MISSED]") == 5
+    assert "statements per turn" in output and "overhead" in output
     assert "[met] queries per turn constant in depth" in output
     assert Node.objects.filter(conversation__title__startswith="arbor-bench:").count() >= 300
 
