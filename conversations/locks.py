@@ -125,6 +125,12 @@ class TurnLock:
             turn_token=None, turn_expires_at=None)
         self.conversation.turn_token = self.conversation.turn_expires_at = None
 
+    def released_with_head_move(self) -> None:
+        """The turn's last head move cleared the lock in its own UPDATE (`services.head_move_held`)."""
+        self._released = True
+        self._stop.set()
+        self.conversation.turn_token = self.conversation.turn_expires_at = None
+
     def __enter__(self) -> TurnLock:
         _heartbeat.add(self)
         return self

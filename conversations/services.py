@@ -29,14 +29,23 @@ def head_move(*, conversation: Conversation, to: int | None, lock: TurnLock | No
         raise TurnInProgress()
 
 
-def head_move_held(*, conversation: Conversation, to: int, lock: TurnLock) -> bool:
+def head_move_held(*, conversation: Conversation, to: int, lock: TurnLock, release: bool = False) -> bool:
     """Move the head with a held turn lock; False if the lock was lost meanwhile (R3). A refused move
-    raises nothing and writes nothing, so what the caller wrote before it in the same transaction stands."""
-    return _moved(conversation, to, lock)
+    raises nothing and writes nothing, so what the caller wrote before it in the same transaction stands.
+
+    `release`: the turn ends with this move, so the same UPDATE gives the lock back (with the caller's
+    transaction: the conversation is free once the turn's last writes are committed, not before)."""
+    if not _moved(conversation, to, lock, release=release):
+        return False
+    if release:  # once committed: a rollback leaves the lock held, and `release` then gives it back itself
+        transaction.on_commit(lock.released_with_head_move)
+    return True
 
 
-def _moved(conversation: Conversation, to: int | None, lock: TurnLock | None) -> bool:
+def _moved(conversation: Conversation, to: int | None, lock: TurnLock | None, *, release: bool = False) -> bool:
     guard, cleared = head_guard(lock)
+    if release:
+        cleared = {"turn_token": None, "turn_expires_at": None}
     changes = {"head_id": to, "version": F("version") + 1, "updated_at": timezone.now(), **cleared}
     if not Conversation.objects.filter(guard, pk=conversation.pk).update(**changes):
         return False

@@ -251,15 +251,15 @@ class Turn:
             records.succeed(node, result)
             records.answer_bubbles(node, needs_approval=calls.needs_approval)
             moved = True
-            if head_moves:
-                moved = self._move_head(node.pk)
+            if head_moves:  # the turn's end: the lock goes back in the same UPDATE
+                moved = self._move_head(node.pk, release=True)
                 if moved and not waiting:
                     records.committed(self.conversation)
         self._pending = None
         return moved
 
-    def _move_head(self, node_id: int) -> bool:
-        return services.head_move_held(conversation=self.conversation, to=node_id, lock=self.lock)
+    def _move_head(self, node_id: int, *, release: bool = False) -> bool:
+        return services.head_move_held(conversation=self.conversation, to=node_id, lock=self.lock, release=release)
 
     def _superseded(self, node: Node) -> TurnEvent:
         return TurnEvent(EventType.ERROR, {"code": "turn_superseded", "node": node.pk, "head": None,

@@ -385,12 +385,12 @@ def test_issue_12_f3_d4_crash_while_an_approval_is_waiting_leaves_it_waiting_unt
     recovery, whoever runs it, writes nothing (no result, no node, no decision); the call still waits, a
     new question is still refused until a person decides, and only that person's click runs the tool."""
     settings.ARBOR_TURN_LOCK_SECONDS = LEASE
-    # Its node and the head move are committed before its tool_call events; the lock goes back only
-    # with the approval_required event after them.
+    # Its node and the head move are committed before its tool_call events, and the lock goes back in
+    # that same commit (the head move's UPDATE clears it): a death after it leaves nothing held.
     _die_after_the_tool_call_node(conversation, graveyard, f"#tool send_email {MAIL_A}")
     asked = head(conversation)
     (call,) = it.tool_calls(asked.received)
-    assert _lock_held_by_the_dead(conversation)
+    assert not _lock_held_by_the_dead(conversation)
     frozen_now["now"] += timedelta(seconds=LEASE + 1)
 
     if recovered_by == "the sweep":
