@@ -79,14 +79,13 @@ class LocalRun:
                 wake[1].clear()  # before looking: a write after the look sets it again
                 with self.changed:
                     found, ended = self.since(after), self.ended_at is not None
-                for entry in found:
+                batch, last = _through_ending(found)
+                for entry in batch:
                     yield entry
-                    if entry[1].type in ENDINGS:
-                        return
+                if last or (ended and not found):
+                    return
                 if found:
                     after = found[-1][0]
-                elif ended:
-                    return
                 else:
                     await wake[1].wait()
         finally:
@@ -99,17 +98,23 @@ class LocalRun:
                 while not self.since(after) and self.ended_at is None and not stop.is_set():
                     self.changed.wait(LOCAL_WAIT_SECONDS)
                 found, ended = self.since(after), self.ended_at is not None
-            for entry in found:
-                yield entry
-                if entry[1].type in ENDINGS:
-                    return
+            batch, last = _through_ending(found)
+            yield from batch
+            if last or (ended and not found):
+                return
             if found:
                 after = found[-1][0]
-            elif ended:
-                return
 
     def since(self, after: int) -> list[Entry]:
         return self.entries[max(0, after):]  # a run written here is numbered from 1, one entry each
+
+
+def _through_ending(entries: list[Entry]) -> tuple[list[Entry], bool]:
+    """`entries` up to the turn's ending, if one is among them (a reader stops there); and whether it was."""
+    for i, (_, event) in enumerate(entries):
+        if event.type in ENDINGS:
+            return entries[:i + 1], True
+    return entries, False
 
 
 _local: dict[uuid.UUID, LocalRun] = {}
@@ -269,10 +274,10 @@ def follow(run_id: uuid.UUID, *, after: int = 0, stop: threading.Event | None = 
     lock_gone_since: float | None = None
     while not stop.is_set():
         entries = store.wait(run_id, after)
-        for entry in entries:
-            yield entry
-            if entry[1].type in ENDINGS:
-                return
+        batch, last = _through_ending(entries)
+        yield from batch
+        if last:
+            return
         if entries:
             after, lock_gone_since = entries[-1][0], None
             continue

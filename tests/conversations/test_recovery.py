@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 from django.conf import settings as django_settings
-from django.db import OperationalError, connection
+from django.db import OperationalError
 from django.urls import reverse
 from rest_framework.authtoken.models import Token
 
@@ -33,26 +32,10 @@ from conversations.turns import recovery
 from conversations.turns.seen import call_context
 from conversations.turns.start import turn_ask
 from tests.conversations.helpers import ask, head
+from tests.support.servers import database_url, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = [f"w{i}" for i in range(60)]
-
-
-@pytest.fixture
-def frozen_now(monkeypatch):
-    clock = {"now": locks.now()}
-    monkeypatch.setattr(locks, "now", lambda: clock["now"])
-    return clock
-
-
-@pytest.fixture
-def graveyard(db):
-    """Dead turns stay unclosed during the test; closed at its end, inside its database transaction, so
-    the garbage collector does not close them later against another test's database."""
-    dead: list = []
-    yield dead
-    for events in dead:
-        events.close()
 
 
 def _die_mid_answer(conversation, settings, graveyard, *, tokens: int = 6):
@@ -166,28 +149,14 @@ def test_issue_12_the_worker_waits_out_database_errors_and_goes_on(monkeypatch):
 # --- a real process, killed ------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _database_url() -> str:
-    """The test database, for a second process (SQLite's test database is a file: config/settings.py)."""
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
-    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_issue_12_kill_9_mid_answer_frees_the_conversation_and_keeps_the_streamed_text(conversation, api, user):
     """A server process started here streams a `#slow` answer; it is killed with SIGKILL after ~3 s. The
     conversation takes a new turn within 30 s (the lease, 20 s by default), and the dead call is
     failed/interrupted with the text saved up to 2 s before the kill."""
-    port = _free_port()
-    env = {**os.environ, "DATABASE_URL": _database_url(), "ARBOR_ECHO_WORD_SECONDS": "0.1",
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url(), "ARBOR_ECHO_WORD_SECONDS": "0.1",
            "DJANGO_DEBUG": "0", "DJANGO_ALLOWED_HOSTS": "127.0.0.1"}
     server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                "config.asgi:application"], cwd=ROOT, env=env,

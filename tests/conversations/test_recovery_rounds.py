@@ -25,7 +25,7 @@ from django.core import mail
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from conversations import items as it
-from conversations import locks, services
+from conversations import services
 from conversations.errors import ApprovalPending
 from conversations.locks import TurnLock
 from conversations.models import Bubble, Conversation, Node, ToolApproval
@@ -42,23 +42,6 @@ SQL = '{"sql": "select count(*) from customers"}'
 SQL_2 = '{"sql": "select count(*) from monthly_sales"}'
 MAIL_A = '{"to": "cfo@example.com", "subject": "Q3", "body": "numbers"}'
 MAIL_B = '{"to": "ceo@example.com", "subject": "Q3", "body": "numbers"}'
-
-
-@pytest.fixture
-def frozen_now(monkeypatch):
-    clock = {"now": locks.now()}
-    monkeypatch.setattr(locks, "now", lambda: clock["now"])
-    return clock
-
-
-@pytest.fixture
-def graveyard(db):
-    """Dead turns stay unclosed during the test; closed at its end, inside its database transaction, so
-    the garbage collector does not close them later against another test's database."""
-    dead: list = []
-    yield dead
-    for events in dead:
-        events.close()
 
 
 @pytest.fixture

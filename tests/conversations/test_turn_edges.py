@@ -14,7 +14,6 @@ from datetime import timedelta
 import pytest
 from django.core import mail
 from django.urls import reverse
-from django.utils import timezone
 
 from config.errors import BadInput, NotFound
 from conversations import budget, compaction, llm, locks, retrieval, services
@@ -296,13 +295,6 @@ def test_t10_the_compaction_node_itself_cannot_be_edited(conversation, settings)
 
 
 # --- the lock (T9, R3) ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def frozen_now(monkeypatch):
-    clock = {"now": timezone.now()}
-    monkeypatch.setattr(locks, "now", lambda: clock["now"])
-    return clock
 
 
 def test_r3_an_expired_lock_is_taken_over_and_its_first_holder_can_neither_renew_nor_move_the_head(
