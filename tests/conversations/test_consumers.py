@@ -225,3 +225,20 @@ async def test_issue_12_a_socket_opened_mid_answer_joins_it_with_nothing_missing
     assert (await receive_until(late, "done"))[-1]["answer"].startswith("echo: and the late tab asks on")
     await first.disconnect()
     await late.disconnect()
+
+
+async def test_issue_12_a_joined_run_whose_process_is_gone_ends_with_ended(chat):
+    """A run is under way on the conversation but nobody holds its lock (its process died before it wrote
+    anything): the socket joins it, and once it is plainly orphaned says `ended`, so the page's controls
+    come back."""
+    import uuid
+
+    from conversations.models import TurnRun
+
+    conversation, cookie = chat
+    await in_own_thread(lambda: TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation))()
+    socket = chat_socket(conversation.pk, cookie)
+    await socket.connect()
+    assert await socket.receive_json_from(timeout=10) == {"type": "joined"}
+    assert await socket.receive_json_from(timeout=15) == {"type": "ended"}
+    await socket.disconnect()

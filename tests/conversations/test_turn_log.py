@@ -204,3 +204,43 @@ def test_issue_12_a_stop_while_a_tool_runs_ends_the_turn_without_waiting_for_it(
     (result,) = node.sent
     assert result["is_error"] and result["content"].startswith("stopped: the turn was stopped while slow_tool ran")
     assert took < 3, "it did not wait for the tool"
+
+
+@pytest.mark.parametrize("broken", ["database", "bug"])
+def test_issue_12_a_turn_that_breaks_says_what_was_recorded(conversation, monkeypatch, broken):
+    """The database goes away (or a bug strikes) as the answer is being recorded: the turn's `error` event
+    names the node that was written and says its text is kept, never "nothing changed"; the node is kept,
+    failed/interrupted, and the conversation is free again."""
+    from django.db import OperationalError
+
+    from conversations.turns import records
+
+    error = OperationalError("the connection is closed") if broken == "database" else RuntimeError("a bug")
+
+    def fails(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(records, "succeed", fails)
+    turn = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="hello")
+    events = detached.run_here(turn)
+    ending = events[-1]
+    node = Node.objects.get(conversation=conversation)
+    assert ending.type == EventType.ERROR and ending.data["node"] == node.pk
+    assert ending.data["code"] == ("unavailable" if broken == "database" else "server_error")
+    assert f"Recorded: node(s) {node.pk}" in ending.data["message"]
+    assert "nothing" not in ending.data["message"]
+    assert (node.status, node.failure_reason) == ("failed", "interrupted")
+    assert turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="again") is not None
+
+
+def test_issue_12_a_turn_that_breaks_before_writing_says_nothing_was_recorded(conversation, monkeypatch):
+    from conversations.turns import records
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("no node today")
+
+    monkeypatch.setattr(records, "start", fails)
+    ending = detached.run_here(turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="hi"))[-1]
+    assert ending.type == EventType.ERROR and ending.data["node"] is None
+    assert "no node of this turn was recorded" in ending.data["message"]
+    assert not Node.objects.filter(conversation=conversation).exists()

@@ -197,3 +197,20 @@ def test_issue_12_tokens_a_paused_model_left_waiting_reach_other_processes_witho
     _elsewhere(run_id)
     assert _text(log.read(run_id)) == "abc" and _numbered(log.read(run_id))
     writer.close()
+
+
+@pytest.mark.parametrize("store", ["database_store", "redis_server"])
+async def test_issue_12_async_readers_elsewhere_follow_through_a_thread(conversation, settings, store, request):
+    """A socket or stream in a process that does not run the turn reads the store in a thread of its own
+    (`streaming.follow_log`), getting the same events as a reader here."""
+    from asgiref.sync import sync_to_async
+
+    from conversations.turns.streaming import follow_log
+
+    await sync_to_async(request.getfixturevalue)(store)
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.02
+    run_id = await sync_to_async(_launch)(conversation, WORDS[:10])
+    here = [entry async for entry in follow_log(run_id)]
+    _elsewhere(run_id)
+    there = [entry async for entry in follow_log(run_id)]
+    assert there == here and there[-1][1].type == EventType.DONE and _numbered(there)
