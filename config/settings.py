@@ -246,6 +246,9 @@ ARBOR_NODE_MAX_BYTES = int(os.environ.get("ARBOR_NODE_MAX_BYTES", "1000000"))
 ARBOR_SALES_DB_PATH = BASE_DIR / "var" / "sales.sqlite3"
 ARBOR_SEARCH_CONFIG = os.environ.get("ARBOR_SEARCH_CONFIG", "simple")  # PostgreSQL text search configuration
 ARBOR_SCREEN_NODES = int(os.environ.get("ARBOR_SCREEN_NODES", "400"))  # a chat page shows its history's end
+# Nodes per page of `/bubbles/`, `/nodes/` and the chat page's earlier messages (issue 13): a request's cost
+# and memory follow it, not the conversation's size.
+ARBOR_PAGE_NODES = int(os.environ.get("ARBOR_PAGE_NODES", "200"))
 ARBOR_RETRIEVAL_RESULTS = int(os.environ.get("ARBOR_RETRIEVAL_RESULTS", "3"))
 ARBOR_WORKER_MAX_ATTEMPTS = int(os.environ.get("ARBOR_WORKER_MAX_ATTEMPTS", "5"))
 ARBOR_WORKER_LEASE_SECONDS = int(os.environ.get("ARBOR_WORKER_LEASE_SECONDS", "300"))

@@ -133,7 +133,12 @@ class Node(TreeNode):
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["conversation", "id"])]
+        indexes = [
+            models.Index(fields=["conversation", "id"]),
+            # A conversation's parentless nodes (its first questions and compaction roots): the screen's branch
+            # places read them without touching every conversation's roots (issue 13).
+            models.Index(fields=["conversation"], condition=Q(parent__isnull=True), name="node_conversation_roots"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(kind__in=NodeKind.values),
                                    name="node_kind_known"),

@@ -1,20 +1,31 @@
 """What a person sees of a conversation: its bubbles in path order, each with its turn's branch place (T8),
-compaction markers (C3) and whether it can still be edited (T10). Read by the chat pages and the API."""
+compaction markers (C3) and whether it can still be edited (T10). Read by the chat pages and the API a page at a
+time (issue 13): a page costs what it shows, never the whole history or the node table."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from django.db import connection
 from django.db.models import BooleanField, Q
 from django.db.models.expressions import RawSQL
 
 from conversations.context import PathNode, is_compaction_root
 from conversations.models import Bubble, Conversation, Node
-from conversations.selectors import history_subquery, opens_turn, screen_history
+from conversations.selectors import (
+    Stretch,
+    asks_question_sql,
+    history_after,
+    history_before,
+    history_walk,
+    opens_turn,
+    screen_history,
+    turn_opener,
+)
 
 _NODE = Node._meta.db_table
+CHUNK = 500  # nodes whose branch places and bubbles one query reads, when a whole history is read
 
 
 @dataclass(frozen=True)
@@ -24,52 +35,53 @@ class BranchInfo:
     siblings: list[int]
 
 
-def _asks_question() -> RawSQL:
-    """In SQL, `question_of(sent) is not None`: does the node send a user item? (No JSON to decode.)"""
-    if connection.vendor == "postgresql":
-        sql = f"""jsonb_path_exists({_NODE}.sent, '$[*] ? (@.type == "user")')"""
-    else:
-        sql = (f"EXISTS (SELECT 1 FROM json_each({_NODE}.sent) "
-               "WHERE json_extract(json_each.value, '$.type') = 'user')")
-    return RawSQL(sql, [], output_field=BooleanField())
-
-
-def branch_infos(*, conversation: Conversation, path: list[PathNode]) -> dict[int, BranchInfo]:
-    """For every turn-opening node on the path, its place among the turns that share its parent (T8).
+def branch_infos(*, conversation: Conversation, path: list[PathNode],
+                 known: Iterable[PathNode] = ()) -> dict[int, BranchInfo]:
+    """For every turn-opening node in `path`, its place among the turns that share its parent (T8).
 
     A turn whose parent is a compaction root counts as a child of the root's original (C3): an edit or a
-    question that compacted first hangs below a new root, yet it is another version of the turns below
-    that original, so both stay siblings on the screen (T7).
+    question that compacted first hangs below a new root, yet it is another version of the turns below that
+    original, so both stay siblings on the screen (T7).
+
+    `path` is any stretch of a history, a page say: the cost follows its openers, never the history or the node
+    table (issue 13). Siblings are found by their parents (an index); of them count the conversation's own and
+    the openers themselves (a shared history, P3, holds one turn below each of its nodes: the one on the path).
+    A parent that is neither in `path` nor in `known` (the node before the page) is read, at most one.
     """
     openers = [p for p in path if opens_turn(p)]
     if not openers:
         return {}
-    on_path = {p.id: p for p in path}
+    nodes = {p.id: p for p in (*known, *path)}
+    missing = {p.parent_id for p in openers if p.parent_id is not None} - nodes.keys()
+    if missing:
+        for row in Node.objects.filter(pk__in=missing).values_list("id", "parent_id", "kind", "compacted_from_id"):
+            nodes[row[0]] = PathNode(row[0], row[1], row[2], "", [], [], compacted_from_id=row[3])
 
     def key_of(parent_id: int | None) -> int | None:
-        parent = on_path.get(parent_id)
+        parent = nodes.get(parent_id)
         return parent.compacted_from_id if parent is not None and is_compaction_root(parent) else parent_id
 
-    # Subqueries over the history of the path's tip (a superset of the path), not lists of thousands of
-    # ids: the turns below any of its nodes are read, those below other parents than the openers' dropped.
-    history = history_subquery(path[-1].id)
-    scope = Q(conversation=conversation) | Q(id__in=history)
     keys = {key_of(p.parent_id) for p in openers}  # None: the first question's versions
-    # The roots made from those originals: the turns below them are siblings too. A conversation makes
-    # few roots (one every few turns): read its own, plus shared ones on the path (P3), and pick here.
-    roots = {root_id: original for root_id, original in Node.objects.filter(
-        Q(conversation=conversation) | Q(id__in=[p.id for p in path if is_compaction_root(p)]),
-        kind=Node.Kind.COMPACTION, parent__isnull=True, window_root=False).values_list("id", "compacted_from_id")
-        if original in keys}
-    below = Q(parent_id__in=history) | Q(parent_id__in=roots.keys())
-    if any(p.parent_id is None for p in openers):
+    originals = keys - {None}
+    # The roots made from those originals: the turns below them are siblings too. The conversation's own (a
+    # partial index holds each conversation's parentless nodes), and a shared one an opener hangs below (P3).
+    roots = {p.id: p.compacted_from_id for p in map(nodes.get, {o.parent_id for o in openers})
+             if p is not None and is_compaction_root(p) and p.compacted_from_id in originals}
+    if originals:
+        roots.update(Node.objects.filter(
+            conversation=conversation, parent__isnull=True, kind=Node.Kind.COMPACTION, window_root=False,
+            compacted_from_id__in=originals).values_list("id", "compacted_from_id"))
+    below = Q(parent_id__in=[*originals, *roots])
+    if None in keys:
         below |= Q(parent__isnull=True, conversation=conversation)
-    candidates = (Node.objects.can_be_head().filter(scope, below, kind=Node.Kind.TURN)
-                  .alias(asks=_asks_question()).filter(asks=True).values_list("id", "parent_id"))
+    candidates = (Node.objects.can_be_head().filter(below, kind=Node.Kind.TURN)
+                  .alias(asks=RawSQL(asks_question_sql(_NODE), [], output_field=BooleanField())).filter(asks=True)
+                  .values_list("id", "parent_id", "conversation_id"))
+    opener_ids = {p.id for p in openers}
     by_key: dict[int | None, list[int]] = {}
-    for node_id, parent_id in candidates.order_by("id"):
+    for node_id, parent_id, owner in candidates.order_by("id"):
         key = roots.get(parent_id, parent_id)
-        if key in keys:
+        if key in keys and (owner == conversation.pk or node_id in opener_ids):
             by_key.setdefault(key, []).append(node_id)
     infos = {}
     for opener in openers:
@@ -103,58 +115,147 @@ class BubbleView(NamedTuple):
 
 
 COMPACTION_ROLE = "compaction"
+_BUBBLE_COLUMNS = ("id", "node_id", "role", "content", "data")
 
 
-def _compaction_marker(root: PathNode) -> ShownBubble:
+def _compaction_marker(root_id: int, original: int | None) -> ShownBubble:
     """A bubble-like entry, never saved, where a compaction happened on the shown history."""
-    return ShownBubble(None, root.id, COMPACTION_ROLE,
+    return ShownBubble(None, root_id, COMPACTION_ROLE,
                        "Earlier messages were compacted: from here on the model sees a summary of them.",
-                       {"compaction": root.id, "compacted_from": root.compacted_from_id})
+                       {"compaction": root_id, "compacted_from": original})
 
 
-def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = None) -> list[BubbleView]:
-    """The bubbles of the nodes on the path, in path order, each with its turn's branch info (T8).
-
-    Reads the history of the path's tip (default: the head) with `screen_history`, then its bubbles in
-    one query. Behind a compaction root the original path's bubbles are shown too (C3), with a marker entry
-    (role `compaction`, no id) where compaction happened; bubbles before the last one are not editable.
-    """
-    tip = conversation.head_id if path is None else path[-1].id if path else None
-    return screen_bubbles(conversation=conversation, tip=tip)[0]
-
-
-def screen_bubbles(*, conversation: Conversation, tip: int | None, last: int | None = None
-                   ) -> tuple[list[BubbleView], bool]:
-    """`path_bubbles` for the last `last` nodes of the history only; also say whether earlier ones were left out.
-
-    A long conversation's screen shows its end: the history, branch infos and bubbles are then read for
-    those nodes alone, so the cost follows `last`, not the whole history. (Whatever lies before the shown
-    part, every shown node is after its compaction roots that are not shown: editability needs no more.)
-    """
-    path = screen_history(tip, last=last)
-    if not path:
-        return [], False
-    hidden = last is not None and len(path) > last
-    if hidden:
-        path = path[1:]  # the one read past the window: it only says there is more
-    last_root = max((i for i, p in enumerate(path) if is_compaction_root(p)), default=-1)
+def _bubbles_of(path: list[PathNode]) -> list[ShownBubble]:
+    """The bubbles of `path`'s nodes and a marker at each compaction root, in path order (one query)."""
     order = {p.id: i for i, p in enumerate(path)}
-    infos = branch_infos(conversation=conversation, path=path)
+    shown = Bubble.objects.filter(node_id__in=list(order)).values_list(*_BUBBLE_COLUMNS)
+    bubbles = [*(ShownBubble(*row) for row in shown),
+               *(_compaction_marker(p.id, p.compacted_from_id) for p in path if is_compaction_root(p))]
+    bubbles.sort(key=lambda b: (order[b.node_id], b.id or 0))
+    return bubbles
+
+
+def _views(conversation: Conversation, stretch: Stretch, *, sealed: int) -> list[BubbleView]:
+    """The bubbles of a stretch of history, each with its turn's branch place (T8); those of its first `sealed`
+    nodes lie behind a compaction root and cannot be edited (T10).
+
+    A stretch may begin inside a turn (a page boundary between a question and its tool rounds): that turn's
+    opener is then found above it, walking up no further than it, so its answers keep their branch place.
+    """
+    path = stretch.nodes
+    if not path:
+        return []
+    lead = stretch.before
+    if opens_turn(path[0]) or lead is None:
+        lead = None
+    elif not opens_turn(lead):
+        lead = turn_opener(lead.id)
+    rows = [lead, *path] if lead is not None else path
+    infos = branch_infos(conversation=conversation, path=rows, known=[stretch.before] if stretch.before else [])
     opener_of: dict[int, int] = {}
     current: int | None = None
-    for p in path:
+    for p in rows:
         if p.id in infos:
             current = p.id
         if current is not None:
             opener_of[p.id] = current
-    nodes = [p.id for p in path] if hidden else history_subquery(path[-1].id)
-    shown = Bubble.objects.filter(node_id__in=nodes).values_list("id", "node_id", "role", "content", "data")
-    bubbles = [*(ShownBubble(*row) for row in shown),
-               *(_compaction_marker(p) for p in path if is_compaction_root(p))]
-    bubbles.sort(key=lambda b: (order[b.node_id], b.id or 0))
-    views = [BubbleView(bubble=b, branch=None if b.pk is None else infos.get(opener_of.get(b.node_id, -1)),
-                        editable=order[b.node_id] > last_root) for b in bubbles]
-    return views, hidden
+    order = {p.id: i for i, p in enumerate(path)}
+    return [BubbleView(bubble=b, branch=None if b.pk is None else infos.get(opener_of.get(b.node_id, -1)),
+                       editable=order[b.node_id] >= sealed) for b in _bubbles_of(path)]
+
+
+@dataclass(frozen=True)
+class BubblePage:
+    """One page of a history's bubbles (issue 13), and where the pages next to it start."""
+
+    views: list[BubbleView]
+    tip: int | None  # the node whose history the page lies on
+    first: int | None  # its first and last nodes; None for an empty page
+    last: int | None
+    has_before: bool  # are there nodes before `first`, after `last`?
+    has_after: bool
+    sealed: bool  # T10: a compaction root lies at or after `first`: nothing before it can be edited
+    ahead: tuple[int, ...] = ()  # the last nodes of the next pages, as far as the walk saw them
+    root: int | None = None  # the latest compaction root after `last` (T10 for the next pages)
+
+
+def _page(conversation: Conversation, tip: int | None, stretch: Stretch, *, sealed: int) -> BubblePage:
+    path = stretch.nodes
+    return BubblePage(views=_views(conversation, stretch, sealed=sealed), tip=tip,
+                      first=path[0].id if path else None, last=path[-1].id if path else None,
+                      has_before=stretch.before is not None, has_after=stretch.more, sealed=sealed > 0,
+                      ahead=stretch.marks, root=stretch.root)
+
+
+EMPTY = Stretch([], None, False, 0)
+MARKS = 16  # the next pages' ends a forward page hands on: one walk from the tip serves that many pages
+
+
+def bubbles_after(*, conversation: Conversation, tip: int | None, after: int | None = None, size: int,
+                  ahead: tuple[int, ...] = (), root: int | None = None) -> BubblePage | None:
+    """The bubbles of up to `size` nodes of `tip`'s history after node `after` (from the root without it).
+
+    Read by walking up from the tip no further than `after`; the page also names the ends of the next MARKS
+    pages. Given those (`ahead`, from the page before, with its `root`), the walk starts at this page's end and
+    costs the page alone. None when `after` is not on the history walked.
+    """
+    if tip is None:
+        return _page(conversation, tip, EMPTY, sealed=0)
+    if ahead:
+        stretch = history_after(ahead[0], after=after, size=size, root=root)
+        if stretch is not None:  # a mark is never the tip: more follows it
+            stretch = stretch._replace(more=True, marks=tuple(ahead[1:]))
+    else:
+        stretch = history_after(tip, after=after, size=size, marks=MARKS)
+    return None if stretch is None else _page(conversation, tip, stretch, sealed=stretch.sealed)
+
+
+def bubbles_before(*, conversation: Conversation, tip: int | None, before: int, size: int,
+                   sealed: bool) -> BubblePage:
+    """The bubbles of the `size` nodes of the history just before node `before`, read by walking up from it
+    `size` + 2 steps (its history is the same whatever the head did since). `sealed`: a compaction root lies at
+    or after `before` (T10), which this page cannot see."""
+    stretch = history_before(before, size=size)
+    return _page(conversation, tip, stretch, sealed=len(stretch.nodes) if sealed else stretch.sealed)
+
+
+def latest_bubbles(*, conversation: Conversation, tip: int | None, size: int) -> BubblePage:
+    """The bubbles of the last `size` nodes of `tip`'s history: what the chat screen opens on."""
+    stretch = history_before(tip, size=size, include=True) if tip is not None else EMPTY
+    return _page(conversation, tip, stretch, sealed=stretch.sealed)
+
+
+def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = None) -> list[BubbleView]:
+    """The bubbles of the nodes on the path, in path order, each with its turn's branch info (T8): all of them, in
+    memory (pages are what a request should read: `latest_bubbles`, `bubbles_before`, `bubbles_after`).
+
+    Reads the history of the path's tip (default: the head) with `screen_history` in one walk, then its branch
+    places and bubbles CHUNK nodes at a time. Behind a compaction root the original path's bubbles are shown too
+    (C3), with a marker entry (role `compaction`, no id) where compaction happened; bubbles before the last one are
+    not editable.
+    """
+    tip = conversation.head_id if path is None else path[-1].id if path else None
+    history = screen_history(tip)
+    sealed = max((i + 1 for i, p in enumerate(history) if is_compaction_root(p)), default=0)
+    views: list[BubbleView] = []
+    for start in range(0, len(history), CHUNK):
+        stretch = Stretch(history[start:start + CHUNK], history[start - 1] if start else None, False, 0)
+        views += _views(conversation, stretch, sealed=max(0, sealed - start))
+    return views
+
+
+def history_bubbles(tip: int | None, *, chunk_nodes: int = 100) -> Iterator[ShownBubble]:
+    """Every bubble of `tip`'s history in order, with the compaction markers, the bubbles of `chunk_nodes` nodes
+    in memory at a time and no branch places: for exports (issue 13)."""
+    ids, roots = history_walk(tip)
+    for start in range(0, len(ids), chunk_nodes):
+        chunk = ids[start:start + chunk_nodes]
+        order = {node_id: i for i, node_id in enumerate(chunk)}
+        shown = [ShownBubble(*row) for row in
+                 Bubble.objects.filter(node_id__in=list(chunk)).values_list(*_BUBBLE_COLUMNS)]
+        shown += [_compaction_marker(node_id, roots[node_id]) for node_id in chunk if node_id in roots]
+        shown.sort(key=lambda b: (order[b.node_id], b.id or 0))
+        yield from shown
 
 
 @dataclass(frozen=True)

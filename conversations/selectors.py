@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import heapq
 import json
+from array import array
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection
@@ -59,9 +61,13 @@ SELECT n.id, n.parent_id, n.kind, n.status, CASE WHEN n.kind = 'turn' THEN n.sen
 FROM path JOIN {_NODE} n ON n.id = path.id ORDER BY path.depth DESC"""
 
 
-def history_subquery(head_id: int) -> RawSQL:
-    """The history's ids as a subquery (`id__in=`): no id list travels to the database and back."""
-    return RawSQL(f"{_HISTORY_CTE} SELECT id FROM path", [head_id, settings.ARBOR_PATH_DEPTH_LIMIT])
+def asks_question_sql(table: str) -> str:
+    """SQL for `question_of(sent) is not None` of a row of `table`: does the node send a user item? (T8; no JSON
+    travels to Python to tell.)"""
+    if connection.vendor == "postgresql":
+        return f"""jsonb_path_exists({table}.sent, '$[*] ? (@.type == "user")')"""
+    return (f"EXISTS (SELECT 1 FROM json_each({table}.sent) "
+            "WHERE json_extract(json_each.value, '$.type') = 'user')")
 
 
 def _json(value: Any) -> Any:
@@ -125,7 +131,136 @@ def screen_history(head_id: int | None, *, last: int | None = None) -> list[Path
         with connection.cursor() as cursor:
             cursor.execute(_SCREEN_SQL, [head_id, last])
             rows = cursor.fetchall()
-    return [PathNode(r[0], r[1], r[2], r[3], _json(r[4]) or [], [], compacted_from_id=r[5]) for r in rows]
+    return [_screen_node(r) for r in rows]
+
+
+def _screen_node(row: tuple) -> PathNode:
+    return PathNode(row[0], row[1], row[2], row[3], _json(row[4]) or [], [], compacted_from_id=row[5])
+
+
+class Stretch(NamedTuple):
+    """Consecutive nodes of a history, root first, as `screen_history` reads them (issue 13: one page)."""
+
+    nodes: list[PathNode]
+    before: PathNode | None  # the node just before the first one; None at the history's start
+    more: bool  # are there nodes after the last one?
+    # T10: how many of `nodes`, from the first, lie before a compaction root (or are one) up to the tip.
+    sealed: int
+    # Forward pages: the last nodes of the pages that follow (a walk from one of them up to the one before costs a
+    # page), and the latest compaction root after this page, if any (T10 for those pages).
+    marks: tuple[int, ...] = ()
+    root: int | None = None
+
+
+# The history of a tip, walked up only as far as `stop` (kept), with each node's depth below the tip. Only a page
+# of its rows is joined for their items (part 0); besides them, the latest compaction root walked (part 1, T10)
+# and the last nodes of the next pages (part 2): `size` nodes apart, counted from the stop (or the root).
+_AFTER_SQL = f"""
+WITH RECURSIVE path AS (
+    SELECT id, parent_id, compacted_from_id, kind, 0 AS depth FROM {_NODE} WHERE id = %(tip)s
+    UNION ALL
+    SELECT n.id, n.parent_id, n.compacted_from_id, n.kind, path.depth + 1
+    FROM {_NODE} n JOIN path ON n.id = COALESCE(path.parent_id, path.compacted_from_id)
+    WHERE path.id <> %(stop)s AND path.depth < %(limit)s
+)
+SELECT 0 AS part, n.id, n.parent_id, n.kind, n.status, CASE WHEN n.kind = 'turn' THEN n.sent END,
+       n.compacted_from_id, page.depth
+FROM (SELECT id, depth FROM path ORDER BY depth DESC LIMIT %(rows)s) page JOIN {_NODE} n ON n.id = page.id
+UNION ALL
+SELECT 1, id, NULL, NULL, NULL, NULL, NULL, depth FROM (
+    SELECT id, depth FROM path WHERE kind = 'compaction' AND parent_id IS NULL ORDER BY depth LIMIT 1) latest
+UNION ALL
+SELECT 2, id, NULL, NULL, NULL, NULL, NULL, depth FROM (
+    SELECT id, depth FROM path, (SELECT MAX(depth) AS top FROM path) walked
+    WHERE depth > 0 AND top - depth + %(offset)s >= 2 * %(size)s AND (top - depth + %(offset)s) %% %(size)s = 0
+    ORDER BY depth DESC LIMIT %(marks)s) marks
+ORDER BY part, depth DESC"""
+
+
+def history_after(tip: int, *, after: int | None, size: int, marks: int = 0, root: int | None = None,
+                  ) -> Stretch | None:
+    """Up to `size` nodes of `tip`'s history that come after node `after` (from the root when None), in one query.
+
+    The walk goes up from the tip and stops at `after`, so a page costs the distance from the tip to it, never the
+    table, and what lies before it is never read: new turns below the tip add to the end, they shift nothing
+    (issue 13). It also returns the last nodes of up to `marks` following pages: walked from one of those, a page
+    costs its own length. For such a walk (`marks` 0) `root` is the latest compaction root that lay ahead (T10).
+    None when `after` is not on the history.
+    """
+    params = {"tip": tip, "stop": after or 0, "limit": settings.ARBOR_PATH_DEPTH_LIMIT,  # no node has id 0
+              "rows": size + (2 if after else 1), "offset": 0 if after else 1, "size": size, "marks": marks}
+    with connection.cursor() as cursor:
+        cursor.execute(_AFTER_SQL, params)
+        rows = cursor.fetchall()
+    page = [row[1:] for row in rows if row[0] == 0]
+    latest = next(((row[1], row[7]) for row in rows if row[0] == 1), None)
+    before = None
+    if after is not None:
+        if not page or page[0][0] != after:
+            return None
+        before, page = _screen_node(page[0]), page[1:]
+    more, page = len(page) > size, page[:size]
+    nodes = [_screen_node(row) for row in page]
+    if marks == 0 and latest is None and root is not None:  # it lies ahead of the page: all of it is before it
+        sealed, ahead = len(nodes), root
+    else:
+        sealed = sum(1 for row in page if latest is not None and row[6] >= latest[1])
+        ahead = latest[0] if latest is not None and page and latest[1] < page[-1][6] else None
+    return Stretch(nodes, before, more, sealed, tuple(row[1] for row in rows if row[0] == 2), ahead)
+
+
+def history_before(node_id: int, *, size: int, include: bool = False) -> Stretch:
+    """Up to `size` nodes of the history just before `node_id` (ending with it if `include`), root first: a walk
+    of `size` + 2 steps up, whatever the history's length or what the head did since. `sealed` counts the nodes up
+    to the last compaction root among them."""
+    rows = screen_history(node_id, last=size if include else size + 1)
+    if not include:
+        rows = rows[:-1]
+    more = len(rows) > size
+    before, nodes = (rows[0], rows[1:]) if more else (None, rows)
+    sealed = max((i + 1 for i, p in enumerate(nodes) if is_compaction_root(p)), default=0)
+    return Stretch(nodes, before, not include, sealed)
+
+
+_OPENER_SQL = """
+WITH RECURSIVE path AS (
+    SELECT id, parent_id, compacted_from_id, kind = 'turn' AND {asks} AS opens, 0 AS depth FROM {node} WHERE id = %s
+    UNION ALL
+    SELECT n.id, n.parent_id, n.compacted_from_id, n.kind = 'turn' AND {asks_n}, path.depth + 1
+    FROM {node} n JOIN path ON n.id = COALESCE(path.parent_id, path.compacted_from_id)
+    WHERE NOT path.opens AND path.depth < %s
+)
+SELECT n.id, n.parent_id, n.kind, n.status, n.sent, n.compacted_from_id FROM path JOIN {node} n ON n.id = path.id
+WHERE path.opens"""
+
+
+def turn_opener(node_id: int) -> PathNode | None:
+    """The node that opened the turn holding `node_id` (itself if it does), found by walking up only as far as
+    that: what a page that starts inside a turn needs for its branch place (T8)."""
+    sql = _OPENER_SQL.format(node=_NODE, asks=asks_question_sql(_NODE), asks_n=asks_question_sql("n"))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [node_id, settings.ARBOR_PATH_DEPTH_LIMIT])
+        row = cursor.fetchone()
+    return _screen_node(row) if row else None
+
+
+def history_walk(tip: int | None) -> tuple[array, dict[int, int]]:
+    """The history's ids root first, as 8 bytes each, and its compaction roots with their originals (C3): what
+    an export walks in chunks without holding the nodes (issue 13)."""
+    ids = array("q")
+    roots: dict[int, int] = {}
+    if tip is None:
+        return ids, roots
+    sql = f"""{_HISTORY_CTE} SELECT path.id, path.parent_id IS NULL AND n.kind = 'compaction', path.compacted_from_id
+              FROM path JOIN {_NODE} n ON n.id = path.id ORDER BY path.depth DESC"""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [tip, settings.ARBOR_PATH_DEPTH_LIMIT])
+        while rows := cursor.fetchmany(2000):
+            for node_id, is_root, original in rows:
+                ids.append(node_id)
+                if is_root:
+                    roots[node_id] = original
+    return ids, roots
 
 
 def context_path(path: list[PathNode], provider: str | None) -> list[PathNode]:
@@ -214,6 +349,46 @@ def conversation_nodes(*, conversation: Conversation) -> QuerySet[Node]:
     return Node.objects.filter(tree_scope(conversation, history_ids(conversation.head_id))).order_by("id")
 
 
+# What /nodes/ shows of a node (NodeSummaryOut): never its items, which may be large.
+NODE_SUMMARY_FIELDS = ("id", "parent", "conversation", "kind", "status", "failure_reason", "provider", "model",
+                       "usage", "compacted_from", "created_at", "summary_call", "tokens", "path_tokens")
+
+_SHARED_ON_HISTORY_SQL = f"""
+WITH RECURSIVE path AS (
+    SELECT id, parent_id, compacted_from_id, conversation_id, 0 AS depth FROM {_NODE} WHERE id = %s
+    UNION ALL
+    SELECT n.id, n.parent_id, n.compacted_from_id, n.conversation_id, path.depth + 1
+    FROM {_NODE} n JOIN path ON n.id = COALESCE(path.parent_id, path.compacted_from_id)
+    WHERE path.depth < %s
+)
+SELECT id FROM path WHERE (conversation_id IS NULL OR conversation_id <> %s) AND id {{op}} %s
+ORDER BY id {{order}} LIMIT %s"""
+
+
+def node_page(*, conversation: Conversation, after: int | None = None, before: int | None = None,
+              size: int) -> tuple[list[Node], bool]:
+    """Up to `size` nodes of `conversation_nodes`, in id order, after `after` (or before `before`); and whether
+    there are more that way. A keyset page (issue 13): nodes added meanwhile have larger ids, so they never shift
+    or repeat a page. Its own nodes come by the (conversation, id) index; shared ones on its history (P3) by one
+    walk of ids up the history: the cost follows the page and the path, not the table."""
+    backwards = before is not None
+    bound = before if backwards else after or 0
+    own = Node.objects.filter(conversation=conversation, **{"id__lt" if backwards else "id__gt": bound})
+    nodes = list(own.only(*NODE_SUMMARY_FIELDS).order_by("-id" if backwards else "id")[:size + 1])
+    if conversation.head_id is not None:
+        sql = _SHARED_ON_HISTORY_SQL.format(op="<" if backwards else ">", order="DESC" if backwards else "ASC")
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [conversation.head_id, settings.ARBOR_PATH_DEPTH_LIMIT, conversation.pk, bound,
+                                 size + 1])
+            shared = [row[0] for row in cursor.fetchall()]
+        if shared:
+            nodes += Node.objects.filter(pk__in=shared).only(*NODE_SUMMARY_FIELDS)
+            nodes.sort(key=lambda n: n.pk, reverse=backwards)
+    more = len(nodes) > size
+    nodes = nodes[:size]
+    return (nodes[::-1] if backwards else nodes), more
+
+
 def turn_start(path: list[PathNode], index: int | None = None) -> int | None:
     """Return the index in `path` of the node that opened the turn holding `path[index]` (default: the head)."""
     position = len(path) - 1 if index is None else index
@@ -242,19 +417,53 @@ def latest_tip(*, conversation: Conversation, node_id: int) -> int | None:
     return Node.objects.can_be_head().filter(id__in=below).aggregate(tip=Max("id"))["tip"]
 
 
-NODE_REFERENCES = ("parent_id", "compacted_from_id", "summary_call_id")
+# Where a conversation's tree leaves its own nodes: what its nodes and its head point at that it did not create
+# (shared history, P3; originals and summarising calls of someone else's compaction). No join: the own ids are an
+# index-only scan, so the cost follows the conversation, never the table.
+_ENTRIES_SQL = f"""
+SELECT DISTINCT ref FROM (
+    SELECT parent_id AS ref FROM {_NODE} WHERE conversation_id = %(c)s
+    UNION ALL SELECT compacted_from_id FROM {_NODE} WHERE conversation_id = %(c)s
+    UNION ALL SELECT summary_call_id FROM {_NODE} WHERE conversation_id = %(c)s
+    UNION ALL SELECT head_id FROM {Conversation._meta.db_table} WHERE id = %(c)s
+) refs
+WHERE ref IS NOT NULL AND ref NOT IN (SELECT id FROM {_NODE} WHERE conversation_id = %(c)s)"""
+
+# From one node up (a walk from one row: index lookups), with what each node's summarising call is.
+_ENTRY_WALK_SQL = f"""
+WITH RECURSIVE path AS (
+    SELECT id, parent_id, compacted_from_id, summary_call_id, 0 AS depth FROM {_NODE} WHERE id = %s
+    UNION ALL
+    SELECT n.id, n.parent_id, n.compacted_from_id, n.summary_call_id, path.depth + 1
+    FROM {_NODE} n JOIN path ON n.id = COALESCE(path.parent_id, path.compacted_from_id)
+    WHERE path.depth < %s
+)
+SELECT id, summary_call_id FROM path"""
 
 
-def tree_nodes(conversation: Conversation) -> list[Node]:
-    """The conversation's nodes, plus every node they point at (shared history, originals behind a
-    compaction, summarising calls), so the export holds everything its paths need."""
-    ids = set(conversation_nodes(conversation=conversation).values_list("id", flat=True))
-    ids |= set(history_ids(conversation.head_id))
-    while True:
-        refs = Node.objects.filter(pk__in=ids).values_list(*NODE_REFERENCES)
-        missing = {ref for row in refs for ref in row if ref is not None} - ids
-        if not missing:
-            break
-        for node_id in missing:  # rare: shared history of another conversation, read up to its root
-            ids |= set(history_ids(node_id))
-    return list(Node.objects.filter(pk__in=ids).order_by("id"))
+def tree_node_ids(conversation: Conversation) -> array:
+    """The ids of every node an export of the conversation holds, ascending, 8 bytes each (issue 13: an export
+    then reads the nodes themselves a chunk at a time): its own nodes, its head, and every node they point at,
+    transitively (shared history, originals behind a compaction, summarising calls), so its paths are whole."""
+    own = array("q", Node.objects.filter(conversation=conversation).order_by("id")
+                .values_list("id", flat=True).iterator(chunk_size=5000))
+    with connection.cursor() as cursor:
+        cursor.execute(_ENTRIES_SQL, {"c": conversation.pk})
+        todo = [row[0] for row in cursor.fetchall()]
+        outside: set[int] = set()
+        while todo:  # rare and short: shared history read up to its root, and what its roots point at
+            entry = todo.pop()
+            if entry in outside:
+                continue
+            cursor.execute(_ENTRY_WALK_SQL, [entry, settings.ARBOR_PATH_DEPTH_LIMIT])
+            for node_id, summary_call in cursor.fetchall():
+                outside.add(node_id)
+                if summary_call is not None and summary_call not in outside:
+                    todo.append(summary_call)
+    if not outside:
+        return own
+    merged = array("q")
+    for node_id in heapq.merge(own, sorted(outside)):  # both ascending; a node in both comes once
+        if not merged or merged[-1] != node_id:
+            merged.append(node_id)
+    return merged

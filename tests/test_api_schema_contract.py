@@ -86,7 +86,7 @@ def test_import_declares_its_answer_conversations_and_skipped(schema, api):
 
     cid = _conversation(api)
     assert api.post(f"/api/conversations/{cid}/turns/", {"content": "hello"}, format="json").status_code == 201
-    exported = api.get(f"/api/conversations/{cid}/export/?format=json").content
+    exported = b"".join(api.get(f"/api/conversations/{cid}/export/?format=json").streaming_content)
     response = api.post("/api/conversations/import/", data=exported, content_type="application/json")
     assert response.status_code == 201
     body = response.json()

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-import json
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import closing
+from functools import partial
 
 from django.conf import settings
-from django.http import HttpResponse
+from django.core.handlers.asgi import ASGIRequest
+from django.db import connections
+from django.http import HttpRequest, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.renderers import JSONRenderer
@@ -22,24 +29,76 @@ from conversations.transfer import arbor_tree, chatgpt, importing, markdown
 EXPORT_FORMATS = ("md", "json", "chatgpt")
 
 
-def export_response(conversation, export_format: str) -> HttpResponse:
-    """The export as a download: Markdown of the current path, or the whole tree as JSON."""
-    stem = f"arbor-conversation-{conversation.pk}"
-    if export_format == "md":
-        response = HttpResponse(markdown.export_markdown(conversation), content_type="text/markdown; charset=utf-8")
-        name = f"{stem}.md"
-    elif export_format == "json":
-        response = HttpResponse(json.dumps(arbor_tree.export_tree(conversation), ensure_ascii=False),
-                                content_type="application/json")
-        name = f"{stem}.json"
-    elif export_format == "chatgpt":
-        response = HttpResponse(json.dumps([chatgpt.export_chatgpt(conversation)], ensure_ascii=False),
-                                content_type="application/json")
-        name = "conversations.json"
-    else:
+_FORMATS = {  # format: (the text in parts, content type, file name; {stem} is the conversation's)
+    "md": (markdown.markdown_chunks, "text/markdown; charset=utf-8", "{stem}.md"),
+    "json": (arbor_tree.tree_chunks, "application/json", "{stem}.json"),
+    "chatgpt": (chatgpt.chatgpt_chunks, "application/json", "conversations.json"),
+}
+
+
+def export_response(conversation, export_format: str, request: HttpRequest | None = None) -> StreamingHttpResponse:
+    """The export as a download: Markdown of the current path, or the whole tree as JSON. Its body is made while
+    it is sent, a chunk of nodes at a time (issue 13), so no export holds a conversation in memory."""
+    if export_format not in _FORMATS:
         raise BadInput(f"`format` must be one of {', '.join(EXPORT_FORMATS)}.")
+    chunks, content_type, name = _FORMATS[export_format]
+    produce = partial(chunks, conversation)  # started where the body is read
+    body = _from_a_thread(produce) if isinstance(request, ASGIRequest) else produce()
+    response = StreamingHttpResponse(body, content_type=content_type)
+    name = name.format(stem=f"arbor-conversation-{conversation.pk}")
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
+
+
+_END = object()
+_HANDOVER_SECONDS = 0.5
+
+
+async def _from_a_thread(produce: Callable[[], Iterator[str]]) -> AsyncIterator[bytes]:
+    """The parts `produce()` makes, made in a thread of its own and handed over a small queue.
+
+    Under ASGI, Django reads a synchronous body whole into memory before sending it (it cannot block the event
+    loop on it): this one goes out as it is made, with a few parts in memory. A client that leaves stops the
+    thread at its next part; the thread closes its database connections when it ends.
+    """
+    parts: queue.Queue = queue.Queue(maxsize=4)
+    left = threading.Event()
+
+    def hand_over(item) -> bool:
+        while not left.is_set():
+            try:
+                parts.put(item, timeout=_HANDOVER_SECONDS)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            with closing(produce()) as made:
+                for part in made:
+                    if not hand_over(part.encode()):
+                        return
+            hand_over(_END)
+        except Exception as error:  # the reader raises it where the response is being sent
+            hand_over(error)
+        finally:
+            connections.close_all()
+
+    threading.Thread(target=run, name="arbor-export", daemon=True).start()
+    try:
+        while True:
+            try:
+                part = await asyncio.to_thread(parts.get, True, _HANDOVER_SECONDS)
+            except queue.Empty:
+                continue
+            if part is _END:
+                return
+            if isinstance(part, Exception):
+                raise part
+            yield part
+    finally:
+        left.set()
 
 
 class ConversationExport(APIView):
@@ -57,9 +116,9 @@ class ConversationExport(APIView):
                                                                description="md: the current path as Markdown"),
                        400: OpenApiResponse(description="bad_input: an unknown `format`"),
                    })
-    def get(self, request: Request, conversation_id: int) -> HttpResponse:
+    def get(self, request: Request, conversation_id: int) -> StreamingHttpResponse:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-        return export_response(conversation, request.query_params.get("format", "json"))
+        return export_response(conversation, request.query_params.get("format", "json"), request._request)
 
 
 def read_upload(stream) -> bytes:

@@ -13,14 +13,16 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.api import error_body, paginated, valid_input
+from config.errors import NotFound
 from config.schema import SSE, PaginatedList
 from conversations import services
 from conversations.apis import serializers as s
+from conversations.apis.paging import CursorPages, page_body, page_nodes, read_cursor
 from conversations.apis.schema import TURN_EVENT, TURN_MESSAGE_EVENT
 from conversations.apis.streams import EventStreamRenderer, LogStream
-from conversations.models import Node
-from conversations.screen import path_bubbles
-from conversations.selectors import conversation_for_user, conversation_list, conversation_nodes, node_for_user
+from conversations.models import Conversation, Node
+from conversations.screen import BubblePage, bubbles_after, bubbles_before
+from conversations.selectors import conversation_for_user, conversation_list, node_for_user, node_page
 from conversations.turns import detached
 from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.runner import Turn
@@ -229,18 +231,72 @@ class ContextDetail(APIView):
         return Response({"messages": next_context(conversation)})
 
 
+def _bubble_page(conversation: Conversation, cursor: dict | None) -> BubblePage:
+    """The page a cursor names. Pages after a node follow the path the last walk from the head saw (its cursor
+    names the ends of the next pages, so most pages walk only themselves); every MARKS pages, and for the last one,
+    the walk starts at the head again: while the head's path still passes through the node, turns added meanwhile
+    come at the end, else the pages finish the path they began. A page before a node is that node's own history.
+    A cleared conversation (T11) shows nothing, whatever the cursor."""
+    head, size = conversation.head_id, page_nodes()
+    if head is None:
+        return bubbles_after(conversation=conversation, tip=None, size=size)
+    if cursor is None:
+        return bubbles_after(conversation=conversation, tip=head, size=size)
+    if "b" in cursor:
+        return bubbles_before(conversation=conversation, tip=cursor["t"], before=cursor["b"], size=size,
+                              sealed=cursor["s"])
+    if cursor.get("k"):  # the ends of the next pages, as the last walk from a tip saw them
+        page = bubbles_after(conversation=conversation, tip=cursor["t"], after=cursor["a"], size=size,
+                             ahead=tuple(cursor["k"]), root=cursor.get("r"))
+        if page is not None:
+            return page
+    page = bubbles_after(conversation=conversation, tip=head, after=cursor["a"], size=size)
+    if page is None:  # the head moved to another branch since: finish the path that was being read
+        page = bubbles_after(conversation=conversation, tip=cursor["t"], after=cursor["a"], size=size)
+    if page is None:
+        raise NotFound("No such page: the path this `cursor` was reading is gone; start from the first page.")
+    return page
+
+
 class BubbleList(APIView):
-    @extend_schema(responses=s.BubbleOut(many=True))
+    pagination_class = CursorPages
+
+    @extend_schema(responses=s.BubbleOut(many=True), description=(
+        "The bubbles of the head's path (and behind its compaction roots, C3), from the root, a page at a time "
+        "(issue 13): a page holds the bubbles of up to `ARBOR_PAGE_NODES` (200) nodes of the path, so a short "
+        "conversation is one page. Follow `next` to the end; turns added meanwhile come at the end, and if the "
+        "head moves to another branch meanwhile the pages finish the path they began. `previous` reads back."))
     def get(self, request: Request, conversation_id: int) -> Response:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-        return Response(s.BubbleOut(path_bubbles(conversation=conversation), many=True).data)
+        scope = f"bubbles.{conversation.pk}"
+        page = _bubble_page(conversation, read_cursor(request, scope=scope))
+        after = ({"t": page.tip, "a": page.last, "k": list(page.ahead), "r": page.root}
+                 if page.has_after and page.last is not None else None)
+        before = ({"t": page.tip, "b": page.first, "s": page.sealed}
+                  if page.has_before and page.first is not None else None)
+        results = s.BubbleOut(page.views, many=True).data
+        return Response(page_body(request, results, scope=scope, after=after, before=before))
 
 
 class NodeList(APIView):
-    @extend_schema(responses=s.NodeSummaryOut(many=True))
+    pagination_class = CursorPages
+
+    @extend_schema(responses=s.NodeSummaryOut(many=True), description=(
+        "Every node of the conversation's tree (its own, and shared history on its path, P3) in id order, "
+        "`ARBOR_PAGE_NODES` (200) a page (issue 13). Nodes added meanwhile have larger ids: they come at the end "
+        "and never shift a page."))
     def get(self, request: Request, conversation_id: int) -> Response:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-        return Response(s.NodeSummaryOut(conversation_nodes(conversation=conversation), many=True).data)
+        scope = f"nodes.{conversation.pk}"
+        cursor = read_cursor(request, scope=scope) or {}
+        nodes, more = node_page(conversation=conversation, after=cursor.get("a"), before=cursor.get("b"),
+                                size=page_nodes())
+        # Read back from a cursor, the page's end came from somewhere; read on from one, so did its start.
+        has_after, has_before = (True, more) if "b" in cursor else (more, "a" in cursor)
+        after = {"a": nodes[-1].pk} if nodes and has_after else None
+        before = {"b": nodes[0].pk} if nodes and has_before else None
+        return Response(page_body(request, s.NodeSummaryOut(nodes, many=True).data, scope=scope, after=after,
+                                  before=before))
 
 
 class NodeDetail(generics.GenericAPIView):

@@ -3,12 +3,16 @@ approvals), exported and imported back losslessly."""
 
 from __future__ import annotations
 
+import json
+from array import array
+from collections.abc import Iterator
 from typing import Any
 
 from django.db import transaction
 
 from conversations.models import Bubble, Conversation, Node, ToolApproval
-from conversations.selectors import tree_nodes
+from conversations.selectors import tree_node_ids
+from conversations.transfer.chunks import id_chunks, json_array, json_object_start, snapshot
 from conversations.transfer.plan import (
     ImportRefused,
     Plan,
@@ -40,28 +44,51 @@ def _iso(value) -> str | None:
     return value.isoformat() if value else None
 
 
+def tree_chunks(conversation: Conversation) -> Iterator[str]:
+    """The whole tree as JSON text, in parts (issue 13): nodes, statuses, kinds, head, compaction pointers, bubbles
+    and approvals, read NODES_PER_QUERY nodes at a time in one snapshot. Bubbles and approvals come in node order,
+    each node's in their own order: what an import rebuilds."""
+    with snapshot():
+        ids = tree_node_ids(conversation)
+        yield json_object_start({
+            "format": TREE_FORMAT,
+            "version": TREE_VERSION,
+            "conversation": {"title": conversation.title, "model": conversation.model,
+                             "instructions": conversation.instructions, "retrieval": conversation.retrieval,
+                             "keep_retrieved": conversation.keep_retrieved, "head": conversation.head_id},
+        }, "nodes")
+        yield from json_array(_nodes(ids))
+        yield ', "bubbles": '
+        yield from json_array(_rows(ids, Bubble, {"node": "node_id", "role": "role", "content": "content",
+                                                  "data": "data"}))
+        yield ', "approvals": '
+        yield from json_array(_rows(ids, ToolApproval, {"node": "node_id", "call_id": "call_id",
+                                                        "approved": "approved", "result": "result"}))
+        yield "}"
+
+
 def export_tree(conversation: Conversation) -> dict[str, Any]:
-    """The whole tree: nodes, statuses, kinds, head, compaction pointers, bubbles and approvals."""
-    nodes = tree_nodes(conversation)
-    node_ids = [n.pk for n in nodes]
-    bubbles = Bubble.objects.filter(node_id__in=node_ids).order_by("id")
-    approvals = ToolApproval.objects.filter(node_id__in=node_ids).order_by("id")
-    return {
-        "format": TREE_FORMAT,
-        "version": TREE_VERSION,
-        "conversation": {"title": conversation.title, "model": conversation.model,
-                         "instructions": conversation.instructions, "retrieval": conversation.retrieval,
-                         "keep_retrieved": conversation.keep_retrieved, "head": conversation.head_id},
-        "nodes": [
-            {"id": n.pk, "parent": n.parent_id, "compacted_from": n.compacted_from_id,
-             "summary_call": n.summary_call_id, **{f: getattr(n, f) for f in NODE_FIELDS},
-             "created_at": _iso(n.created_at), "finished_at": _iso(n.finished_at)}
-            for n in nodes
-        ],
-        "bubbles": [{"node": b.node_id, "role": b.role, "content": b.content, "data": b.data} for b in bubbles],
-        "approvals": [{"node": a.node_id, "call_id": a.call_id, "approved": a.approved, "result": a.result}
-                      for a in approvals],
-    }
+    """`tree_chunks` as one document, in memory: for tests and small trees."""
+    return json.loads("".join(tree_chunks(conversation)))
+
+
+_NODE_COLUMNS = ("id", "parent_id", "compacted_from_id", "summary_call_id", *NODE_FIELDS, "created_at", "finished_at")
+
+
+def _nodes(ids: array) -> Iterator[dict[str, Any]]:
+    for chunk in id_chunks(ids):
+        for n in Node.objects.filter(pk__in=chunk).order_by("id").values(*_NODE_COLUMNS):
+            yield {"id": n["id"], "parent": n["parent_id"], "compacted_from": n["compacted_from_id"],
+                   "summary_call": n["summary_call_id"], **{f: n[f] for f in NODE_FIELDS},
+                   "created_at": _iso(n["created_at"]), "finished_at": _iso(n["finished_at"])}
+
+
+def _rows(ids: array, model, fields: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """The rows of `model` (bubbles, approvals) that belong to the nodes, as {file key: column}, in node order."""
+    for chunk in id_chunks(ids):
+        rows = model.objects.filter(node_id__in=chunk).order_by("node_id", "id").values_list(*fields.values())
+        for row in rows.iterator(chunk_size=100):
+            yield dict(zip(fields, row, strict=True))
 
 
 def _tree_plan(document: dict[str, Any]) -> Plan:

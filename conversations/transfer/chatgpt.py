@@ -3,14 +3,21 @@ a question with several answers (regenerations) becomes sibling turns, as do edi
 
 from __future__ import annotations
 
+import json
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.conf import settings
 
 from conversations import items as it
 from conversations.models import Conversation, Node
-from conversations.selectors import tree_nodes
+from conversations.selectors import tree_node_ids
+from conversations.transfer.chunks import id_chunks, joined, json_object_start, json_text, snapshot
 from conversations.transfer.plan import ImportRefused, Plan, PlannedNode, check_count, check_graph, text_field
+
+ROOT = "client-created-root"
 
 
 def _message(message_id: str, role: str, text: str, *, created: float | None, name: str | None = None,
@@ -21,21 +28,31 @@ def _message(message_id: str, role: str, text: str, *, created: float | None, na
             "metadata": metadata or {}, "recipient": recipient}
 
 
-def _node_messages(node: Node) -> list[dict[str, Any]]:
-    """One Arbor node as ChatGPT messages: what it sent, then (if it succeeded) what it received (T5).
+_SHOWN = {"user", "text", "tool_call", "tool_result"}
+
+
+def _shown_items(node: Node) -> list[tuple[int, dict[str, Any]]]:
+    """The items of a node that become messages, each with its place among the node's items (its message id):
+    what it sent, then (if it succeeded) what it received (T5).
 
     Side calls (titles, summarising calls, playbook drafts) are no part of the conversation a person had,
     and a compaction root contributes only its summary: its kept turns are already there, as themselves.
     """
     if node.kind != Node.Kind.TURN and not (node.kind == Node.Kind.COMPACTION and node.parent_id is None):
         return []
-    created = node.created_at.timestamp() if node.created_at else None
-    meta = {"arbor_node": node.pk, "arbor_status": node.status}
-    out = []
     items = [*node.sent, *(node.received if node.status == Node.Status.SUCCEEDED else [])]
     if node.kind == Node.Kind.COMPACTION:
         items = [i for i in items if i.get("type") == "summary"]
-    for index, item in enumerate(items):
+    return [(index, item) for index, item in enumerate(items)
+            if item.get("type") in _SHOWN or (item.get("type") == "summary" and item.get("text"))]
+
+
+def _node_messages(node: Node) -> list[dict[str, Any]]:
+    """One Arbor node as ChatGPT messages (see `_shown_items`)."""
+    created = node.created_at.timestamp() if node.created_at else None
+    meta = {"arbor_node": node.pk, "arbor_status": node.status}
+    out = []
+    for index, item in _shown_items(node):
         message_id = f"arbor-{node.pk}-{index}"
         kind = item.get("type")
         if kind == "user":
@@ -48,35 +65,117 @@ def _node_messages(node: Node) -> list[dict[str, Any]]:
         elif kind == "tool_result":
             out.append(_message(message_id, "tool", item["content"], created=created, name=item.get("name"),
                                 metadata={**meta, "arbor_call_id": item["call_id"]}))
-        elif kind == "summary" and item.get("text"):
+        else:
             out.append(_message(message_id, "system", item["text"], created=created, metadata=meta))
     return out
 
 
-def export_chatgpt(conversation: Conversation) -> dict[str, Any]:
-    """One entry of ChatGPT's conversations.json: a `mapping` tree with parents, children and `current_node`.
+class _Links:
+    """Where every node's messages hang in `mapping`, found in a first pass over the nodes without keeping any
+    message (issue 13): a few numbers a node, in arrays.
 
-    Every node becomes a chain of messages under its parent's last message, so branches stay branches.
-    A compaction node starts a tree of its own in Arbor; here it hangs below the node it compacted
-    (its original), which is where a person met it.
+    Every node becomes a chain of messages below its anchor's last message: its parent's, or for a compaction
+    root (which starts a tree of its own in Arbor) its original's, which is where a person met it. A node with no
+    messages passes its place on to the nodes below it.
     """
-    nodes = tree_nodes(conversation)
-    root_id = "client-created-root"
-    mapping: dict[str, dict[str, Any]] = {root_id: {"id": root_id, "message": None, "parent": None, "children": []}}
-    last_of: dict[int, str] = {}
-    for node in nodes:  # ids grow with creation, so a parent and an original come before their children
-        anchor_node = node.parent_id if node.parent_id is not None else node.compacted_from_id
-        anchor = last_of.get(anchor_node, root_id) if anchor_node is not None else root_id
-        for message in _node_messages(node):
-            mapping[message["id"]] = {"id": message["id"], "message": message, "parent": anchor, "children": []}
-            mapping[anchor]["children"].append(message["id"])
-            anchor = message["id"]
-        last_of[node.pk] = anchor
-    created = conversation.created_at.timestamp()
-    return {"title": conversation.title or f"Conversation {conversation.pk}", "create_time": created,
-            "update_time": conversation.updated_at.timestamp(), "mapping": mapping,
-            "current_node": last_of.get(conversation.head_id, root_id), "conversation_id": f"arbor-{conversation.pk}",
-            "default_model_slug": conversation.model}
+
+    def __init__(self, ids: array):
+        n = len(ids)
+        self.ids = ids
+        self.anchor = array("q", [-1]) * n  # the index of the node a node's messages hang below, -1: the root
+        self.first = array("q", [-1]) * n  # a node's first and last message's place among its items; -1: none
+        self.last = array("q", [-1]) * n
+        self.up = array("q", [-1]) * n  # the nearest node above, by anchors, that has messages; -1: the root
+        self.offsets = array("q", [0]) * (n + 2)  # the nodes hanging below each node (the root last), as ranges
+        self.below = array("q")
+
+    def index(self, node_id: int | None) -> int:
+        i = bisect_left(self.ids, node_id) if node_id is not None else len(self.ids)
+        return i if i < len(self.ids) and self.ids[i] == node_id else -1
+
+    def read(self, nodes: Iterable[Node]) -> None:
+        for node in nodes:
+            i = self.index(node.pk)
+            anchor = node.parent_id if node.parent_id is not None else node.compacted_from_id
+            self.anchor[i] = self.index(anchor)
+            shown = _shown_items(node)
+            if shown:
+                self.first[i], self.last[i] = shown[0][0], shown[-1][0]
+
+    def link(self) -> None:
+        n = len(self.ids)
+        for i in range(n):
+            j, steps = self.anchor[i], 0
+            while j >= 0 and self.first[j] < 0 and steps <= n:  # a node without messages: look above it
+                j, steps = self.anchor[j], steps + 1
+            self.up[i] = j if steps <= n else -1  # (a loop would be a corrupt tree: hang it at the root)
+        shown = [i for i in range(n) if self.first[i] >= 0]
+        for i in shown:
+            self.offsets[self.up[i] % (n + 1) + 1] += 1
+        for slot in range(1, n + 2):
+            self.offsets[slot] += self.offsets[slot - 1]
+        self.below = array("q", [0]) * len(shown)
+        filled = self.offsets[:-1]
+        for i in shown:  # in id order: children in the order they were made
+            slot = self.up[i] % (n + 1)
+            self.below[filled[slot]] = i
+            filled[slot] += 1
+
+    def last_message(self, i: int) -> str:
+        return ROOT if i < 0 else f"arbor-{self.ids[i]}-{self.last[i]}"
+
+    def children(self, i: int) -> list[str]:
+        """The first messages of the nodes hanging below node `i`'s last message (-1: below the root)."""
+        slot = i % (len(self.ids) + 1)
+        return [f"arbor-{self.ids[k]}-{self.first[k]}" for k in self.below[self.offsets[slot]:self.offsets[slot + 1]]]
+
+    def current(self, head: int | None) -> str:
+        i = self.index(head)
+        return self.last_message(i if i < 0 or self.first[i] >= 0 else self.up[i])
+
+
+def _nodes(ids: array) -> Iterator[Node]:
+    for chunk in id_chunks(ids):
+        yield from Node.objects.filter(pk__in=chunk).order_by("id").only(
+            "id", "parent_id", "compacted_from_id", "kind", "status", "sent", "received", "created_at")
+
+
+def _entry(key: str, message: dict[str, Any] | None, parent: str | None, children: list[str]) -> str:
+    return f"{json_text(key)}: {json_text({'id': key, 'message': message, 'parent': parent, 'children': children})}"
+
+
+def _entries(links: _Links) -> Iterator[str]:
+    yield _entry(ROOT, None, None, links.children(-1))
+    for node in _nodes(links.ids):
+        i = links.index(node.pk)
+        messages = _node_messages(node)
+        for k, message in enumerate(messages):
+            parent = messages[k - 1]["id"] if k else links.last_message(links.up[i])
+            children = [messages[k + 1]["id"]] if k + 1 < len(messages) else links.children(i)
+            yield _entry(message["id"], message, parent, children)
+
+
+def chatgpt_chunks(conversation: Conversation) -> Iterator[str]:
+    """ChatGPT's conversations.json (an array holding this conversation) as text, in parts (issue 13): a `mapping`
+    tree with parents, children and `current_node`, so branches stay branches. The nodes are read twice, a chunk
+    at a time in one snapshot: once to link them (`_Links`), once to write their messages."""
+    with snapshot():
+        links = _Links(tree_node_ids(conversation))
+        links.read(_nodes(links.ids))
+        links.link()
+        yield "[" + json_object_start({
+            "title": conversation.title or f"Conversation {conversation.pk}",
+            "create_time": conversation.created_at.timestamp(), "update_time": conversation.updated_at.timestamp(),
+        }, "mapping") + "{"
+        yield from joined(_entries(links))
+        yield "}, " + json_text({"current_node": links.current(conversation.head_id),
+                                 "conversation_id": f"arbor-{conversation.pk}",
+                                 "default_model_slug": conversation.model})[1:] + "]"
+
+
+def export_chatgpt(conversation: Conversation) -> dict[str, Any]:
+    """One entry of ChatGPT's conversations.json (`chatgpt_chunks`), in memory: for tests and small trees."""
+    return json.loads("".join(chatgpt_chunks(conversation)))[0]
 
 
 def _chatgpt_text(message: dict[str, Any], where: str) -> str:

@@ -2,27 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from conversations.models import Bubble, Conversation
-from conversations.screen import path_bubbles
+from conversations.screen import ShownBubble, history_bubbles
+from conversations.transfer.chunks import joined, snapshot
+
+
+def _lines(bubble: ShownBubble) -> list[str]:
+    if bubble.role == Bubble.Role.USER:
+        return ["## Question", "", bubble.content, ""]
+    if bubble.role == Bubble.Role.ASSISTANT:
+        return ["## Answer", "", bubble.content, ""]
+    if bubble.role == Bubble.Role.TOOL:
+        data = bubble.data
+        lines = [f"**Tool `{data.get('name', bubble.content)}`** ({data.get('status', '')})", "",
+                 "```json", str(data.get("arguments", "")), "```", ""]
+        if data.get("result") is not None:
+            lines += ["```", str(data["result"]), "```", ""]
+        return lines
+    if bubble.role == Bubble.Role.ERROR:
+        return [f"> The call failed ({bubble.data.get('reason', 'error')}): {bubble.content}", ""]
+    return ["---", f"*{bubble.content}*", ""]  # the compaction marker
+
+
+def markdown_chunks(conversation: Conversation) -> Iterator[str]:
+    """The current path as a person saw it (questions, answers, tool calls, failures), as text in parts: the
+    bubbles are read a chunk of nodes at a time (issue 13). White space at the very end is dropped, once."""
+    with snapshot():
+        lines = (line for bubble in history_bubbles(conversation.head_id) for line in _lines(bubble))
+        title = [f"# {conversation.title or f'Conversation {conversation.pk}'}", ""]
+        pending = ""  # white space that ends what is made so far: dropped if nothing else follows
+        for part in joined((line for chunk in (title, lines) for line in chunk), separator="\n"):
+            text = pending + part
+            kept = text.rstrip()
+            pending = text[len(kept):]
+            if kept:
+                yield kept
+        yield "\n"
 
 
 def export_markdown(conversation: Conversation) -> str:
-    """The current path as a person saw it: questions, answers, tool calls, failures."""
-    lines = [f"# {conversation.title or f'Conversation {conversation.pk}'}", ""]
-    for view in path_bubbles(conversation=conversation):
-        bubble = view.bubble
-        if bubble.role == Bubble.Role.USER:
-            lines += ["## Question", "", bubble.content, ""]
-        elif bubble.role == Bubble.Role.ASSISTANT:
-            lines += ["## Answer", "", bubble.content, ""]
-        elif bubble.role == Bubble.Role.TOOL:
-            data = bubble.data
-            lines += [f"**Tool `{data.get('name', bubble.content)}`** ({data.get('status', '')})", "",
-                      "```json", str(data.get("arguments", "")), "```", ""]
-            if data.get("result") is not None:
-                lines += ["```", str(data["result"]), "```", ""]
-        elif bubble.role == Bubble.Role.ERROR:
-            lines += [f"> The call failed ({bubble.data.get('reason', 'error')}): {bubble.content}", ""]
-        else:  # the compaction marker
-            lines += ["---", f"*{bubble.content}*", ""]
-    return "\n".join(lines).rstrip() + "\n"
+    """`markdown_chunks` as one text: for tests and small conversations."""
+    return "".join(markdown_chunks(conversation))

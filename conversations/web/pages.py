@@ -20,10 +20,11 @@ from django.views.decorators.http import require_GET, require_POST
 from config.errors import ArborError, BadInput, NotFound
 from config.web import off_the_shared_thread, page
 from conversations import services
+from conversations.apis.paging import cursor_token, decode_cursor, page_nodes
 from conversations.apis.serializers import ConversationIn, PreferencesIn
 from conversations.apis.transfer import read_upload
 from conversations.models import Conversation, Node
-from conversations.screen import Message, branch_infos, screen_bubbles
+from conversations.screen import BubblePage, Message, branch_infos, bubbles_after, bubbles_before, latest_bubbles
 from conversations.selectors import (
     conversation_for_user,
     conversation_has_node,
@@ -40,13 +41,17 @@ from conversations.turns.start import turn_compact
 # --- what a page shows --------------------------------------------------------------------------------
 
 
-def _bubbles(conversation: Conversation, *, everything: bool = False) -> tuple[list[Message], bool]:
-    """The chat's messages: the end of a long history unless `everything` is asked for; and whether
-    earlier ones were left out."""
-    views, hidden = screen_bubbles(conversation=conversation, tip=conversation.head_id,
-                                   last=None if everything else settings.ARBOR_SCREEN_NODES)
+def _messages(conversation: Conversation, page: BubblePage) -> list[Message]:
     return [Message(bubble=view.bubble, branch=view.branch, is_head=view.bubble.node_id == conversation.head_id,
-                    editable=view.editable) for view in views], hidden
+                    editable=view.editable) for view in page.views]
+
+
+def _earlier(conversation: Conversation, page: BubblePage) -> str | None:
+    """The signed cursor of the page before this one (issue 13), if there is one: it names the page's first node,
+    so the earlier page is that node's own history, whatever the head does meanwhile."""
+    if not page.has_before or page.first is None:
+        return None
+    return cursor_token({"t": page.tip, "b": page.first, "s": page.sealed}, scope=f"screen.{conversation.pk}")
 
 
 def _overflow_notice(conversation: Conversation) -> Node | None:
@@ -58,10 +63,13 @@ def _overflow_notice(conversation: Conversation) -> Node | None:
     return None
 
 
-def _bubbles_context(conversation: Conversation, request: HttpRequest) -> dict[str, Any]:
-    bubbles, hidden = _bubbles(conversation, everything=request.GET.get("all") == "1")
-    return {"conversation": conversation, "bubbles": bubbles, "hidden": hidden,
-            "overflow": _overflow_notice(conversation), "turn_running": conversation.turn_running}
+def _bubbles_context(conversation: Conversation) -> dict[str, Any]:
+    """The end of the history (ARBOR_SCREEN_NODES nodes): a long conversation's screen costs what it shows; the
+    earlier pages come one at a time (`chat_earlier`)."""
+    page = latest_bubbles(conversation=conversation, tip=conversation.head_id, size=settings.ARBOR_SCREEN_NODES)
+    return {"conversation": conversation, "bubbles": _messages(conversation, page),
+            "earlier": _earlier(conversation, page), "overflow": _overflow_notice(conversation),
+            "turn_running": conversation.turn_running}
 
 
 # --- views -------------------------------------------------------------------------------------------
@@ -98,7 +106,7 @@ def chat_new(request: HttpRequest) -> HttpResponse:
 @page
 def chat_conversation(request: HttpRequest, conversation_id: int) -> HttpResponse:
     conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-    context = {"conversation": conversation, **_bubbles_context(conversation, request)}
+    context = {"conversation": conversation, **_bubbles_context(conversation)}
     return render(request, "chat/conversation.html", context)
 
 
@@ -107,7 +115,25 @@ def chat_conversation(request: HttpRequest, conversation_id: int) -> HttpRespons
 def chat_messages(request: HttpRequest, conversation_id: int) -> HttpResponse:
     """The message list alone: the page redraws it from the server's record when a turn ends."""
     conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-    return render(request, "chat/_messages.html", _bubbles_context(conversation, request))
+    return render(request, "chat/_messages.html", _bubbles_context(conversation))
+
+
+@require_GET
+@page
+def chat_earlier(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    """The page of messages before the earliest one shown (issue 13): the chat loads it when the person scrolls
+    up to the top, one page of ARBOR_PAGE_NODES nodes at a time; without the fragment header, a page of its own."""
+    conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+    cursor = decode_cursor(request.GET.get("cursor", ""), scope=f"screen.{conversation.pk}")
+    if cursor is None or "b" not in cursor:
+        raise NotFound("That link to earlier messages is not one this conversation gave out.")
+    page = bubbles_before(conversation=conversation, tip=cursor["t"], before=cursor["b"], size=page_nodes(),
+                          sealed=cursor["s"])
+    context = {"conversation": conversation, "bubbles": _messages(conversation, page),
+               "earlier": _earlier(conversation, page)}
+    if request.headers.get("X-Fragment"):
+        return render(request, "chat/_earlier.html", context)
+    return render(request, "chat/earlier.html", context)
 
 
 @require_POST
@@ -216,14 +242,19 @@ class Branch:
     opener: int
     index: int
     messages: list[Message]
+    more: bool = False  # the branch goes on past what is shown
 
 
 def _branch(conversation: Conversation, opener: int, siblings: list[int]) -> Branch:
-    """The bubbles of one branch, from its question down to the latest tip of that branch (T8)."""
+    """The bubbles of one branch, from its question down to the latest tip of that branch (T8): read by walking
+    up from the tip (which may lie beyond a compaction, C3) no further than the question, at most
+    ARBOR_SCREEN_NODES nodes of it."""
     tip = latest_tip(conversation=conversation, node_id=opener) or opener
-    views, _ = screen_bubbles(conversation=conversation, tip=tip)  # the tip may lie beyond a compaction (C3)
+    parent = Node.objects.filter(pk=opener).values_list("parent_id", flat=True).first()
+    page = bubbles_after(conversation=conversation, tip=tip, after=parent, size=settings.ARBOR_SCREEN_NODES)
+    views = page.views if page is not None else []
     start = next((i for i, v in enumerate(views) if v.bubble.node_id == opener), len(views))
-    return Branch(opener=opener, index=siblings.index(opener) + 1,
+    return Branch(opener=opener, index=siblings.index(opener) + 1, more=page is not None and page.has_after,
                   messages=[Message(bubble=v.bubble, branch=None, is_head=False) for v in views[start:]])
 
 
@@ -250,7 +281,8 @@ def chat_compare(request: HttpRequest, conversation_id: int) -> HttpResponse:
 
 def _siblings_of(conversation: Conversation, opener: int) -> list[int]:
     """The turns that share `opener`'s parent: its branch info, read from the history that ends at it."""
-    info = branch_infos(conversation=conversation, path=screen_history(opener)).get(opener)
+    rows = screen_history(opener, last=1)  # the question and its parent: the cost of one page's branch places
+    info = branch_infos(conversation=conversation, path=rows[-1:], known=rows[:-1]).get(opener)
     if info is None:
         raise NotFound(f"No question node {opener} in this conversation.")
     return info.siblings
@@ -278,6 +310,7 @@ urlpatterns = [
     path("chat/import/", chat_import, name="chat-import"),
     path("chat/<int:conversation_id>/", chat_conversation, name="chat-conversation"),
     path("chat/<int:conversation_id>/messages/", chat_messages, name="chat-messages"),
+    path("chat/<int:conversation_id>/earlier/", chat_earlier, name="chat-earlier"),
     path("chat/<int:conversation_id>/switch/", chat_switch, name="chat-switch"),
     path("chat/<int:conversation_id>/update/", chat_update, name="chat-update"),
     path("chat/<int:conversation_id>/clear/", chat_clear, name="chat-clear"),

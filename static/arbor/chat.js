@@ -156,7 +156,60 @@
     if (unlessStreaming && streaming) return true;  // a joined answer streams in meanwhile: keep it
     box.innerHTML = html;
     enhance(box);
+    watchEarlier();
     return list().dataset.turnRunning === "1";
+  }
+
+  // --- earlier messages ------------------------------------------------------------------------------------
+  // A long conversation opens on its latest part (issue 13). Scrolling up to the top, or the link there, loads
+  // the page before it: one page per request, put in above without moving what the person is reading.
+
+  let loadingEarlier = false;
+
+  async function loadEarlier(marker) {
+    if (loadingEarlier || !marker.isConnected) return;
+    loadingEarlier = true;
+    marker.setAttribute("aria-busy", "true");
+    try {
+      const response = await fetch(marker.dataset.earlier, { headers: { "X-Fragment": "1" } });
+      if (!response.ok || response.redirected) throw new Error(`${response.status}`);
+      const page = document.createElement("template");
+      page.innerHTML = await response.text();
+      if (!marker.isConnected) return;  // the list was redrawn meanwhile: its own link loads from there
+      const inserted = [...page.content.children];
+      const fromBottom = box.scrollHeight - box.scrollTop;
+      marker.replaceWith(page.content);
+      box.scrollTop = box.scrollHeight - fromBottom;
+      for (const element of inserted) {
+        enhance(element);
+        if (running) {
+          for (const control of element.querySelectorAll("[data-turn-control]:not([disabled])")) {
+            control.disabled = true;
+            control.dataset.heldByTurn = "1";
+          }
+        }
+      }
+    } catch (error) {
+      marker.removeAttribute("aria-busy");
+      say("The earlier messages could not be loaded; try the link again.");
+      return;
+    } finally {
+      loadingEarlier = false;
+    }
+    watchEarlier();
+  }
+
+  const earlierWatch = "IntersectionObserver" in window
+    ? new IntersectionObserver((entries) => {
+      for (const entry of entries) if (entry.isIntersecting) loadEarlier(entry.target);
+    }, { root: box, rootMargin: "300px 0px 0px 0px" })
+    : null;
+
+  function watchEarlier() {
+    if (!earlierWatch) return;
+    earlierWatch.disconnect();
+    const marker = list().querySelector("[data-earlier]");
+    if (marker) earlierWatch.observe(marker);
   }
 
   async function finish(message) {
@@ -217,6 +270,12 @@
   });
 
   box.addEventListener("click", (event) => {
+    const earlier = event.target.closest("[data-earlier] a");
+    if (earlier) {
+      event.preventDefault();
+      loadEarlier(earlier.closest("[data-earlier]"));
+      return;
+    }
     const button = event.target.closest("button[data-action]");
     if (!button || button.disabled) return;
     const action = actions[button.dataset.action];
@@ -329,6 +388,8 @@
   }
 
   enhance(box);
+  box.scrollTop = box.scrollHeight;  // the latest message first; earlier ones load on scrolling up
+  watchEarlier();
   connect();
   if (list().dataset.turnRunning === "1") waitForOtherTurn();
 })();

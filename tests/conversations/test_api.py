@@ -59,7 +59,9 @@ def test_bubbles_context_and_nodes_endpoints(api):
     _turn(api, cid, "q1")
     head = _turn(api, cid, "q2").json()["head"]
     api.post(f"/api/conversations/{cid}/edit/", {"node": head, "content": "q2 edited"}, format="json")
-    bubbles = api.get(f"/api/conversations/{cid}/bubbles/").json()
+    page = api.get(f"/api/conversations/{cid}/bubbles/").json()
+    assert page["next"] is None and page["previous"] is None, "issue 13: a short conversation is one page"
+    bubbles = page["results"]
     assert [(b["role"], b["content"][:9]) for b in bubbles] == [
         ("user", "q1"), ("assistant", "echo: q1\n"), ("user", "q2 edited"), ("assistant", "echo: q2 ")]
     assert bubbles[2]["branch"] == {"index": 2, "count": 2, "siblings": [head, bubbles[2]["node"]]}
@@ -67,7 +69,7 @@ def test_bubbles_context_and_nodes_endpoints(api):
     context = api.get(f"/api/conversations/{cid}/context/").json()["messages"]
     assert [m["role"] for m in context] == ["system", "user", "assistant", "user", "assistant"]
     assert context[3]["content"] == "q2 edited"
-    nodes = api.get(f"/api/conversations/{cid}/nodes/").json()
+    nodes = api.get(f"/api/conversations/{cid}/nodes/").json()["results"]
     assert len(nodes) == 3 and {n["kind"] for n in nodes} == {"turn"}
 
 
@@ -87,7 +89,7 @@ def test_clear_empties_head_and_bubbles_t11(api):
     _turn(api, cid, "secret")
     cleared = api.post(f"/api/conversations/{cid}/clear/").json()
     assert cleared["head"] is None
-    assert api.get(f"/api/conversations/{cid}/bubbles/").json() == []
+    assert api.get(f"/api/conversations/{cid}/bubbles/").json()["results"] == []
     assert api.get(f"/api/conversations/{cid}/context/").json() == {"messages": []}
     assert "secret" not in _turn(api, cid, "what did I say?").json()["answer"]
 
@@ -269,7 +271,7 @@ def test_an_unexpected_error_is_answered_in_the_error_format(api, monkeypatch):
     def broken(**kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(views, "path_bubbles", broken)
+    monkeypatch.setattr(views, "bubbles_after", broken)
     api.raise_request_exception = False
     cid = _create(api)["id"]
     response = api.get(f"/api/conversations/{cid}/bubbles/")

@@ -283,7 +283,7 @@ def test_t7_t10_editing_a_question_after_compaction_branches_normally(conversati
     edited = head(conversation)
     assert edited.parent_id == question.parent_id and node_path(edited.pk)[0].id == root.pk
     assert "first, edited" in response.json()["answer"]
-    bubbles = api.get(_url("conversation-bubbles", conversation)).json()
+    bubbles = api.get(_url("conversation-bubbles", conversation)).json()["results"]
     edited_bubble = next(b for b in bubbles if b["node"] == edited.pk and b["role"] == "user")
     assert edited_bubble["branch"]["count"] == 2 and edited_bubble["editable"] is True
 
@@ -295,7 +295,7 @@ def test_c3_bubbles_show_the_whole_history_with_a_marker_and_no_edit_before_it(c
     """C3, T8, T10: /bubbles/ shows the original path's bubbles, a compaction marker, then the new ones."""
     root = _ask_until_compacted(conversation)
     ask(conversation, "after the compaction")
-    bubbles = api.get(_url("conversation-bubbles", conversation)).json()
+    bubbles = api.get(_url("conversation-bubbles", conversation)).json()["results"]
     questions = [b["content"] for b in bubbles if b["role"] == "user"]
     asked = list(Bubble.objects.filter(conversation=conversation, role="user").order_by("id")
                  .values_list("content", flat=True))
@@ -472,12 +472,12 @@ def test_t7_t8_an_edit_that_compacts_keeps_both_questions_as_siblings(conversati
     edited = head(conversation)
     root = node_path(edited.pk)[0]
     assert is_compaction_root(root) and root.compacted_from_id == old.parent_id, "the edit compacted"
-    bubbles = api.get(_url("conversation-bubbles", conversation)).json()
+    bubbles = api.get(_url("conversation-bubbles", conversation)).json()["results"]
     edited_bubble = next(b for b in bubbles if b["node"] == edited.pk and b["role"] == "user")
     assert edited_bubble["branch"] == {"index": 2, "count": 2, "siblings": [old.pk, edited.pk]}
     _switch(api, conversation, old.pk)
     assert head(conversation).parent_id == old.pk, "back on the old branch's tip"
-    bubbles = api.get(_url("conversation-bubbles", conversation)).json()
+    bubbles = api.get(_url("conversation-bubbles", conversation)).json()["results"]
     old_bubble = next(b for b in bubbles if b["node"] == old.pk and b["role"] == "user")
     assert old_bubble["branch"] == {"index": 1, "count": 2, "siblings": [old.pk, edited.pk]}
     _switch(api, conversation, edited.pk)

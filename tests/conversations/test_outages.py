@@ -310,7 +310,7 @@ def _nodes(up: OutageServer, conversation: int) -> list[dict]:
     listed = requests.get(f"{up.base}/api/conversations/{conversation}/nodes/", headers=up.headers, timeout=30)
     listed.raise_for_status()
     return [requests.get(f"{up.base}/api/nodes/{n['id']}/", headers=up.headers, timeout=30).json()
-            for n in listed.json()]
+            for n in listed.json()["results"]]  # one page (issue 13): a few nodes
 
 
 def _turn_through_outage(up: OutageServer, scenario: RestartedTurn) -> None:

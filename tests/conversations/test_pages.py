@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from html import unescape
+
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
@@ -209,7 +212,7 @@ def test_export_links_and_the_import_page_round_trip(page, conversation):
     assert f"{url}?format=md" in html and f"{url}?format=chatgpt" in html
     exported = page.get(f"{url}?format=json")
     assert exported.status_code == 200
-    upload = SimpleUploadedFile("tree.json", exported.content, content_type="application/json")
+    upload = SimpleUploadedFile("tree.json", b"".join(exported.streaming_content), content_type="application/json")
     response = page.post(reverse("chat-import"), {"file": upload})
     copy = Conversation.objects.exclude(pk=conversation.pk).get()
     assert response.url == reverse("chat-conversation", args=[copy.pk])
@@ -231,16 +234,46 @@ def test_what_the_model_saw_for_an_anthropic_call_shows_text_parts(page, convers
     assert "cache_control" not in html
 
 
-def test_a_long_conversation_shows_its_end_and_can_show_everything(page, conversation, settings):
-    """The chat page reads the end of a long history only (its cost follows ARBOR_SCREEN_NODES); "show
-    earlier" shows all, and edit controls and arrows still work on what is shown (T7, T8)."""
+def _earlier_link(html: str) -> str | None:
+    found = re.search(r'data-earlier="([^"]+)"', html)
+    return unescape(found.group(1)) if found else None
+
+
+def test_a_long_conversation_shows_its_end_and_loads_earlier_pages_one_at_a_time(page, conversation, settings):
+    """Issue 13: the chat page reads the end of a long history only (its cost follows ARBOR_SCREEN_NODES); "show
+    earlier" loads the page before it (ARBOR_PAGE_NODES nodes), whose own link goes further back, until the first
+    question; nothing twice, in order. Edit controls and arrows still work on what is shown (T7, T8)."""
     settings.ARBOR_SCREEN_NODES = 3
+    settings.ARBOR_PAGE_NODES = 1
     for n in range(5):
         ask(conversation, f"question {n}")
     html = page.get(reverse("chat-conversation", args=[conversation.pk])).content.decode()
-    assert "Show the earlier messages" in html
-    assert '<div class="body plain">question 0</div>' not in html
+    assert "Show earlier messages" in html
+    assert '<div class="body plain">question 1</div>' not in html
     assert '<div class="body plain">question 4</div>' in html
     assert html.count('data-action="edit"') == 3
-    everything = page.get(reverse("chat-conversation", args=[conversation.pk]), {"all": "1"}).content.decode()
-    assert "Show the earlier" not in everything and everything.count('data-action="edit"') == 5
+    shown = []
+    link = _earlier_link(html)
+    while link:
+        fragment = page.get(link, headers={"X-Fragment": "1"}).content.decode()
+        shown = re.findall(r'<div class="body plain">(question \d)</div>', fragment) + shown
+        assert fragment.count('data-action="edit"') == 1, "what an earlier page shows can be edited too (T7)"
+        link = _earlier_link(fragment)
+    assert shown == ["question 0", "question 1"]
+    whole = page.get(_earlier_link(html)).content.decode()  # without the fragment header: a page of its own
+    assert "<!doctype html>" in whole and "question 1" in whole and "Back to the latest messages" in whole
+
+
+def test_an_earlier_link_is_only_good_for_its_own_conversation(page, user, conversation, settings):
+    """Issue 13: the earlier page's link names a node to read back from; it is signed for its conversation, so
+    no one reads another history by changing it."""
+    settings.ARBOR_SCREEN_NODES = 1
+    for n in range(3):
+        ask(conversation, f"question {n}")
+    link = _earlier_link(page.get(reverse("chat-conversation", args=[conversation.pk])).content.decode())
+    other = services.conversation_create(owner=user)
+    forged = link.replace(f"/chat/{conversation.pk}/", f"/chat/{other.pk}/")
+    response = page.get(forged, headers={"X-Fragment": "1"})
+    assert response.status_code == 404 and "question" not in response.content.decode()
+    tampered = page.get(link.replace("cursor=", "cursor=x"), headers={"X-Fragment": "1"})
+    assert tampered.status_code == 404

@@ -85,7 +85,7 @@ def test_markdown_is_the_current_path(api, conversation):
     turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=head(conversation).pk,
                     content="shown question").run()
     response = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "md"})
-    text = response.content.decode()
+    text = b"".join(response.streaming_content).decode()  # issue 13: exports stream
     assert response["Content-Type"].startswith("text/markdown") and "attachment" in response["Content-Disposition"]
     assert "## Question\n\nshown question" in text and "kept question" not in text
     assert "## Answer\n\necho: shown question" in text
@@ -97,7 +97,8 @@ def test_chatgpt_export_keeps_branches_and_imports_back(api, user, conversation)
     first = head(conversation)
     ask(conversation, "and pears?")
     turn_edit(user=user, conversation_id=conversation.pk, node_id=first.pk, content="bananas?").run()
-    document = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "chatgpt"}).json()
+    document = json.loads(b"".join(api.get(f"/api/conversations/{conversation.pk}/export/",
+                                           {"format": "chatgpt"}).streaming_content))
     (entry,) = document
     mapping = entry["mapping"]
     assert all(mapping[c]["parent"] == key for key, e in mapping.items() for c in e["children"])
@@ -216,7 +217,8 @@ def test_the_chatgpt_export_leaves_side_calls_out(api, user, conversation):
     ask(conversation, "first question")
     worker.run_due()
     ask(conversation, "second question")
-    document = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "chatgpt"}).json()
+    document = json.loads(b"".join(api.get(f"/api/conversations/{conversation.pk}/export/",
+                                           {"format": "chatgpt"}).streaming_content))
     texts = [e["message"]["content"]["parts"][0] for e in document[0]["mapping"].values() if e["message"]]
     assert not any(t.startswith("#title") for t in texts)
     (created,) = _import(api, document).json()["conversations"]
