@@ -31,7 +31,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,8 @@ from rest_framework.authtoken.models import Token
 
 from conversations import items as it
 from conversations import services
+from conversations.bench import processes
+from conversations.bench.processes import database_url, free_port
 from conversations.errors import TurnInProgress
 from conversations.models import Conversation, Node
 from conversations.tools.sales_db import ensure_sales_db
@@ -82,23 +83,6 @@ def spread(values: list[float], unit: str, digits: int = 1) -> str:
 
     return (f"min {show(min(values))}, median {show(statistics.median(values))}, max {show(max(values))} "
             f"(n={len(values)})")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def database_url() -> str:
-    """The database this process uses, for the servers (in tests, the test database)."""
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
-    if connection.vendor != "postgresql":
-        raise CommandError(f"bench_durable supports PostgreSQL and SQLite, not {connection.vendor}.")
-    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    return f"postgres://{db['USER']}{password}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 class Client(requests.Session):
@@ -177,13 +161,7 @@ class Server:
         os.kill(self.process.pid, signal.SIGKILL)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self.process.wait(10)
+        processes.stop(self.process)
         self.log.close()
 
     def tail(self, chars: int = 3000) -> str:

@@ -45,7 +45,6 @@ import os
 import re
 import resource
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -71,6 +70,8 @@ from django.db import connection, transaction
 from psycopg import sql
 from rest_framework.authtoken.models import Token
 
+from conversations.bench import processes
+from conversations.bench.processes import free_port
 from conversations.llm.echo import make_plan
 from conversations.models import Conversation, Node, OutboxJob, TurnRun
 
@@ -391,13 +392,7 @@ class Server:
         raise CommandError(f"{self.name} did not answer within {START_TIMEOUT_SECONDS} s:\n{self.tail()}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self.process.wait(10)
+        processes.stop(self.process)
 
     def stderr(self) -> str:
         return os.pread(self.log.fileno(), os.fstat(self.log.fileno()).st_size, 0).decode(errors="replace")
@@ -464,12 +459,6 @@ class StackSampler(threading.Thread):
             self.threads += [s for s in self.server.stacks(signal.SIGUSR1) if "daphne/cli.py:entrypoint" not in s]
             self.dumps += 1
             wait = STACK_SECONDS
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -43,6 +43,7 @@ from django.db import connection
 
 from conversations import items as it
 from conversations import services
+from conversations.bench import processes
 from conversations.models import Conversation, Node, OutboxJob
 from search.models import BubbleDocument
 from tests.conversations.helpers import ask
@@ -78,14 +79,8 @@ def _wait_for(predicate: Callable[[], Any], *, timeout: float, what: str, interv
 
 def _stop(process: subprocess.Popen | None) -> None:
     """End a process this test started (SIGTERM, then SIGKILL), and reap it."""
-    if process is None or process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
+    if process is not None:
+        processes.stop(process)
 
 
 def _django_env(database_url: str, **extra: str) -> dict[str, str]:

@@ -1,0 +1,38 @@
+"""What the benchmarks that start real server processes share: a free port, the database URL for the
+servers, and stopping a process."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+from django.core.management.base import CommandError
+from django.db import connection
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def database_url() -> str:
+    """The database this process uses, for the servers it starts (in tests, the test database)."""
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    if connection.vendor != "postgresql":
+        raise CommandError(f"the benchmarks support PostgreSQL and SQLite, not {connection.vendor}.")
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    return f"postgres://{db['USER']}{password}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Terminate, then kill if it will not go within 10 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    process.wait(10)
