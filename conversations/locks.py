@@ -66,6 +66,12 @@ def _held_by_owner():
             .exclude(pk=OuterRef("pk")).order_by().values("owner_id").annotate(n=Count("pk")).values("n"))
 
 
+def _held_count(conversation: Conversation) -> int:
+    """How many locks the conversation's owner holds on other conversations now."""
+    return (Conversation.objects.filter(owner_id=conversation.owner_id, turn_token__isnull=False,
+                                        turn_expires_at__gte=now()).exclude(pk=conversation.pk).count())
+
+
 class TurnLock:
     """A held turn lock. Release it once (a `with` block does); releasing twice is harmless."""
 
@@ -90,7 +96,9 @@ class TurnLock:
         if limit:  # fairness: in the same UPDATE, the owner's other held locks are counted
             free = free.alias(held=Coalesce(Subquery(_held_by_owner()), 0)).filter(held__lt=limit)
         if not free.update(turn_token=token, turn_expires_at=expires):
-            if limit and Conversation.objects.filter(is_free(), pk=conversation.pk).exists():
+            # Why, from the owner's count: asking whether this conversation is free now would blame the limit
+            # for a lease that ran out between the two queries.
+            if limit and _held_count(conversation) >= limit:
                 raise TooManyTurns(f"You have {limit} turns running; wait for one to end.")
             raise TurnInProgress()
         conversation.turn_token, conversation.turn_expires_at = token, expires

@@ -95,3 +95,30 @@ def test_issue_13_sign_in_is_refused_with_429_after_too_many_attempts(client, us
         "even the right password waits: the attempts are counted, not only the failures"
     cache.clear()
     assert client.post(url, {"username": user.username, "password": "right-password-123"}).status_code == 302
+
+
+def test_issue_13_a_busy_conversation_whose_lease_runs_out_meanwhile_is_409_not_429(user, settings, monkeypatch):
+    """The conditional UPDATE finds the conversation held; its lease runs out before the refusal is worded.
+    The refusal is a 409 (try again), not "too many turns": the person holds no other lock."""
+    from datetime import timedelta
+
+    from django.db.models.query import QuerySet
+
+    from conversations import locks
+
+    settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER = 1
+    conversation = _conversations(user, 1)[0]
+    TurnLock.acquire(conversation)  # another turn holds it
+    base, jumped = locks.now(), []
+    monkeypatch.setattr(locks, "now", lambda: base + timedelta(seconds=(settings.ARBOR_TURN_LOCK_SECONDS + 1)
+                                                                  if jumped else 0))
+    update = QuerySet.update
+
+    def update_then_time_passes(self, **changes):
+        done = update(self, **changes)
+        jumped.append(True)
+        return done
+
+    monkeypatch.setattr(QuerySet, "update", update_then_time_passes)
+    with pytest.raises(TurnInProgress):
+        TurnLock.acquire(Conversation.objects.get(pk=conversation.pk))
