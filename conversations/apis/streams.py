@@ -110,16 +110,16 @@ class TurnStop(APIView):
     def post(self, request: Request, conversation_id: int) -> Response:
         """Stop the running turn, from any process: 200 with the stopped node once it is recorded."""
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-        run = TurnRun.objects.filter(conversation=conversation, ended_at__isnull=True).order_by("-started_at").first()
-        if run is None or not detached.request_stop(conversation.pk):
+        run_id = detached.running_run(conversation.pk)
+        if run_id is None or not detached.request_stop(conversation.pk):
             return Response(error_body("no_turn_running", "No turn is running on this conversation."),
                             status=status.HTTP_409_CONFLICT)
         deadline = time.monotonic() + STOP_WAIT_SECONDS
-        while not TurnRun.objects.filter(pk=run.pk, ended_at__isnull=False).exists():
+        while not TurnRun.objects.filter(pk=run_id, ended_at__isnull=False).exists():
             if time.monotonic() > deadline:
                 break
             time.sleep(log.POLL_SECONDS)
-        entries = log.read(run.pk)
+        entries = log.read(run_id)
         node_id = entries[-1][1].data.get("node") if entries else None
         if node_id is None:  # it ended before a node was written, or has not noticed yet: its latest node
             node_id = Node.objects.filter(conversation=conversation).values_list("pk", flat=True).last()

@@ -64,6 +64,8 @@
     });
   }
 
+  let unsent = null;  // the question just sent, until the server answers it
+
   function send(message) {
     if (gone || !socket || socket.readyState !== WebSocket.OPEN) {
       say("Not connected yet; try again in a moment.");
@@ -74,6 +76,10 @@
   }
 
   function onEvent(event) {
+    if (event.type === "error" && event.node == null && unsent && !input.value) {
+      input.value = unsent;  // refused before anything was written (busy, too many turns): nothing is lost
+    }
+    unsent = null;
     switch (event.type) {
       case "joined":
         // A turn that runs elsewhere (another tab, before a reload): its answer so far, then live.
@@ -123,6 +129,7 @@
 
   function startTurn(message, question) {
     if (running || !send(message)) return false;
+    unsent = question;  // until the server takes it: a refusal gives the text back to the input
     setRunning(true);
     say("Waiting for the model…");
     if (question !== undefined) appendBubble("user", question);
