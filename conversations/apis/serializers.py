@@ -10,11 +10,15 @@ from conversations.screen import BubbleView
 
 
 class StrictCharField(serializers.CharField):
-    """A CharField that refuses numbers and booleans instead of quietly turning them into text."""
+    """A CharField that refuses numbers and booleans instead of quietly turning them into text, and measures
+    `max_length` on the text as sent, as the schema's `maxLength` does: DRF's own measures it after trimming
+    the ends' whitespace, so it took a text the schema calls too long (the fuzzer's finding)."""
 
     def to_internal_value(self, data):
         if not isinstance(data, str):
             self.fail("invalid")
+        if self.max_length is not None and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)
         return super().to_internal_value(data)
 
 

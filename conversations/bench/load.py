@@ -104,11 +104,27 @@ TRANSPORTS = {"sse": "SSE", "ws": "WebSockets"}
 STAMP = re.compile(r"^\d{4}-\d\d-\d\d[ T][\d:.,]+\s*")
 PROBLEM = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|Exception|Error\b|timed? ?out|refused|too many")
 
-# daphne, writing stacks to stderr (faulthandler): every thread's on SIGUSR1 (at most 100: the newest), the thread
-# that takes the signal on SIGUSR2 (the main thread, which runs the event loop): where a busy server spends time.
-SERVE = ("import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "
-         "faulthandler.register(signal.SIGUSR2, all_threads=False); "
-         "from daphne.cli import CommandLineInterface; CommandLineInterface.entrypoint()")
+# daphne, writing stacks to stderr: every thread's on SIGUSR1, the thread that takes the signal on SIGUSR2 (the main
+# thread, which runs the event loop; faulthandler): where a busy server spends time. Every thread's stack is read by
+# a Python handler under the GIL (sys._current_frames), in faulthandler's format: faulthandler's own all-threads
+# dump reads other threads' frames without the GIL and killed a server with SIGSEGV in CI when a thread ended
+# during the dump.
+SERVE = """
+import faulthandler, os, signal, sys
+def dump_threads(signum, frame):
+    lines = []
+    for ident, top in sys._current_frames().items():
+        lines.append(f"Thread 0x{ident:016x} (most recent call first):")
+        while top is not None:
+            lines.append(f'  File "{top.f_code.co_filename}", line {top.f_lineno} in {top.f_code.co_name}')
+            top = top.f_back
+        lines.append("")
+    os.write(2, ("\\n".join(lines) + "\\n").encode())
+signal.signal(signal.SIGUSR1, dump_threads)
+faulthandler.register(signal.SIGUSR2, all_threads=False)
+from daphne.cli import CommandLineInterface
+CommandLineInterface.entrypoint()
+"""
 STACK_SECONDS = 2.0  # between two stack dumps of a load
 LOOP_SAMPLES = 10  # the loop thread's stack, this many times a dump, LOOP_EVERY apart
 LOOP_EVERY = 0.03

@@ -203,6 +203,16 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(api, other_api, settin
     assert _state(cid) == before
 
 
+def test_a_text_longer_than_the_schema_allows_is_refused_even_when_its_ends_are_spaces(api):
+    """The schema's maxLength counts the text as sent; DRF's own check counted it after trimming the ends, so
+    20,000 characters plus four leading spaces were taken (schemathesis ST201 found it)."""
+    response = api.post("/api/conversations/", {"instructions": "    " + "x" * 20000}, format="json")
+    assert response.status_code == 400, response.content
+    assert "instructions" in response.json()["error"]["message"]
+    assert Conversation.objects.count() == 0
+    assert api.post("/api/conversations/", {"instructions": "x" * 20000}, format="json").status_code == 201
+
+
 def test_unknown_model_is_refused(api):
     response = api.post("/api/conversations/", {"model": "nope/none"}, format="json")
     assert response.status_code == 400 and "Unknown model" in response.json()["error"]["message"]
