@@ -26,6 +26,9 @@ class Conversation(models.Model):
     version = models.PositiveBigIntegerField(default=0)
     turn_token = models.UUIDField(null=True, blank=True)
     turn_expires_at = models.DateTimeField(null=True, blank=True)
+    # Whether the lock was last taken from a holder that let it run out (its process died): set by the
+    # UPDATE that takes it, from the row as it was, so one statement tells (`locks.TurnLock.take`).
+    turn_took_over = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

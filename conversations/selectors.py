@@ -294,9 +294,12 @@ def user_instructions(*, user_id: int) -> str:
     return Preferences.objects.filter(user_id=user_id).values_list("instructions", flat=True).first() or ""
 
 
-def instructions_for(conversation: Conversation) -> str:
-    """The system instructions a call of this conversation gets: the owner's own, then the conversation's."""
-    parts = [user_instructions(user_id=conversation.owner_id), conversation.instructions]
+def instructions_for(conversation: Conversation, *, owner_instructions: str | None = None) -> str:
+    """The system instructions a call of this conversation gets: the owner's own (read here unless given),
+    then the conversation's."""
+    if owner_instructions is None:
+        owner_instructions = user_instructions(user_id=conversation.owner_id)
+    parts = [owner_instructions, conversation.instructions]
     return "\n\n".join(part.strip() for part in parts if part and part.strip())
 
 

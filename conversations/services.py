@@ -10,6 +10,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from config.errors import BadInput, NotFound
+from config.together import Together, Written, together
 from conversations.errors import TurnInProgress
 from conversations.locks import TurnLock, head_guard
 from conversations.models import Bubble, Conversation, Node, Preferences, ToolApproval
@@ -25,33 +26,39 @@ def head_move(*, conversation: Conversation, to: int | None, lock: TurnLock | No
     A move without a lock also clears an expired one, so the turn that let it expire can no longer
     move the head when it finally ends.
     """
-    if not _moved(conversation, to, lock):
+    if not _move(conversation, to, lock).count:
         raise TurnInProgress()
 
 
-def head_move_held(*, conversation: Conversation, to: int, lock: TurnLock, release: bool = False) -> bool:
-    """Move the head with a held turn lock; False if the lock was lost meanwhile (R3). A refused move
-    raises nothing and writes nothing, so what the caller wrote before it in the same transaction stands.
+def head_move_held(*, conversation: Conversation, to: int, lock: TurnLock, release: bool = False,
+                   writes: Together | None = None, when: Written | None = None) -> Written:
+    """Move the head with a held turn lock; `.count` is 0 if the lock was lost meanwhile (R3). A refused move
+    raises nothing and writes nothing, so what the caller wrote beside it stands.
 
     `release`: the turn ends with this move, so the same UPDATE gives the lock back (with the caller's
-    transaction: the conversation is free once the turn's last writes are committed, not before)."""
-    if not _moved(conversation, to, lock, release=release):
-        return False
-    if release:  # once committed: a rollback leaves the lock held, and `release` then gives it back itself
-        transaction.on_commit(lock.released_with_head_move)
-    return True
+    writes: the conversation is free once the turn's last writes are committed, not before). `writes`: the
+    move joins that batch (`config.together`), and happens only if `when` wrote a row."""
+    return _move(conversation, to, lock, release=release, writes=writes, when=when)
 
 
-def _moved(conversation: Conversation, to: int | None, lock: TurnLock | None, *, release: bool = False) -> bool:
+def _move(conversation: Conversation, to: int | None, lock: TurnLock | None, *, release: bool = False,
+          writes: Together | None = None, when: Written | None = None) -> Written:
     guard, cleared = head_guard(lock)
     if release:
         cleared = {"turn_token": None, "turn_expires_at": None}
     changes = {"head_id": to, "version": F("version") + 1, "updated_at": timezone.now(), **cleared}
-    if not Conversation.objects.filter(guard, pk=conversation.pk).update(**changes):
-        return False
-    conversation.head_id = to
-    conversation.version += 1
-    return True
+    with together(writes) as batch:
+        moved = batch.update(Conversation.objects.filter(guard, pk=conversation.pk), when=when, **changes)
+
+        def in_memory() -> None:
+            if moved.count:
+                conversation.head_id = to
+                conversation.version += 1
+                if release:  # once committed: a rollback leaves the lock held, and `release` gives it back
+                    transaction.on_commit(lock.released_with_head_move)
+
+        batch.after(in_memory)
+    return moved
 
 
 def head_switch(*, conversation: Conversation, node_id: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from config.together import Together, Written, together
 from conversations.models import OutboxJob
 
 Handler = Callable[[dict[str, Any]], None]
@@ -33,7 +34,11 @@ def enqueue(*, kind: str, payload: dict[str, Any]) -> OutboxJob:
     return OutboxJob.objects.create(kind=kind, payload=payload)
 
 
-def enqueue_after_turn(*, conversation_id: int, head: int | None) -> list[OutboxJob]:
-    """Queue every after-turn kind for a conversation whose turn (or import) just committed."""
+def enqueue_after_turn(*, conversation_id: int, head: int | None, writes: Together | None = None,
+                       when: Written | None = None) -> None:
+    """Queue every after-turn kind for a conversation whose turn (or import) just committed; with `writes`,
+    in that batch (only if `when` wrote a row)."""
     payload = {"conversation": conversation_id, "head": head}
-    return OutboxJob.objects.bulk_create([OutboxJob(kind=kind, payload=payload) for kind in _after_turn])
+    with together(writes) as batch:
+        for kind in _after_turn:
+            batch.insert(OutboxJob(kind=kind, payload=payload), when=when)

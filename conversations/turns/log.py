@@ -159,9 +159,9 @@ class TurnLog:
             self._local.add(entry)
             return [entry]
         try:
-            self._write_out()
-            if event.type in ENDINGS:  # after the entry (a reader elsewhere that sees the run ended finds it),
-                self._mark_ended()     # before readers here see it (the run has ended once they have)
+            # An ending marks the run ended with its entry (a reader elsewhere that sees the run ended finds
+            # it), before readers here see it (the run has ended once they have).
+            self._write_out(ends=event.type in ENDINGS)
         except DatabaseError:
             if self._local is None:
                 raise
@@ -182,8 +182,7 @@ class TurnLog:
         """The turn ended: write what waits and mark the run ended (its log is kept a while)."""
         _flusher.forget(self)
         try:
-            self._write_out()
-            self._mark_ended()
+            self._write_out(ends=True)
         except DatabaseError:  # the database is away: the sweep ends the run for other readers later
             logger.exception("turn log %s: could not write its last entries or mark the run ended", self.run_id)
         finally:
@@ -191,21 +190,17 @@ class TurnLog:
             if self._local is not None:
                 self._local.end()
 
-    def _write_out(self) -> None:
+    def _write_out(self, *, ends: bool = False) -> None:
+        """Write the entries waiting; `ends`: and mark the run ended, in the same statement where the store is
+        the database (once: an ending event marks it, then `close` finds it marked)."""
         with self._write_lock:
             with self._lock:
                 batch, self._unwritten = self._unwritten, []
             self._written_at = time.monotonic()
-            if batch:
-                self._store.write(self.run_id, batch)
-
-    def _mark_ended(self) -> None:
-        if self._ended:  # by its ending event, before `close`
-            return
-        TurnRun.objects.filter(pk=self.run_id, ended_at__isnull=True).update(ended_at=timezone.now())
-        release_connection()
-        self._store.ended(self.run_id)
-        self._ended = True
+            ends = ends and not self._ended
+            if batch or ends:
+                self._store.write(self.run_id, batch, ends=ends)
+                self._ended = self._ended or ends
 
 
 class _Flusher:

@@ -18,9 +18,11 @@ import time
 import uuid
 
 from django.conf import settings
+from django.utils import timezone
 
 from config.db import release_connection
-from conversations.models import TurnLogEntry
+from config.together import Together, together
+from conversations.models import TurnLogEntry, TurnRun
 from conversations.turns.events import EventType, TurnEvent
 
 logger = logging.getLogger("arbor.turns")
@@ -35,16 +37,21 @@ REDIS_REST_SECONDS = 5.0
 class DatabaseStore:
     """The embedded default: rows of `TurnLogEntry`; every process behind the database reads them."""
 
-    def write(self, run_id: uuid.UUID, entries: list[Entry]) -> None:
-        TurnLogEntry.objects.bulk_create([TurnLogEntry(run_id=run_id, seq=seq, type=event.type, data=event.data)
-                                          for seq, event in entries])
+    def write(self, run_id: uuid.UUID, entries: list[Entry], *, ends: bool = False) -> None:
+        """Keep `entries`; `ends`: the run has ended, and says so with them (one statement on PostgreSQL)."""
+        with together() as writes:
+            if entries:
+                writes.insert_rows([TurnLogEntry(run_id=run_id, seq=seq, type=event.type, data=event.data)
+                                    for seq, event in packed(entries)])
+            if ends:
+                _mark_ended(run_id, writes)
         release_connection()  # the model goes on talking; no connection is held meanwhile
 
     def read(self, run_id: uuid.UUID, after: int) -> list[Entry]:
         rows = list(TurnLogEntry.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")
                     .values_list("seq", "type", "data"))
         release_connection()
-        return [(seq, TurnEvent(EventType(kind), data)) for seq, kind, data in rows]
+        return unpacked([(seq, TurnEvent(EventType(kind), data)) for seq, kind, data in rows], after)
 
     def wait(self, run_id: uuid.UUID, after: int) -> list[Entry]:
         """What came after `after`, waiting a moment if nothing has yet."""
@@ -53,8 +60,6 @@ class DatabaseStore:
             time.sleep(POLL_SECONDS)
         return entries
 
-    def ended(self, run_id: uuid.UUID) -> None:
-        """The run's entries go with its `TurnRun` row (`log.forget_old`)."""
 
 
 class RedisStore:
@@ -75,20 +80,25 @@ class RedisStore:
     def key(run_id: uuid.UUID) -> str:
         return f"arbor:turn-log:{run_id}"
 
-    def write(self, run_id: uuid.UUID, entries: list[Entry]) -> None:
-        if self._usable():
+    def write(self, run_id: uuid.UUID, entries: list[Entry], *, ends: bool = False) -> None:
+        """Keep `entries` in Redis (in the database if Redis cannot take them); `ends`: the run has ended,
+        marked in the database once they are kept, and its stream kept for the retention only."""
+        if entries and self._usable():
             try:
                 pipe = self.client.pipeline(transaction=False)
-                for seq, event in entries:
+                for seq, event in packed(entries):
                     fields = {"type": event.type, "data": json.dumps(event.data, ensure_ascii=False)}
                     pipe.xadd(self.key(run_id), fields, id=f"{seq}-0")
                 # Kept while the turn runs (a lease it renews with every event), then the retention.
                 pipe.expire(self.key(run_id), int(settings.ARBOR_TURN_LOG_RETENTION_SECONDS) + 3600)
                 pipe.execute()
-                return
+                entries = []
             except self.errors as error:
                 self._rest(error)
-        self.database.write(run_id, entries)
+        if entries or ends:
+            self.database.write(run_id, entries, ends=ends)
+        if ends:
+            self._expire(run_id)
 
     def read(self, run_id: uuid.UUID, after: int) -> list[Entry]:
         return self._with_database(run_id, after, self._redis_read(run_id, after, block=False))
@@ -96,7 +106,7 @@ class RedisStore:
     def wait(self, run_id: uuid.UUID, after: int) -> list[Entry]:
         return self._with_database(run_id, after, self._redis_read(run_id, after, block=True))
 
-    def ended(self, run_id: uuid.UUID) -> None:
+    def _expire(self, run_id: uuid.UUID) -> None:
         if self._usable():
             try:
                 self.client.expire(self.key(run_id), max(1, int(settings.ARBOR_TURN_LOG_RETENTION_SECONDS)))
@@ -119,7 +129,7 @@ class RedisStore:
         except self.errors as error:
             self._rest(error)
             return None
-        return [_entry(entry_id, fields) for entry_id, fields in found]
+        return unpacked([_entry(entry_id, fields) for entry_id, fields in found], after)
 
     def _with_database(self, run_id: uuid.UUID, after: int, entries: list[Entry] | None) -> list[Entry]:
         """Redis's entries when they follow on from `after`; else (Redis failed, showed a gap or had
@@ -140,6 +150,43 @@ class RedisStore:
                 logger.warning("Redis is unreachable (%s): turn logs use the database for %.0f s",
                                error, REDIS_REST_SECONDS)
             self._resting_until = time.monotonic() + REDIS_REST_SECONDS
+
+
+def _mark_ended(run_id: uuid.UUID, writes: Together) -> None:
+    writes.update(TurnRun.objects.filter(pk=run_id, ended_at__isnull=True), ended_at=timezone.now())
+
+
+def packed(entries: list[Entry]) -> list[Entry]:
+    """Each run of one node's tokens as one entry numbered by its last token, `{"node", "texts"}`: a turn's
+    hundred tokens are one row or stream entry, not a hundred (issue 13: writing them one by one cost a
+    turn about 15 ms and most of its server CPU). Every token keeps its own number (`unpacked`)."""
+    out: list[Entry] = []
+    for seq, event in entries:
+        if event.type == EventType.TOKEN:
+            last = out[-1] if out else None
+            if (last is not None and last[1].type == EventType.TOKEN and last[0] == seq - 1
+                    and last[1].data["node"] == event.data["node"]):
+                last[1].data["texts"].append(event.data["text"])
+                out[-1] = (seq, last[1])
+                continue
+            event = TurnEvent(EventType.TOKEN, {"node": event.data["node"], "texts": [event.data["text"]]})
+        out.append((seq, event))
+    return out
+
+
+def unpacked(entries: list[Entry], after: int) -> list[Entry]:
+    """Stored entries as the numbered events they hold, those after `after` only (a packed entry is found
+    by its last number, and may begin at or before `after`)."""
+    out: list[Entry] = []
+    for seq, event in entries:
+        texts = event.data.get("texts") if event.type == EventType.TOKEN else None
+        if texts is None:
+            out.append((seq, event))
+            continue
+        first = seq - len(texts) + 1
+        out += [(first + i, TurnEvent(EventType.TOKEN, {"text": text, "node": event.data["node"]}))
+                for i, text in enumerate(texts) if first + i > after]
+    return out
 
 
 def _contiguous(after: int, entries: list[Entry]) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 from django.utils import timezone
 
 from config.db import release_connection
+from config.together import Together, Written, together
 from conversations import budget, jobs, llm
 from conversations import items as it
 from conversations.context import PathNode
@@ -29,23 +30,27 @@ from conversations.selectors import path_node
 
 
 def start(*, conversation: Conversation | None, parent: PathNode | None, kind: str, sent: list[it.Item],
-          model: str, instructions: str = "", keep_ephemeral: bool = False) -> Node:
-    """T3: the node exists, pending, before its call; its token count and its path's are kept (C1)."""
+          model: str, instructions: str = "", keep_ephemeral: bool = False, writes: Together | None = None) -> Node:
+    """T3: the node exists, pending, before its call; its token count and its path's are kept (C1). With
+    `writes`, it is written with that batch (its key is known once the batch ran: `writes.pk_of`)."""
     provider = llm.provider_of(model)
     tokens = budget.items_tokens(sent, model=model, provider=provider)
-    return Node.objects.create(
+    node = Node(
         parent_id=parent.id if parent else None, conversation=conversation, kind=kind,
         status=Node.Status.PENDING, sent=sent, provider=provider, model=model, instructions=instructions,
         keep_ephemeral=keep_ephemeral, tokens=tokens, path_tokens=(parent.stored_path_tokens if parent else 0) + tokens,
     )
+    with together(writes) as batch:
+        batch.insert(node)
+    return node
 
 
-def succeed(node: Node, result: llm.CallResult) -> None:
+def succeed(node: Node, result: llm.CallResult, *, writes: Together | None = None) -> Written:
     """The answer arrived: what was received, its usage, who answered (the provider may differ from the ask)."""
     received_tokens = budget.items_tokens(result.received, model=node.model, provider=result.provider)
-    _settle(node, status=Node.Status.SUCCEEDED, received=result.received, usage=result.usage,
-            provider=result.provider, model=result.model, finished_at=timezone.now(),
-            tokens=node.tokens + received_tokens, path_tokens=node.path_tokens + received_tokens)
+    return _settle(node, writes, status=Node.Status.SUCCEEDED, received=result.received, usage=result.usage,
+                   provider=result.provider, model=result.model, finished_at=timezone.now(),
+                   tokens=node.tokens + received_tokens, path_tokens=node.path_tokens + received_tokens)
 
 
 def save_partial(node: Node, text: str) -> None:
@@ -55,10 +60,10 @@ def save_partial(node: Node, text: str) -> None:
     release_connection()
 
 
-def fail(node: Node, error: llm.LLMError) -> None:
+def fail(node: Node, error: llm.LLMError, *, writes: Together | None = None) -> Written:
     """The call failed: why, and whatever had arrived before it did (kept, never sent again: T5)."""
-    _settle(node, status=Node.Status.FAILED, failure_reason=error.reason, failure_message=error.message,
-            received=error.partial, finished_at=timezone.now())
+    return _settle(node, writes, status=Node.Status.FAILED, failure_reason=error.reason,
+                   failure_message=error.message, received=error.partial, finished_at=timezone.now())
 
 
 def interrupt(node: Node, error: llm.LLMError) -> bool:
@@ -69,18 +74,28 @@ def interrupt(node: Node, error: llm.LLMError) -> bool:
         received=error.partial, finished_at=timezone.now()))
 
 
-def _settle(node: Node, **fields: Any) -> None:
-    """Write how a pending node ended, once. A node a sweep has already failed as interrupted (its process
-    outlived its lease, and the next turn took over) keeps that record: what this process brings goes on
-    a sibling of its own (same parent, same sent items), so neither is lost and no later call's context
-    changes under it."""
-    if not Node.objects.filter(pk=node.pk, status=Node.Status.PENDING).update(**fields):
-        node.pk, node._state.adding = None, True
-        node.status, node.failure_reason, node.failure_message = Node.Status.PENDING, "", ""
-        node.save()
-        Node.objects.filter(pk=node.pk).update(**fields)
-    for name, value in fields.items():
-        setattr(node, name, value)
+def _settle(node: Node, writes: Together | None, **fields: Any) -> Written:
+    """Write how a pending node ended, once; `.count` is 0 when a sweep had already failed it.
+
+    A node a sweep has already failed as interrupted (its process outlived its lease, and the next turn
+    took over) keeps that record: what this process brings goes on a sibling of its own (same parent, same
+    sent items), written once the batch has run, so neither is lost and no later call's context changes
+    under it. `node` is then that sibling. What the batch writes beside it `when` it settled is skipped, and
+    the caller writes it for the sibling."""
+    with together(writes) as batch:
+        settled = batch.update(Node.objects.filter(pk=node.pk, status=Node.Status.PENDING), **fields)
+
+        def in_memory() -> None:
+            if not settled.count:
+                node.pk, node._state.adding = None, True
+                node.status, node.failure_reason, node.failure_message = Node.Status.PENDING, "", ""
+                node.save()
+                Node.objects.filter(pk=node.pk).update(**fields)
+            for name, value in fields.items():
+                setattr(node, name, value)
+
+        batch.after(in_memory)
+    return settled
 
 
 def stopped(error: BaseException) -> llm.LLMError:
@@ -96,29 +111,36 @@ def tool_bubble_data(call: it.Item) -> dict[str, Any]:
     return {"call_id": call["id"], "name": call["name"], "arguments": call["arguments"]}
 
 
-def question_bubble(node: Node, sent: list[it.Item]) -> None:
+def question_bubble(node: Node, sent: list[it.Item], *, writes: Together | None = None) -> None:
     question = it.question_of(sent)
     if question is not None:
-        Bubble.objects.create(conversation_id=node.conversation_id, node=node, role=Bubble.Role.USER,
-                              content=question)
+        with together(writes) as batch:
+            batch.insert(Bubble(conversation_id=node.conversation_id, node_id=batch.pk_of(node),
+                                role=Bubble.Role.USER, content=question))
 
 
-def answer_bubbles(node: Node, *, needs_approval: Callable[[it.Item], bool]) -> None:
-    """The answer's text, and one bubble per tool call (awaiting approval, or running)."""
-    answer = it.answer_text(node.received)
-    if answer:
-        Bubble.objects.create(conversation_id=node.conversation_id, node=node, role=Bubble.Role.ASSISTANT,
-                              content=answer)
-    for call in it.tool_calls(node.received):
-        status = "awaiting_approval" if needs_approval(call) else "running"
-        Bubble.objects.create(conversation_id=node.conversation_id, node=node, role=Bubble.Role.TOOL,
-                              content=call["name"], data={**tool_bubble_data(call), "status": status})
+def answer_bubbles(node: Node, *, needs_approval: Callable[[it.Item], bool], received: list[it.Item] | None = None,
+                   writes: Together | None = None, when: Written | None = None) -> None:
+    """The answer's text, and one bubble per tool call (awaiting approval, or running). `received`: what
+    the call brought (default: the node's, as last written)."""
+    received = node.received if received is None else received
+    with together(writes) as batch:
+        answer = it.answer_text(received)
+        if answer:
+            batch.insert(Bubble(conversation_id=node.conversation_id, node_id=node.pk, role=Bubble.Role.ASSISTANT,
+                                content=answer), when=when)
+        for call in it.tool_calls(received):
+            status = "awaiting_approval" if needs_approval(call) else "running"
+            batch.insert(Bubble(conversation_id=node.conversation_id, node_id=node.pk, role=Bubble.Role.TOOL,
+                                content=call["name"], data={**tool_bubble_data(call), "status": status}), when=when)
 
 
-def error_bubble(node: Node, error: llm.LLMError) -> None:
-    Bubble.objects.create(conversation_id=node.conversation_id, node=node, role=Bubble.Role.ERROR,
-                          content=error.message,
-                          data={"reason": error.reason, "partial": it.answer_text(error.partial)})
+def error_bubble(node: Node, error: llm.LLMError, *, writes: Together | None = None,
+                 when: Written | None = None) -> None:
+    with together(writes) as batch:
+        batch.insert(Bubble(conversation_id=node.conversation_id, node_id=node.pk, role=Bubble.Role.ERROR,
+                            content=error.message,
+                            data={"reason": error.reason, "partial": it.answer_text(error.partial)}), when=when)
 
 
 def decision_bubble(node_id: int, call: it.Item, *, approved: bool) -> None:
@@ -127,22 +149,25 @@ def decision_bubble(node_id: int, call: it.Item, *, approved: bool) -> None:
         data={**tool_bubble_data(call), "status": "approved" if approved else "refused"})
 
 
-def result_bubbles(caller_id: int, results: Iterable[it.Item]) -> None:
+def result_bubbles(caller_id: int, results: Iterable[it.Item], *, writes: Together | None = None) -> None:
     """T4: the calls' bubbles (on the node that made them) show their results."""
     by_call = {r["call_id"]: r for r in results}
-    bubbles = list(Bubble.objects.filter(node_id=caller_id, role=Bubble.Role.TOOL))
-    for bubble in bubbles:
-        result = by_call.get(bubble.data.get("call_id"))
-        if result:
-            refused = bubble.data.get("status") == "refused"  # a refusal's error result says it was refused
-            bubble.data = {**bubble.data, "result": result["content"], "is_error": result["is_error"],
-                           "status": "refused" if refused else "error" if result["is_error"] else "done"}
-    Bubble.objects.bulk_update(bubbles, ["data"])
+    with together(writes) as batch:
+        for bubble in Bubble.objects.filter(node_id=caller_id, role=Bubble.Role.TOOL):
+            result = by_call.get(bubble.data.get("call_id"))
+            if result:
+                refused = bubble.data.get("status") == "refused"  # a refusal's error result says it was refused
+                batch.update(Bubble.objects.filter(pk=bubble.pk), data={
+                    **bubble.data, "result": result["content"], "is_error": result["is_error"],
+                    "status": "refused" if refused else "error" if result["is_error"] else "done"})
 
 
-def committed(conversation: Conversation) -> None:
-    """R4: queue the work after the commit (indexing, a title), inside the caller's transaction."""
-    jobs.enqueue_after_turn(conversation_id=conversation.pk, head=conversation.head_id)
+def committed(conversation: Conversation, *, head: int | None = None, writes: Together | None = None,
+              when: Written | None = None) -> None:
+    """R4: queue the work after the commit (indexing, a title), with the caller's writes; `head`: the head
+    the writes leave (default: the conversation's as it is in memory)."""
+    jobs.enqueue_after_turn(conversation_id=conversation.pk, head=conversation.head_id if head is None else head,
+                            writes=writes, when=when)
 
 
 # --- a recorded call beside the conversation ------------------------------------------------------------

@@ -5,7 +5,8 @@ turn resumed after an approval) first decides *where the new node's parent is*, 
 `Turn.events`, which runs the rounds:
 
     check ownership -> load state -> compact if needed -> gather instructions -> assemble -> call the
-    model, streaming -> keep what came back -> commit node, head, bubbles and jobs in one transaction.
+    model, streaming -> keep what came back -> write node, head, bubbles and jobs together (one statement
+    on PostgreSQL: `config.together`).
 
 Loading the state expands a compaction root the conversation's model cannot read (C3,
 `selectors.context_path`); before each round's call, `conversations.compaction` runs when the call
@@ -22,9 +23,9 @@ import time
 from collections.abc import Callable, Generator, Iterator
 
 from django.conf import settings
-from django.db import transaction
 
 from config.db import release_connection
+from config.together import Together, Written, together
 from conversations import compaction, llm, services
 from conversations import items as it
 from conversations.context import PathNode, assemble
@@ -51,7 +52,7 @@ class Turn:
         self.nodes: list[int] = []
         self.model = conversation.model or settings.ARBOR_MODEL
         self.provider = llm.provider_of(self.model)
-        self.instructions = instructions_for(conversation)
+        self.instructions = instructions_for(conversation, owner_instructions=lock.owner_instructions)
         question = it.question_of(new_items)
         if conversation.retrieval and question:  # R2: for this call; later ones drop them unless kept
             self.new_items = [*retrieved_items(conversation, question), *new_items]
@@ -226,40 +227,46 @@ class Turn:
     # --- what is written -------------------------------------------------------------------------------
 
     def _start_node(self, *, parent: PathNode | None, sent: list[it.Item]) -> Node:
-        """T3: the node exists, pending, before its call; the question's bubble commits with it."""
-        with transaction.atomic():
+        """T3: the node exists, pending, before its call; the question's bubble (or the tool results on the
+        calls' bubbles) is written with it, in one round trip."""
+        with together() as writes:
             node = records.start(conversation=self.conversation, parent=parent, kind=Node.Kind.TURN, sent=sent,
                                  model=self.model, instructions=self.instructions,
-                                 keep_ephemeral=self.conversation.keep_retrieved)
-            records.question_bubble(node, sent)
+                                 keep_ephemeral=self.conversation.keep_retrieved, writes=writes)
+            records.question_bubble(node, sent, writes=writes)
             results = [i for i in sent if i.get("type") == "tool_result"]
             if results and self._open is not None:
                 # The node that made the calls; after a compaction between rounds it is not the parent.
-                records.result_bubbles(self._open.id, results)
+                records.result_bubbles(self._open.id, results, writes=writes)
         self._pending = node
         self._open = None
         self.nodes.append(node.pk)
         return node
 
     def _succeed(self, node: Node, result: llm.CallResult, *, head_moves: bool, waiting: bool) -> bool:
-        """One transaction: the answered node, its bubbles, the head move at the turn's end, the jobs.
+        """One round trip: the answered node, its bubbles, the head move at the turn's end, the jobs.
 
         Return False if this turn lost its lock (it outlived its expiry and another turn took over):
         its node is kept all the same, but it may not move the head (R3).
         """
-        with transaction.atomic():
-            records.succeed(node, result)
-            records.answer_bubbles(node, needs_approval=calls.needs_approval)
-            moved = True
+        with together() as writes:
+            settled = records.succeed(node, result, writes=writes)
+            records.answer_bubbles(node, received=result.received, needs_approval=calls.needs_approval,
+                                   writes=writes, when=settled)
+            moved = None
             if head_moves:  # the turn's end: the lock goes back in the same UPDATE
-                moved = self._move_head(node.pk, release=True)
-                if moved and not waiting:
-                    records.committed(self.conversation)
+                moved = self._move_head(node.pk, release=True, writes=writes, when=settled)
+                if not waiting:
+                    records.committed(self.conversation, head=node.pk, writes=writes, when=moved)
+        if not settled.count:  # a sweep had failed it: the answer went on a sibling, whose bubbles these are
+            records.answer_bubbles(node, needs_approval=calls.needs_approval)
         self._pending = None
-        return moved
+        return moved is None or bool(moved.count)
 
-    def _move_head(self, node_id: int, *, release: bool = False) -> bool:
-        return services.head_move_held(conversation=self.conversation, to=node_id, lock=self.lock, release=release)
+    def _move_head(self, node_id: int, *, release: bool = False, writes: Together | None = None,
+                   when: Written | None = None) -> Written:
+        return services.head_move_held(conversation=self.conversation, to=node_id, lock=self.lock, release=release,
+                                       writes=writes, when=when)
 
     def _superseded(self, node: Node) -> TurnEvent:
         return TurnEvent(EventType.ERROR, {"code": "turn_superseded", "node": node.pk, "head": None,
@@ -278,12 +285,17 @@ class Turn:
         node = self._pending
         if node is None:
             return TurnEvent(EventType.ERROR, {"code": error.reason, "message": error.message})
-        with transaction.atomic():
-            records.fail(node, error)
+        moves = error.reason != Node.FailureReason.CONTEXT_OVERFLOW
+        with together() as writes:
+            settled = records.fail(node, error, writes=writes)
+            records.error_bubble(node, error, writes=writes, when=settled)
+            if moves:
+                self._move_head(node.pk, writes=writes, when=settled)
+            # R4: a failed turn's question is searchable too
+            records.committed(self.conversation, head=node.pk if moves else self.conversation.head_id,
+                              writes=writes, when=settled)
+        if not settled.count:  # a sweep had failed it: this failure went on a sibling (`records._settle`)
             records.error_bubble(node, error)
-            if error.reason != Node.FailureReason.CONTEXT_OVERFLOW:
-                self._move_head(node.pk)
-            records.committed(self.conversation)  # R4: a failed turn's question is searchable too
         self._pending = None
         return TurnEvent(EventType.ERROR, {"code": error.reason, "message": error.message, "node": node.pk,
                                            "head": self.conversation.head_id, "nodes": list(self.nodes)})

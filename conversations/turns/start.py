@@ -28,7 +28,6 @@ from conversations.locks import TurnLock
 from conversations.models import Conversation, Node, ToolApproval
 from conversations.selectors import (
     context_path,
-    conversation_for_user,
     history_ids,
     instructions_for,
     node_path,
@@ -50,15 +49,15 @@ def check_content(content: str) -> str:
 
 
 def _under_lock(user, conversation_id: int, begin: Callable[[Conversation, TurnLock], T]) -> T:
-    """Take the turn lock, then `begin`; the lock goes to what `begin` returns, or back if it refuses."""
-    conversation = conversation_for_user(user=user, conversation_id=conversation_id)
-    lock = TurnLock.acquire(conversation)
+    """Take the turn lock, then `begin`; the lock goes to what `begin` returns, or back if it refuses.
+
+    The conversation is read by the UPDATE that takes the lock, so no turn that ended before can have moved
+    its head since."""
+    lock = TurnLock.take(owner=user, conversation_id=conversation_id)
+    conversation = lock.conversation
     try:
         if lock.took_over:  # its last holder died: what it left pending is failed first (and may be the head)
             recovery.recover(conversation, lock)
-        # Read the state again under the lock: a turn that ended in between may have moved the head.
-        conversation.refresh_from_db(fields=["head", "version", "model", "instructions", "retrieval",
-                                             "keep_retrieved"])
         return begin(conversation, lock)
     except BaseException:
         lock.release()
@@ -206,6 +205,6 @@ def _compact_now(conversation: Conversation, lock: TurnLock) -> Node:
     except compaction.SummaryFailed as failed:
         raise ProviderFailed(failed.error.reason, f"The summarising call failed: {failed.error.message}",
                              node=failed.node_id, head=conversation.head_id) from failed
-    if not services.head_move_held(conversation=conversation, to=done.root.id, lock=lock):
+    if not services.head_move_held(conversation=conversation, to=done.root.id, lock=lock).count:
         raise TurnInProgress("The compaction outlived its lock and another turn took over; its nodes are kept.")
     return Node.objects.get(pk=done.root.id)

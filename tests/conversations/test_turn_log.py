@@ -121,7 +121,8 @@ def test_issue_12_tokens_reach_readers_here_at_once_and_the_store_in_one_batch(c
     log._local.pop(run.pk)  # read as another process does: from the store
     assert [(seq, e.type, e.data.get("text")) for seq, e in log.read(run.pk)] == [
         (1, "token", "a"), (2, "token", "b"), (3, "token", "c"), (4, "done", None)]
-    assert TurnLogEntry.objects.filter(run=run).count() == 4
+    # Issue 13: a run of one node's tokens is one row, numbered by its last token: a, b | c | done.
+    assert list(TurnLogEntry.objects.filter(run=run).order_by("seq").values_list("seq", flat=True)) == [2, 3, 4]
 
 
 def test_issue_12_old_logs_are_forgotten_and_then_no_run_is_shown(conversation, settings):

@@ -121,14 +121,28 @@ def test_issue_12_a_reader_in_another_process_follows_the_turn_live_from_the_sto
     assert there[0] == first and there[-1][1].type == EventType.DONE and _numbered(there)
     assert [(seq, e.type, e.data) for seq, e in there] == [(seq, e.type, e.data) for seq, e in here]
     assert _text(there) == it.answer_text(head(conversation).received)
-    stored_rows = TurnLogEntry.objects.filter(run_id=run_id).count()
     if store == "redis_server":
-        assert server.xlen(run_id) == len(there) and stored_rows == 0
+        stored = log_stores.store().read(run_id, 0)  # Redis's entries, with none in the database
+        assert not TurnLogEntry.objects.filter(run_id=run_id).exists()
     else:
-        assert stored_rows == len(there)
+        stored = _stored(run_id)
+    assert stored == there
+    # Issue 13: each run of tokens went in as one row or stream entry, not one per token.
+    rows = server.xlen(run_id) if store == "redis_server" else TurnLogEntry.objects.filter(run_id=run_id).count()
+    assert rows < len(there) / 3, (rows, len(there))
 
 
-def test_issue_12_resume_from_redis_after_any_number_gives_exactly_the_rest(conversation, settings, redis_server):
+def _stored(run_id) -> list:
+    """The run's entries as kept in the database, unpacked."""
+    rows = TurnLogEntry.objects.filter(run_id=run_id).order_by("seq").values_list("seq", "type", "data")
+    return log_stores.unpacked([(seq, TurnEvent(EventType(kind), data)) for seq, kind, data in rows], 0)
+
+
+@pytest.mark.parametrize("store", ["database_store", "redis_server"])
+def test_issue_12_resume_from_the_store_after_any_number_gives_exactly_the_rest(conversation, settings, store,
+                                                                              request):
+    """Also from inside a packed run of tokens (issue 13: one row or stream entry per run)."""
+    request.getfixturevalue(store)
     settings.ARBOR_ECHO_WORD_SECONDS = 0.01
     run_id = _launch(conversation)
     whole = list(log.follow(run_id))
@@ -176,7 +190,7 @@ def test_issue_12_a_redis_that_cannot_be_reached_at_all_leaves_the_database_log(
         here = list(log.follow(run_id))
         _elsewhere(run_id)
         assert list(log.follow(run_id)) == here and here[-1][1].type == EventType.DONE
-        assert TurnLogEntry.objects.filter(run_id=run_id).count() == len(here)
+        assert _stored(run_id) == here
     finally:
         log_stores.reset()
 

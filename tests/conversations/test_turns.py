@@ -11,10 +11,10 @@ from django.core import mail
 from config.errors import BadInput
 from conversations import services
 from conversations.errors import ApprovalPending, TurnInProgress
+from conversations.locks import TurnLock
 from conversations.models import Bubble, Node, OutboxJob, ToolApproval
 from conversations.screen import path_bubbles
 from conversations.selectors import node_path
-from conversations.turns import start
 from conversations.turns.seen import call_context, next_context
 from conversations.turns.start import turn_ask, turn_decide, turn_edit, turn_regenerate
 from tests.conversations.helpers import answer, ask, head
@@ -318,6 +318,10 @@ def test_r3_a_turn_that_outlived_its_lock_keeps_its_node_but_cannot_move_the_hea
     assert fresh_head.parent_id == interrupted.pk
     assert late.status == "succeeded" and late.parent_id == interrupted.parent_id
     assert late.received[0]["text"].startswith("echo: stale")
+    # Its answer's bubble is the sibling's; the interrupted node keeps only its error (issue 13: the answer is
+    # written in one batch, whose bubbles wait for the node's own UPDATE and are written for the sibling instead).
+    assert list(Bubble.objects.filter(node=late).values_list("role", flat=True)) == ["assistant"]
+    assert "assistant" not in Bubble.objects.filter(node=interrupted).values_list("role", flat=True)
 
 
 def test_r1_a_turn_that_dies_mid_way_loses_nothing_already_answered(conversation, settings):
@@ -445,18 +449,18 @@ def test_t6_a_healthy_tool_turn_never_drops_anything(conversation, caplog):
     assert [r for r in caplog.records if r.name == "arbor.context"] == []
 
 
-def test_r3_a_turn_reads_the_head_again_under_the_lock(conversation, monkeypatch):
-    """R3: a turn that finishes between another request's read and its lock cannot be overwritten."""
+def test_r3_a_turn_reads_the_head_with_its_lock(conversation, monkeypatch):
+    """R3: a turn that finishes just before another request takes the lock cannot be overwritten: the
+    conversation is read by the UPDATE that takes the lock (no earlier read can be stale)."""
     ask(conversation, "q1")
-    load = start.conversation_for_user
+    take = TurnLock._take.__func__
 
-    def load_then_let_another_turn_finish(**kwargs):
-        stale = load(**kwargs)
-        monkeypatch.setattr(start, "conversation_for_user", load)
+    def let_another_turn_finish_then_take(cls, pk, **kwargs):
+        monkeypatch.setattr(TurnLock, "_take", classmethod(take))
         ask(conversation, "finished in between")
-        return stale
+        return take(cls, pk, **kwargs)
 
-    monkeypatch.setattr(start, "conversation_for_user", load_then_let_another_turn_finish)
+    monkeypatch.setattr(TurnLock, "_take", classmethod(let_another_turn_finish_then_take))
     ask(conversation, "q3")
     texts = [p.sent[0]["text"] for p in node_path(head(conversation).pk)]
     assert texts == ["q1", "finished in between", "q3"]
