@@ -24,7 +24,7 @@ from conversations.models import Node, TurnRun
 from conversations.selectors import conversation_for_user
 from conversations.turns import detached, log
 from conversations.turns.events import EventType, TurnEvent
-from conversations.turns.streaming import follow_log
+from conversations.turns.streaming import follow_log_batches
 
 STOP_WAIT_SECONDS = 10
 
@@ -50,8 +50,8 @@ class LogStream(StreamingHttpResponse):
     @staticmethod
     async def _events(run_id, after: int):
         try:
-            async for seq, event in follow_log(run_id, after=after):
-                yield sse(seq, event)
+            async for batch in follow_log_batches(run_id, after=after):  # a batch is one write
+                yield b"".join(sse(seq, event) for seq, event in batch)
         except Exception as error:  # the stream has begun: the status is sent, so say it as an event
             logger.exception("turn stream %s failed", run_id)
             yield sse(None, TurnEvent(EventType.ERROR, {

@@ -52,7 +52,7 @@ class LocalRun:
         self.entries: list[Entry] = []
         self.ended_at: float | None = None
         self.changed = threading.Condition()
-        self._wakes: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._wakes: set[_Wake] = set()
 
     def add(self, entry: Entry) -> None:
         with self.changed:
@@ -66,28 +66,29 @@ class LocalRun:
 
     def _notify(self) -> None:
         self.changed.notify_all()
-        for loop, wake in list(self._wakes):
-            with contextlib.suppress(RuntimeError):  # that reader's loop is closed
-                loop.call_soon_threadsafe(wake.set)
+        for wake in list(self._wakes):
+            wake.soon()
 
-    async def follow_async(self, after: int) -> AsyncIterator[Entry]:
-        wake = (asyncio.get_running_loop(), asyncio.Event())
+    async def follow_async(self, after: int) -> AsyncIterator[list[Entry]]:
+        """The entries after `after`, as they come: each time, all that have come since the last (a busy loop
+        reads tokens in batches and sends each batch at once)."""
+        wake = _Wake(asyncio.get_running_loop())
         with self.changed:
             self._wakes.add(wake)
         try:
             while True:
-                wake[1].clear()  # before looking: a write after the look sets it again
+                wake.event.clear()  # before looking: a write after the look sets it again
                 with self.changed:
                     found, ended = self.since(after), self.ended_at is not None
                 batch, last = _through_ending(found)
-                for entry in batch:
-                    yield entry
+                if batch:
+                    yield batch
                 if last or (ended and not found):
                     return
                 if found:
                     after = found[-1][0]
                 else:
-                    await wake[1].wait()
+                    await wake.event.wait()
         finally:
             with self.changed:
                 self._wakes.discard(wake)
@@ -107,6 +108,27 @@ class LocalRun:
 
     def since(self, after: int) -> list[Entry]:
         return self.entries[max(0, after):]  # a run written here is numbered from 1, one entry each
+
+
+class _Wake:
+    """Wakes an async reader from the writer's thread: at most one wake waits in the reader's loop at a time
+    (each is a write to the loop's pipe; under load, a token each for hundreds of readers was most of the
+    loop's work, issue 13)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.event = loop, asyncio.Event()
+        self._pending = False
+
+    def soon(self) -> None:
+        if self._pending:  # one already waits: it finds every entry added before it runs
+            return
+        self._pending = True
+        with contextlib.suppress(RuntimeError):  # that reader's loop is closed
+            self.loop.call_soon_threadsafe(self._fire)
+
+    def _fire(self) -> None:
+        self._pending = False
+        self.event.set()
 
 
 def _through_ending(entries: list[Entry]) -> tuple[list[Entry], bool]:

@@ -67,17 +67,26 @@ async def events_in_thread(make_events: Callable[[], Iterator], *, stop: threadi
             await asyncio.wait_for(asyncio.shield(finished), timeout=SETTLE_SECONDS)
 
 
-async def follow_log(run_id, *, after: int = 0) -> AsyncIterator:
-    """A run's numbered log entries (`log.follow`) for async code. A run of this process is read from its
-    memory on the caller's loop, without a thread; another's in a thread (leaving ends it within a second)."""
+async def follow_log_batches(run_id, *, after: int = 0) -> AsyncIterator[list]:
+    """A run's numbered log entries (`log.follow`) for async code, in batches: what has come since the last
+    batch. A run of this process is read from its memory on the caller's loop, without a thread; another's
+    in a thread (leaving ends it within a second), an entry a batch."""
     local = log.local_run(run_id)
     if local is not None:
-        async with contextlib.aclosing(local.follow_async(after)) as entries:
-            async for entry in entries:
-                yield entry
+        async with contextlib.aclosing(local.follow_async(after)) as batches:
+            async for batch in batches:
+                yield batch
         return
     stop = threading.Event()
     async with contextlib.aclosing(events_in_thread(lambda: log.follow(run_id, after=after, stop=stop),
                                                     stop=stop)) as entries:
         async for entry in entries:
-            yield entry
+            yield [entry]
+
+
+async def follow_log(run_id, *, after: int = 0) -> AsyncIterator:
+    """A run's numbered log entries, one by one (`follow_log_batches`)."""
+    async with contextlib.aclosing(follow_log_batches(run_id, after=after)) as batches:
+        async for batch in batches:
+            for entry in batch:
+                yield entry

@@ -6,6 +6,7 @@ number; a reader resuming after any number gets exactly the rest; two readers ge
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -245,3 +246,40 @@ def test_issue_12_a_turn_that_breaks_before_writing_says_nothing_was_recorded(co
     assert ending.type == EventType.ERROR and ending.data["node"] is None
     assert "no node of this turn was recorded" in ending.data["message"]
     assert not Node.objects.filter(conversation=conversation).exists()
+
+
+def test_issue_13_an_async_reader_gets_what_came_meanwhile_in_one_batch(conversation):
+    """A busy loop reads a run's tokens in batches (one SSE write each): all that came since it last looked."""
+    from conversations.turns.streaming import follow_log_batches
+
+    run = TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation)
+    writer = log.TurnLog(run.pk)
+    for k in range(5):
+        writer.append(TurnEvent(EventType.TOKEN, {"text": f"w{k} ", "node": 1}))
+
+    async def first_batch():
+        async for batch in follow_log_batches(run.pk):
+            return batch
+
+    assert [seq for seq, _ in asyncio.run(first_batch())] == [1, 2, 3, 4, 5]
+    writer.close()
+
+
+def test_issue_13_a_reader_has_at_most_one_wake_waiting_in_its_loop():
+    """Each token used to post a wake to every async reader's loop; now one waits at a time, however many
+    tokens come before the loop runs it, and the next token after it ran posts the next."""
+    loop = asyncio.new_event_loop()
+    posted = []
+    original = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda callback, *args: (posted.append(callback), original(callback, *args))
+    try:
+        wake = log._Wake(loop)
+        for _ in range(100):
+            wake.soon()
+        assert len(posted) == 1 and not wake.event.is_set()
+        loop.run_until_complete(asyncio.sleep(0))
+        assert wake.event.is_set()
+        wake.soon()
+        assert len(posted) == 2
+    finally:
+        loop.close()
