@@ -5,11 +5,12 @@ that names PostgreSQL, else postgres://postgres@127.0.0.1:5432/arbor_load (creat
 when that is not the database this process is configured with, the command runs itself again in a child
 process configured with it. The turn logs go to REDIS_URL (default redis://127.0.0.1:6379/0).
 
-Two daphne processes (config.asgi, model arbor/echo) serve on loopback for the whole run; a load "on 1 process"
-sends everything to the first, a load "on 2 processes" alternates the two ports (client-side round robin: user
-i's turn j goes to port (i + j) mod 2). Every simulated user has an account of its own (a token, and a session
-for the WebSocket), and every turn a fresh conversation, so per-user and per-conversation limits never cap the
-load (the servers get a high ARBOR_MAX_CONCURRENT_TURNS_PER_USER and API rate anyway). The loads:
+Two server processes (daphne, or `--server uvicorn`; config.asgi, model arbor/echo) serve on loopback for the whole
+run; a load "on 1 process" sends everything to the first, a load "on 2 processes" alternates the two ports
+(client-side round robin: user i's turn j goes to port (i + j) mod 2). Every simulated user has an account of its own (a
+token, and a session for the WebSocket), and every turn a fresh conversation, so per-user and per-conversation
+limits never cap the load (the servers get a high ARBOR_MAX_CONCURRENT_TURNS_PER_USER and API rate anyway). The
+loads:
 
 - streaming: N = `--users` users at once (their first turns spread over RAMP_SECONDS), each asking `--turns`
   `#slow` questions whose answers are `--words` words, one word every ARBOR_ECHO_WORD_SECONDS (the model's
@@ -30,7 +31,7 @@ database connections, peak RSS and thread count, the CPU of the servers, of the 
 of this client and of the whole machine (Redis and anything else running too), and the probe's GET p95
 meanwhile. Then the loads pooled over the runs, the issue's targets as PASS/MISSED with the measured ratios,
 where server-1's threads were during the heaviest 1-process streaming loads and the 1-process quick load
-(`--stacks` faulthandler dumps: the servers run daphne with faulthandler registered on SIGUSR1 and SIGUSR2), and
+(`--stacks` dumps: every thread's on SIGUSR1, from a Python handler; the main thread's on SIGUSR2, faulthandler), and
 what the servers wrote to stderr. It asserts nothing about time. It writes users named `arbor-load-*` and their
 conversations, and deletes the conversations when it starts and ends.
 """
@@ -122,9 +123,17 @@ def dump_threads(signum, frame):
     os.write(2, ("\\n".join(lines) + "\\n").encode())
 signal.signal(signal.SIGUSR1, dump_threads)
 faulthandler.register(signal.SIGUSR2, all_threads=False)
-from daphne.cli import CommandLineInterface
-CommandLineInterface.entrypoint()
 """
+# How each server is started (after SERVE), and its arguments on a port: `--server` chooses.
+SERVERS = {
+    "daphne": ("from daphne.cli import CommandLineInterface; CommandLineInterface.entrypoint()",
+               lambda port: ["-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]),
+    # uvloop and httptools (uvicorn[standard]); websockets for the chat socket.
+    "uvicorn": ("import uvicorn; uvicorn.main()",
+                lambda port: ["--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--lifespan", "off",
+                              "--log-level", "warning", "config.asgi:application"]),
+}
+MAIN_THREAD = "<string>:<module>"  # the frame every server's main thread starts from (SERVE runs as `-c`)
 STACK_SECONDS = 2.0  # between two stack dumps of a load
 LOOP_SAMPLES = 10  # the loop thread's stack, this many times a dump, LOOP_EVERY apart
 LOOP_EVERY = 0.03
@@ -367,15 +376,16 @@ def proc_cpu_seconds(pid: int) -> float:
 
 
 class Server:
-    """One daphne process serving config.asgi; its stderr kept in a file."""
+    """One server process (`kind`: daphne or uvicorn) serving config.asgi; its stderr kept in a file."""
 
-    def __init__(self, index: int, env: dict[str, str]):
+    def __init__(self, index: int, env: dict[str, str], kind: str = "daphne"):
         self.name = f"server-{index + 1}"
         self.port = free_port()
         self.app = f"{SERVER_APP}{index + 1}"
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - its stderr, closed in stop()
+        start, arguments = SERVERS[kind]
         self.process = subprocess.Popen(
-            [sys.executable, "-c", SERVE, "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
+            [sys.executable, "-c", SERVE + start, *arguments(self.port)],
             cwd=ROOT, env={**env, "PGAPPNAME": self.app}, stdout=subprocess.DEVNULL, stderr=self.log)
 
     @property
@@ -472,7 +482,7 @@ class StackSampler(threading.Thread):
         while self.dumps < self.count and not self.halt.wait(wait):
             for _ in range(LOOP_SAMPLES):
                 self.loop += self.server.stacks(signal.SIGUSR2, settle=LOOP_EVERY)
-            self.threads += [s for s in self.server.stacks(signal.SIGUSR1) if "daphne/cli.py:entrypoint" not in s]
+            self.threads += [s for s in self.server.stacks(signal.SIGUSR1) if MAIN_THREAD not in s]
             self.dumps += 1
             wait = STACK_SECONDS
 
@@ -737,6 +747,8 @@ class Command(BaseCommand):
         parser.add_argument("--stacks", type=int, default=4,
                             help="stack dumps of server-1 during the heaviest 1-process streaming loads and the "
                                  "1-process quick load of run 1 (default 4; 0: none)")
+        parser.add_argument("--server", choices=sorted(SERVERS), default="daphne",
+                            help="the ASGI server the processes run (default daphne)")
         parser.add_argument("--database-url", default=None,
                             help=f"PostgreSQL to run on (default: DATABASE_URL if PostgreSQL, else "
                                  f"{DEFAULT_DATABASE_URL})")
@@ -763,7 +775,8 @@ class Command(BaseCommand):
     def run_in_child(self, url: str, options: dict) -> None:
         """Run this command in a process whose Django database is `url`, printing what it prints."""
         argv = [sys.executable, str(ROOT / "manage.py"), "bench_load", "--database-url", url]
-        for name in ("users", "processes", "quick_users", "quick_turns", "turns", "words", "repeat", "stacks"):
+        for name in ("users", "processes", "quick_users", "quick_turns", "turns", "words", "repeat", "stacks",
+                     "server"):
             argv += [f"--{name.replace('_', '-')}", str(options[name])]
         env = {**os.environ, "DATABASE_URL": url, "PGAPPNAME": BENCH_APP, CHILD_ENV: "1"}
         with subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True) as child:
@@ -785,7 +798,7 @@ class Command(BaseCommand):
         env = {**os.environ, "DATABASE_URL": self.url, "REDIS_URL": settings.REDIS_URL or DEFAULT_REDIS_URL,
                "DJANGO_DEBUG": "0", "DJANGO_ALLOWED_HOSTS": "127.0.0.1", "ARBOR_ECHO_WORD_SECONDS": f"{self.pacing:g}",
                "ARBOR_MAX_CONCURRENT_TURNS_PER_USER": HIGH, "ARBOR_API_USER_RATE": f"{HIGH}/min"}
-        self.servers = [Server(i, env) for i in range(max(self.processes))]
+        self.servers = [Server(i, env, self.options["server"]) for i in range(max(self.processes))]
         probe = self.sampler = None
         try:
             for server in self.servers:
@@ -816,7 +829,7 @@ class Command(BaseCommand):
         words = len(make_plan([{"role": "user", "content": self.question}], tools_offered=False).words)
         self.stdout.write(
             f"database: PostgreSQL {db['NAME']} at {db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}; turn logs and "
-            f"cache: Redis {settings.REDIS_URL or DEFAULT_REDIS_URL}; servers: daphne config.asgi x"
+            f"cache: Redis {settings.REDIS_URL or DEFAULT_REDIS_URL}; servers: {self.options['server']} config.asgi x"
             f"{len(self.servers)} on loopback, model arbor/echo, pacing ARBOR_ECHO_WORD_SECONDS={self.pacing:g} s; "
             f"{os.cpu_count()} CPUs; open files {open_files}")
         self.stdout.write(

@@ -47,14 +47,17 @@ def unreachable(url: str) -> str | None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_bench_load_prints_every_load_and_the_targets_with_no_errors_at_a_tiny_load():
+@pytest.mark.parametrize("server", ["daphne", "uvicorn"])
+def test_bench_load_prints_every_load_and_the_targets_with_no_errors_at_a_tiny_load(server):
+    """Either server it compares runs Arbor's SSE and chat socket to the end with no error."""
     url = bench_database_url()
     reason = unreachable(url)
     if reason and not os.environ.get("CI"):
         pytest.skip(f"bench_load needs PostgreSQL and Redis: {reason}")
-    output = command_output("bench_load", *TINY, "--database-url", url)
+    output = command_output("bench_load", *TINY, "--server", server, "--database-url", url)
 
     assert re.search(r"^database: PostgreSQL \S+ at .*; turn logs and cache: Redis ", output, re.M), output
+    assert f"servers: {server} config.asgi" in output, output
     for label in LOADS:
         line = re.search(rf"^run 1 {label}: (\d+)/(\d+) turns, [\d.]+ turns/s; latency p50/p95/p99 .*$", output,
                          re.M)
