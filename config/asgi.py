@@ -8,11 +8,11 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from config.origin import SameOriginValidator  # noqa: E402
+from config.web import socket_auth_stack  # noqa: E402
 from conversations.web.routing import websocket_urlpatterns  # noqa: E402
 
 # Every middleware in settings is async-capable: one sync-only middleware would put every request,
@@ -20,7 +20,7 @@ from conversations.web.routing import websocket_urlpatterns  # noqa: E402
 application = ProtocolTypeRouter({
     "http": ASGIStaticFilesHandler(django_asgi_app),
     # Session-authenticated sockets from this site's own pages only: same scheme, host and port (config/origin.py).
-    "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    "websocket": SameOriginValidator(socket_auth_stack(URLRouter(websocket_urlpatterns))),
 })
 
 # Everything loaded so far (Django, litellm, pydantic: ~400k objects) lives as long as the process; keep it

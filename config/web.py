@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import wraps
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
+from channels.auth import AuthMiddleware, get_user
+from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -19,6 +22,8 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from config.errors import ArborError, NotFound
+
+T = TypeVar("T")
 
 
 def page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -55,6 +60,33 @@ def _long_view_threads() -> ThreadPoolExecutor:
     return _long_views
 
 
+async def in_pool_thread(function: Callable[..., T], *args: Any) -> T:
+    """Run sync `function` in one of `_long_view_threads`, not the one thread ASGI shares between every sync
+    call (Channels' `database_sync_to_async` uses that one: hundreds of chat sockets starting turns and
+    signing in queued on it, issue 13); this thread's connections are closed after."""
+
+    def run() -> T:
+        try:
+            return function(*args)
+        finally:
+            connections.close_all()
+
+    return await sync_to_async(run, thread_sensitive=False, executor=_long_view_threads())()
+
+
+class SocketAuthMiddleware(AuthMiddleware):
+    """Channels' `AuthMiddleware`, its session and user read in `in_pool_thread` rather than on the shared
+    thread: a socket's handshake does not wait behind every other socket's."""
+
+    async def resolve_scope(self, scope) -> None:
+        scope["user"]._wrapped = await in_pool_thread(get_user.func, scope)
+
+
+def socket_auth_stack(inner):
+    """`AuthMiddlewareStack` with `SocketAuthMiddleware`."""
+    return CookieMiddleware(SessionMiddleware(SocketAuthMiddleware(inner)))
+
+
 def off_the_shared_thread(view: Callable) -> Callable:
     """Run a long (model-calling) view in a thread of its own under ASGI.
 
@@ -63,16 +95,9 @@ def off_the_shared_thread(view: Callable) -> Callable:
     nothing is shared.
     """
 
-    def run(request, *args, **kwargs):
-        try:
-            return view(request, *args, **kwargs)
-        finally:
-            connections.close_all()  # this thread's connections, not the server's
-
     async def wrapper(request, *args, **kwargs):
         if isinstance(request, ASGIRequest):
-            return await sync_to_async(run, thread_sensitive=False, executor=_long_view_threads())(
-                request, *args, **kwargs)
+            return await in_pool_thread(lambda: view(request, *args, **kwargs))
         return await sync_to_async(view, thread_sensitive=True)(request, *args, **kwargs)
 
     for attribute in ("cls", "initkwargs", "csrf_exempt", "view_class", "view_initkwargs"):

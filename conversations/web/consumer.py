@@ -13,11 +13,12 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from channels.db import database_sync_to_async
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from config.api import UnsafeJSON, strict_loads
 from config.errors import ArborError, BadInput, NotFound
+from config.web import in_pool_thread
 from conversations.apis.serializers import ApprovalIn, EditIn, RegenerateIn, TurnIn
 from conversations.selectors import conversation_for_user
 from conversations.turns import detached
@@ -64,6 +65,15 @@ def _begin_and_launch(begin: Callable[[], Turn | None]):
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
+    async def dispatch(self, message):
+        """As Channels' own, without the `close_old_connections` it runs on the one shared sync thread before
+        every message (hundreds of sockets queued there, issue 13): this consumer uses the database only in
+        pool threads (`in_pool_thread`), which close their connections themselves."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
     async def connect(self):
         self.generation: asyncio.Task | None = None  # the task reading the turn this socket shows
         self.turn_ended = False  # the running generation has sent its turn's last event (done, error, approval)
@@ -154,7 +164,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         try:
             # One step in a thread: the turn (its question written) and the thread that runs it. A socket
             # that drops meanwhile cancels only this wait; the turn runs all the same.
-            run_id = await database_sync_to_async(_begin_and_launch)(begin)
+            run_id = await in_pool_thread(_begin_and_launch, begin)
         except ArborError as error:
             await self.send_json({"type": "error", "code": error.code, "message": error.message})
             return
@@ -237,7 +247,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def _stop_turn(self) -> None:
         """Ask the conversation's running turn to stop and wait until it has recorded how it ended (its
         node failed/cancelled), whichever tab or process runs it."""
-        if not await database_sync_to_async(detached.request_stop)(self.conversation_id):
+        if not await in_pool_thread(detached.request_stop, self.conversation_id):
             return
         task = self.generation
         if task and not task.done():
@@ -245,14 +255,16 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 await asyncio.wait_for(asyncio.shield(task), timeout=STOP_WAIT_SECONDS)
             return
         for _ in range(int(STOP_WAIT_SECONDS / 0.1)):
-            if not await database_sync_to_async(detached.running)(self.conversation_id):
+            if not await in_pool_thread(detached.running, self.conversation_id):
                 return
             await asyncio.sleep(0.1)
 
-    @database_sync_to_async
-    def _owns(self) -> bool:
-        try:
-            conversation_for_user(user=self.user, conversation_id=self.conversation_id)
-        except NotFound:
-            return False
-        return True
+    async def _owns(self) -> bool:
+        def owns() -> bool:
+            try:
+                conversation_for_user(user=self.user, conversation_id=self.conversation_id)
+            except NotFound:
+                return False
+            return True
+
+        return await in_pool_thread(owns)

@@ -11,8 +11,7 @@ import logging
 import uuid
 from collections.abc import Callable
 
-from channels.db import database_sync_to_async
-
+from config.web import in_pool_thread
 from conversations.models import TurnRun
 
 logger = logging.getLogger("arbor.web")
@@ -44,7 +43,7 @@ class RunWatch:
     async def _run(self) -> None:
         while self._sockets:
             try:
-                running = await database_sync_to_async(_running_runs)(list(self._sockets))
+                running = await in_pool_thread(_running_runs, list(self._sockets))
             except Exception:  # the database is away: sockets stay open, and it is asked again
                 logger.exception("could not look for running turns")
                 running = {}

@@ -242,3 +242,26 @@ async def test_issue_12_a_joined_run_whose_process_is_gone_ends_with_ended(chat)
     assert await socket.receive_json_from(timeout=10) == {"type": "joined"}
     assert await socket.receive_json_from(timeout=15) == {"type": "ended"}
     await socket.disconnect()
+
+
+async def test_issue_13_a_socket_signs_in_and_asks_while_the_shared_sync_thread_is_busy(chat):
+    """The handshake's session and user, the ownership check and the turn's start run in the turn pool, not on
+    the one thread ASGI shares between sync calls: with that thread held, a socket still connects and its
+    question is answered (they used to queue there behind every other socket's)."""
+    from asgiref.sync import sync_to_async
+
+    conversation, cookie = chat
+    release = threading.Event()
+    holding = asyncio.ensure_future(sync_to_async(release.wait, thread_sensitive=True)())
+    try:
+        socket = chat_socket(conversation.pk, cookie)
+        connected, _ = await socket.connect(timeout=20)
+        assert connected
+        await socket.send_json_to({"type": "ask", "content": "hello"})
+        messages = await receive_until(socket, "done")
+        assert messages[-1]["type"] == "done", messages
+        assert not holding.done()  # all of it while the shared thread was still held
+        await socket.disconnect()
+    finally:
+        release.set()
+        await holding
