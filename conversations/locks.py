@@ -80,9 +80,9 @@ def _held_count(conversation: Conversation) -> int:
 
 _FIELDS = Conversation._meta.concrete_fields
 
-# The lock-taking statement is compiled once per shape: built by the ORM for every turn, it cost about 5 ms of
-# CPU, four times its round trip (issue 13). It is compiled with stand-in values, each found again among the
-# parameters, so that a call only puts its own in their places.
+# The lock-taking statement is compiled once per shape: built by the ORM for every turn, it cost more CPU than
+# its round trip (issue 13). It is compiled with stand-in values, each found again among the parameters, so
+# that a call only puts its own in their places.
 _STAND_INS: dict[str, Any] = {
     "pk": -900_001, "owner": -900_002, "token": uuid.UUID(int=900_003),
     "now": datetime(2001, 2, 3, 4, 5, 6, 900_004, tzinfo=dt_timezone.utc),

@@ -86,13 +86,11 @@ def _settle(node: Node, writes: Together | None, **fields: Any) -> Written:
         settled = batch.update(Node.objects.filter(pk=node.pk, status=Node.Status.PENDING), **fields)
 
         def in_memory() -> None:
-            if not settled.count:
-                node.pk, node._state.adding = None, True
-                node.status, node.failure_reason, node.failure_message = Node.Status.PENDING, "", ""
-                node.save()
-                Node.objects.filter(pk=node.pk).update(**fields)
             for name, value in fields.items():
                 setattr(node, name, value)
+            if not settled.count:  # the sibling, written as it ended in one INSERT: no moment it is pending
+                node.pk, node._state.adding = None, True
+                node.save(force_insert=True)
 
         batch.after(in_memory)
     return settled
