@@ -74,7 +74,8 @@ class EventStreamRenderer(BaseRenderer):
 
 
 def _after(request: Request) -> int:
-    raw = request.headers.get("Last-Event-ID") or request.query_params.get("after") or "0"
+    # An empty `Last-Event-ID` means none (as an EventSource sends it); an empty `?after=` is not a number.
+    raw = request.headers.get("Last-Event-ID") or request.query_params.get("after", "0")
     if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_EVENT_NUMBER:
         raise BadInput("`Last-Event-ID` (or `after`) must be an event number: a whole number from 0.")
     return int(raw)
