@@ -356,16 +356,10 @@ def conversation_nodes(*, conversation: Conversation) -> QuerySet[Node]:
 NODE_SUMMARY_FIELDS = ("id", "parent", "conversation", "kind", "status", "failure_reason", "provider", "model",
                        "usage", "compacted_from", "created_at", "summary_call", "tokens", "path_tokens")
 
-_SHARED_ON_HISTORY_SQL = f"""
-WITH RECURSIVE path AS (
-    SELECT id, parent_id, compacted_from_id, conversation_id, 0 AS depth FROM {_NODE} WHERE id = %s
-    UNION ALL
-    SELECT n.id, n.parent_id, n.compacted_from_id, n.conversation_id, path.depth + 1
-    FROM {_NODE} n JOIN path ON n.id = COALESCE(path.parent_id, path.compacted_from_id)
-    WHERE path.depth < %s
-)
-SELECT id FROM path WHERE (conversation_id IS NULL OR conversation_id <> %s) AND id {{op}} %s
-ORDER BY id {{order}} LIMIT %s"""
+_SHARED_ON_HISTORY_SQL = f"""{_HISTORY_CTE}
+SELECT n.id FROM path JOIN {_NODE} n ON n.id = path.id
+WHERE (n.conversation_id IS NULL OR n.conversation_id <> %s) AND n.id {{op}} %s
+ORDER BY n.id {{order}} LIMIT %s"""
 
 
 def node_page(*, conversation: Conversation, after: int | None = None, before: int | None = None,
@@ -433,15 +427,8 @@ SELECT DISTINCT ref FROM (
 WHERE ref IS NOT NULL AND ref NOT IN (SELECT id FROM {_NODE} WHERE conversation_id = %(c)s)"""
 
 # From one node up (a walk from one row: index lookups), with what each node's summarising call is.
-_ENTRY_WALK_SQL = f"""
-WITH RECURSIVE path AS (
-    SELECT id, parent_id, compacted_from_id, summary_call_id, 0 AS depth FROM {_NODE} WHERE id = %s
-    UNION ALL
-    SELECT n.id, n.parent_id, n.compacted_from_id, n.summary_call_id, path.depth + 1
-    FROM {_NODE} n JOIN path ON n.id = COALESCE(path.parent_id, path.compacted_from_id)
-    WHERE path.depth < %s
-)
-SELECT id, summary_call_id FROM path"""
+_ENTRY_WALK_SQL = f"""{_HISTORY_CTE}
+SELECT n.id, n.summary_call_id FROM path JOIN {_NODE} n ON n.id = path.id"""
 
 
 def tree_node_ids(conversation: Conversation) -> array:
