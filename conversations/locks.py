@@ -33,6 +33,7 @@ from django.db.models import BooleanField, Count, ExpressionWrapper, OuterRef, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from config.api import INT64_MAX, INT64_MIN
 from config.errors import NotFound
 from config.together import update_sql
 from conversations.errors import TooManyTurns, TurnInProgress
@@ -160,6 +161,8 @@ class TurnLock:
             pk = int(conversation_id)
         except (TypeError, ValueError):
             raise NotFound("No such conversation.") from None
+        if not INT64_MIN <= pk <= INT64_MAX:  # no id column holds it (SQLite's driver would overflow: a 500)
+            raise NotFound("No such conversation.")
         taken = cls._take(pk, owner_id=owner.pk)
         if taken is None:
             cls._refuse(conversation_for_user(user=owner, conversation_id=pk))
