@@ -114,7 +114,8 @@ def question_of(items: list[Item]) -> str | None:
 
 
 def answer_text(items: list[Item]) -> str:
-    return "".join(item["text"] for item in items if item.get("type") == "text")
+    """The answer's text: a call's one text item, or several (an import's) as paragraphs."""
+    return "\n\n".join(item["text"] for item in items if item.get("type") == "text" and item["text"])
 
 
 def tool_calls(items: list[Item]) -> list[Item]:

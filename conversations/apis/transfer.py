@@ -135,10 +135,10 @@ class ConversationImport(APIView):
                                                                "(or it is no JSON); nothing was created"),
                               413: OpenApiResponse(description="too_large: the file is over the import limit")},
                    description="Import an export file: the body is the file itself, whatever its Content-Type. "
-                               "Today a file with an entry that cannot be read is refused whole, so `skipped` "
-                               "is empty.")
+                               "An entry that cannot be read is skipped and named in `skipped` (its index in "
+                               "the file and why); the others import.")
     def post(self, request: Request) -> Response:
         document = importing.parse(read_upload(request._request))
-        created = importing.import_any(owner=request.user, document=document)
-        return Response({"conversations": s.ConversationOut(created, many=True).data, "skipped": []},
-                        status=status.HTTP_201_CREATED)
+        imported = importing.import_any(owner=request.user, document=document)
+        return Response({"conversations": s.ConversationOut(imported.conversations, many=True).data,
+                         "skipped": imported.skipped}, status=status.HTTP_201_CREATED)

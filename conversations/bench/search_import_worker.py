@@ -190,7 +190,7 @@ class Command(BaseCommand):
         document = json.dumps(arbor_tree.export_tree(source)).encode()
         exported = time.perf_counter() - started
         started = time.perf_counter()
-        (copy,) = importing.import_any(owner=user, document=importing.parse(document))
+        (copy,) = importing.import_any(owner=user, document=importing.parse(document)).conversations
         elapsed = time.perf_counter() - started
         count = Node.objects.filter(conversation=copy).count()
         self.stdout.write(f"== Import of a {nodes}-node export ({len(document) / 1e6:.1f} MB JSON)")

@@ -1,5 +1,7 @@
-"""ChatGPT's `conversations.json`: exported with branches kept in `mapping`, and imported with them kept:
-a question with several answers (regenerations) becomes sibling turns, as do edits."""
+"""ChatGPT's `conversations.json`: exported with branches kept in `mapping`, and imported with them kept: a
+question with several answers (regenerations) becomes sibling turns, as do edits. The import reads today's
+exports (issue 15): Code Interpreter and browsing as tool rounds, thoughts as reasoning, files as placeholders,
+custom instructions as the conversation's, and nothing a person never saw (see "import" below)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -178,44 +181,236 @@ def export_chatgpt(conversation: Conversation) -> dict[str, Any]:
     return json.loads("".join(chatgpt_chunks(conversation)))[0]
 
 
-def _chatgpt_text(message: dict[str, Any], where: str) -> str:
-    content = message.get("content")
+# --- import ---------------------------------------------------------------------------------------------
+#
+# A message of today's exports is one of: a question (text, or multimodal_text with images and files), an answer,
+# the assistant calling a tool (`code`, or text with a `recipient` other than "all": python, web.run, browser, the
+# image tool), the tool's output (role `tool`: execution_output, tether_browsing_display, tether_quote, text,
+# images), the model's thoughts (`thoughts`), or something a person never saw (hidden system and context messages;
+# `reasoning_recap`, "Thought for 7 seconds"). Questions and tool outputs are what a node sends; answers, calls and
+# thoughts what it receives (T3, T4). Custom instructions become the conversation's instructions.
+
+SENT, RECEIVED = "sent", "received"
+_CUSTOM_INSTRUCTIONS = "user_editable_context"
+_NEVER_SHOWN = {"model_editable_context", "reasoning_recap"}
+READING_PROVIDER = "chatgpt"  # thoughts ChatGPT wrote: kept and shown, never sent to a model (C4)
+
+
+@dataclass(frozen=True)
+class _Read:
+    side: str | None  # SENT, RECEIVED, or None: nothing for the conversation (hidden, empty, a recap)
+    items: tuple = ()
+    instructions: str = ""  # custom instructions this message held
+
+
+@dataclass(frozen=True)
+class _At:
+    """Where the conversation stands after a message: its node (None: before any), how many of that node's
+    sent and received items were there then, and a tool call still waiting for its output."""
+
+    node: Any = None
+    sent: int = 0
+    received: int = 0
+    call: dict | None = None
+
+
+def _capped(text: str) -> str:
+    limit = settings.ARBOR_MAX_CONTENT_CHARS
+    return text if len(text) <= limit else f"{text[:limit - 40]}\n[cut at {limit - 40} characters]"
+
+
+def _part_text(part: Any) -> str:
+    """One of `parts`: text as it is, an image or a file as a placeholder a person and a model can read."""
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, dict):
+        return ""
+    kind = part.get("content_type") or ("file" if part.get("asset_pointer") else "attachment")
+    if kind == "audio_transcription":
+        return part.get("text") or ""
+    if kind in ("audio_asset_pointer", "real_time_user_audio_video_asset_pointer"):
+        return ""  # the spoken words are the transcription beside it
+    if kind == "image_asset_pointer":
+        size = f" {part['width']}x{part['height']}" if part.get("width") and part.get("height") else ""
+        prompt = ((part.get("metadata") or {}).get("dalle") or {}).get("prompt")
+        return f"[image{size}: {part.get('asset_pointer', '')}]" + (f" (made from: {prompt})" if prompt else "")
+    return f"[{kind}: {part['asset_pointer']}]" if part.get("asset_pointer") else f"[{kind}]"
+
+
+def _content_text(content: dict, metadata: dict) -> str:
+    kind = content.get("content_type")
+    if kind == "code" or kind == "execution_output":
+        text = content.get("text") or ""
+    elif kind == "tether_quote":
+        text = "\n".join(x for x in (content.get("title"), content.get("url"), content.get("text")) if x)
+    elif kind == "tether_browsing_display":
+        text = "\n".join(x for x in (content.get("summary"), content.get("result")) if isinstance(x, str) and x)
+    elif kind == "thoughts":
+        text = "\n\n".join("\n".join(x for x in (t.get("summary"), t.get("content")) if isinstance(x, str) and x)
+                            for t in content.get("thoughts") or [] if isinstance(t, dict))
+    else:  # text, multimodal_text, system_error and whatever comes next: its parts, else its text
+        parts = content.get("parts")
+        text = ("\n".join(t for t in map(_part_text, parts) if t) if isinstance(parts, list)
+                else content.get("text") if isinstance(content.get("text"), str) else "")
+    files = [f"[file: {a.get('name') or a.get('id', '')}" + (f" ({a['mime_type']})" if a.get("mime_type") else "") + "]"
+             for a in metadata.get("attachments") or [] if isinstance(a, dict)]
+    return _capped("\n".join(x for x in (text.strip("\n"), *files) if x))
+
+
+def _instructions(content: dict, metadata: dict) -> str:
+    """Custom instructions, as the person wrote them where the file keeps that (`user_context_message_data`)."""
+    data = metadata.get("user_context_message_data") or {}
+    about_user, about_model = data.get("about_user_message"), data.get("about_model_message")
+    if not (about_user or about_model):
+        about_user, about_model = content.get("user_profile"), content.get("user_instructions")
+    return "\n\n".join(x for x in ((f"About me: {about_user}" if about_user else ""), about_model or "")
+                        if isinstance(x, str) and x)
+
+
+def _read(key: str, message: Any, at: _At, where: str) -> _Read:
+    """What one message becomes (see the top of this part)."""
+    if not isinstance(message, dict):
+        return _Read(None)
+    author, content = message.get("author"), message.get("content")
+    role = author.get("role") if isinstance(author, dict) else None
+    if role is None:
+        return _Read(None)
     if not isinstance(content, dict):
         raise ImportRefused(f"{where}.content: expected an object.")
-    parts = content.get("parts") or []
-    if not isinstance(parts, list):
+    if "parts" in content and not isinstance(content["parts"], list):
         raise ImportRefused(f"{where}.content.parts: expected a list.")
-    texts = [p for p in parts if isinstance(p, str)]  # images and files are not imported
-    return text_field("\n".join(texts), f"{where}.content")
+    metadata = message.get("metadata") if isinstance(message.get("metadata"), dict) else {}
+    kind = content.get("content_type")
+    if kind == _CUSTOM_INSTRUCTIONS or metadata.get("is_user_system_message"):
+        return _Read(None, instructions=_instructions(content, metadata))
+    if metadata.get("is_visually_hidden_from_conversation") or kind in _NEVER_SHOWN or role == "system":
+        return _Read(None)
+    text = _content_text(content, metadata)
+    if role == "user":
+        return _Read(SENT, (it.user(text),)) if text else _Read(None)
+    return _reply(key, message, text, at)
+
+
+def _reply(key: str, message: dict, text: str, at: _At) -> _Read:
+    """What an assistant's or a tool's message becomes: a call, thoughts, an answer, a call's output."""
+    role, name = message["author"]["role"], message["author"].get("name") or "tool"
+    content, recipient = message["content"], message.get("recipient") or "all"
+    kind = content.get("content_type")
+    if role == "assistant" and recipient != "all":
+        arguments = json.dumps({"code": text, **({"language": content["language"]}
+                                                  if content.get("language") not in (None, "unknown") else {})})
+        return _Read(RECEIVED, (it.tool_call(f"call_{key}", recipient, arguments),))
+    if role == "assistant" and kind == "thoughts":
+        return _Read(RECEIVED, ({"type": "reasoning", "provider": READING_PROVIDER, "text": text, "data": None},)
+                     if text else ())
+    if role == "assistant":
+        return _Read(RECEIVED, (it.text(text),)) if text else _Read(None)
+    if role == "tool":
+        if at.call is not None:
+            return _Read(SENT, (it.tool_result(at.call["id"], at.call["name"], text or "(no output)",
+                                               is_error=kind == "system_error"),))
+        # Output with no call before it (a tool that spoke on its own): the person saw it as the assistant's.
+        return _Read(RECEIVED, (it.text(f"[{name}] {text}"),)) if text else _Read(None)
+    return _Read(None)
+
+
+@dataclass
+class _Node:
+    parent: Any
+    sent: list
+    received: list
+
+
+class _Turns:
+    """Messages into nodes, walking the tree from its root: a question or a tool's output starts a node below
+    the node its parent message ended in; an answer, a call or thoughts go on that node. When that node has
+    already gone on differently (a regenerated answer, an edited question), the message goes on a sibling that
+    repeats what came before it: branches stay branches (T8)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, _Node] = {}
+        self.instructions: list[str] = []
+
+    def _new(self, key: str, parent: Any, sent: list, received: list) -> str:
+        while key in self.nodes:
+            key += "'"
+        self.nodes[key] = _Node(parent, sent, received)
+        return key
+
+    def _ends_at(self, at: _At) -> bool:
+        node = self.nodes.get(at.node)
+        return node is not None and (len(node.sent), len(node.received)) == (at.sent, at.received)
+
+    def add(self, key: str, read: _Read, at: _At) -> _At:
+        if read.instructions and read.instructions not in self.instructions:
+            self.instructions.append(read.instructions)
+        if read.side is None or not read.items:
+            return at
+        items = list(read.items)
+        if read.side == RECEIVED:
+            if at.node is not None and self._ends_at(at):
+                node = at.node
+                self.nodes[node].received += items
+            elif at.node is None:
+                node = self._new(key, None, [], items)
+            else:
+                base = self.nodes[at.node]
+                node = self._new(key, base.parent, base.sent[:at.sent], [*base.received[:at.received], *items])
+            calls = [i for i in items if i["type"] == "tool_call"]
+            return _At(node, at.sent, at.received + len(items), calls[-1] if calls else at.call)
+        if at.call is not None and items[0]["type"] == "user":
+            # The person went on while a call waited: it gets the result a stopped call gets (F1, C4).
+            items.insert(0, it.tool_result(at.call["id"], at.call["name"], "not run: the conversation went on"))
+        if (at.node is not None and at.received == 0 and self._ends_at(at)
+                and all(i["type"] == "tool_result" for i in self.nodes[at.node].sent)):
+            self.nodes[at.node].sent += items  # several outputs, or outputs and the person's next question
+            return _At(at.node, at.sent + len(items), 0, None)
+        parent = at.node
+        if parent is not None and not self._ends_at(at):  # the node went on past this point: a sibling ends here
+            base = self.nodes[parent]
+            parent = self._new(f"{key}<", base.parent, base.sent[:at.sent], base.received[:at.received])
+        node = self._new(key, parent, items, [])
+        return _At(node, len(items), 0, None)
 
 
 def chatgpt_plan(document: dict[str, Any], index: int) -> Plan:
-    """Questions and answers become turn nodes: a user message with k answers (regenerations) becomes k
-    sibling nodes, a message with several user children (edits) sibling turns: branches stay branches."""
+    """One entry of conversations.json as a plan (see `_Turns`); `current_node` is the head."""
     where = f"conversations[{index}]"
     mapping = document.get("mapping")
     if not isinstance(mapping, dict):
         raise ImportRefused(f"{where}.mapping: expected an object.")
     check_count(len(mapping))
-    root, messages, children = _chatgpt_messages(mapping, where)
-    nodes, mapped = _chatgpt_turns(root, messages, children, where)
+    root, children = _tree(mapping, where)
+    turns, states = _Turns(), {}
+    stack: list[tuple[str, _At]] = [(root, _At())]
+    while stack:
+        key, at = stack.pop()
+        entry = mapping[key]
+        states[key] = at = turns.add(key, _read(key, entry.get("message"), at, f"{where}.mapping[{key!r}].message"), at)
+        stack.extend((child, at) for child in reversed(children.get(key, [])))
+    if len(states) != len(mapping):
+        raise ImportRefused(f"{where}.mapping: some messages are not reachable from the root (a cycle).")
     current = document.get("current_node")
-    head = mapped.get(current) if isinstance(current, str) else None
-    if head is None and nodes:
-        head = next(reversed(nodes))
+    head = states[current].node if isinstance(current, str) and current in states else None
+    if head is None and turns.nodes:
+        head = next(reversed(turns.nodes))
+    results: dict[Any, dict[str, it.Item]] = {}  # the outputs each node's calls got, from the nodes below it
+    for node in turns.nodes.values():
+        results.setdefault(node.parent, {}).update((r["call_id"], r) for r in node.sent if r["type"] == "tool_result")
+    nodes = {key: _planned(key, node, results.get(key, {})) for key, node in turns.nodes.items()}
     title = document.get("title") or ""
     plan = Plan(title=text_field(title if isinstance(title, str) else "", f"{where}.title", limit=200),
-                model=settings.ARBOR_MODEL, instructions="", head=head, nodes=nodes)
+                model=settings.ARBOR_MODEL, instructions=_capped("\n\n".join(turns.instructions)), head=head,
+                nodes=nodes)
     check_graph(plan)
     return plan
 
 
-def _chatgpt_messages(mapping: dict[str, Any], where: str):
-    """Each entry's (role, text), and children by parent, from the entries' own `parent` fields."""
+def _tree(mapping: dict[str, Any], where: str) -> tuple[str, dict[str, list[str]]]:
+    """The root, and children by parent, from the entries' own `parent` fields."""
     roots = [key for key, entry in mapping.items() if isinstance(entry, dict) and entry.get("parent") is None]
     if len(roots) != 1:
         raise ImportRefused(f"{where}.mapping: expected exactly one root message, found {len(roots)}.")
-    messages: dict[str, tuple[str | None, str]] = {}
     children: dict[str, list[str]] = {}
     for key, entry in mapping.items():
         if not isinstance(entry, dict):
@@ -224,60 +419,26 @@ def _chatgpt_messages(mapping: dict[str, Any], where: str):
         if parent is not None and (not isinstance(parent, str) or parent not in mapping):
             raise ImportRefused(f"{where}.mapping[{key!r}]: its parent {parent!r} is not in the file.")
         children.setdefault(parent, []).append(key)
-        message = entry.get("message")
-        author = message.get("author") if isinstance(message, dict) else None
-        role = author.get("role") if isinstance(author, dict) else None
-        text = _chatgpt_text(message, f"{where}.mapping[{key!r}].message") if role else ""
-        messages[key] = (role, text)
-    return roots[0], messages, children
+    return roots[0], children
 
 
-def _chatgpt_turns(root: str, messages: dict, children: dict, where: str) -> tuple[dict, dict]:
-    """Walk the messages from the root (iteratively); return the planned nodes and message -> node."""
-    nodes: dict[Any, PlannedNode] = {}
-    mapped: dict[str, Any] = {}
-    stack: list[tuple[str, Any]] = [(root, None)]
-    seen = 0
-    while stack:
-        key, parent_node = stack.pop()
-        seen += 1
-        role, text = messages[key]
-        below = parent_node
-        if role == "user":
-            answers = [c for c in children.get(key, []) if messages[c][0] == "assistant"]
-            seen += len(answers)
-            for answer in answers or [None]:
-                node_key = f"{key}->{answer}"
-                while node_key in messages or node_key in nodes:  # a message id may look like a node key
-                    node_key += "'"
-                nodes[node_key] = _chatgpt_node(node_key, parent_node, text, messages[answer][1] if answer else "")
-                mapped.setdefault(key, node_key)
-                if answer:
-                    mapped[answer] = node_key
-                    stack.extend((c, node_key) for c in reversed(children.get(answer, [])))
-            below = mapped[key]
-            stack.extend((c, below) for c in reversed(children.get(key, [])) if c not in answers)
-            continue
-        if role == "assistant":  # an answer with no question before it (a greeting, a continuation)
-            nodes[key] = _chatgpt_node(key, parent_node, None, text)
-            mapped[key] = below = key
-        elif parent_node is not None:  # system and tool messages, and empty ones, are not imported
-            mapped[key] = parent_node
-        stack.extend((c, below) for c in reversed(children.get(key, [])))
-    if seen != len(messages):
-        raise ImportRefused(f"{where}.mapping: some messages are not reachable from the root (a cycle).")
-    return nodes, mapped
-
-
-def _chatgpt_node(key: str, parent: Any, question: str | None, answer: str) -> PlannedNode:
-    sent = [it.user(question)] if question is not None else []
-    received = [it.text(answer)] if answer else []
-    bubbles = ([{"role": "user", "content": question, "data": {}}] if question is not None else [])
+def _planned(key: str, node: _Node, results: dict[str, it.Item]) -> PlannedNode:
+    """A node with what a person sees of it (T8): the question, the answer, each call with its output."""
+    bubbles = []
+    question = it.question_of(node.sent)
+    if question is not None:
+        bubbles.append({"role": "user", "content": question, "data": {}})
+    answer = it.answer_text(node.received)
     if answer:
         bubbles.append({"role": "assistant", "content": answer, "data": {}})
-    return PlannedNode(key=key, parent=parent, bubbles=bubbles, fields={
+    for call in it.tool_calls(node.received):
+        result = results.get(call["id"]) or it.tool_result(call["id"], call["name"], "(the file holds no output)")
+        bubbles.append({"role": "tool", "content": call["name"], "data": {
+            "call_id": call["id"], "name": call["name"], "arguments": call["arguments"],
+            "status": "error" if result["is_error"] else "done", "result": result["content"],
+            "is_error": result["is_error"]}})
+    return PlannedNode(key=key, parent=node.parent, bubbles=bubbles, fields={
         "kind": Node.Kind.TURN, "status": Node.Status.SUCCEEDED, "failure_reason": "", "failure_message": "",
-        "sent": sent, "received": received, "provider": "", "model": "", "usage": {}, "instructions": "",
-        "keep_ephemeral": False, "window_root": False,
-        "tokens": 0, "finished_at": None,
+        "sent": node.sent, "received": node.received, "provider": "", "model": "", "usage": {}, "instructions": "",
+        "keep_ephemeral": False, "window_root": False, "tokens": 0, "finished_at": None,
     })

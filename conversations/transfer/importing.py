@@ -7,6 +7,7 @@ through `plan.py`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -26,7 +27,7 @@ def parse(raw: bytes) -> Any:
     if len(raw) > settings.ARBOR_IMPORT_MAX_BYTES:
         raise TooLarge(f"The file is larger than {settings.ARBOR_IMPORT_MAX_BYTES} bytes.")
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte order mark, as some editors save the file, is no part of it
     except UnicodeDecodeError:
         raise ImportRefused("The file is not UTF-8 text.") from None
     try:
@@ -38,14 +39,31 @@ def parse(raw: bytes) -> Any:
         raise ImportRefused(f"The file is not valid JSON: {error}") from None
 
 
-def import_any(*, owner, document: Any) -> list[Conversation]:
-    """Import Arbor's tree format or ChatGPT's, whichever `document` is."""
+@dataclass(frozen=True)
+class Imported:
+    conversations: list[Conversation]
+    skipped: list[dict[str, Any]]  # {"index", "error"}: the file's entries that could not be read
+
+
+def import_any(*, owner, document: Any) -> Imported:
+    """Import Arbor's tree format or ChatGPT's conversations.json, whichever `document` is. An entry of a
+    file of several that cannot be read is skipped and named, and the others import; nothing readable is
+    refused whole (and creates nothing)."""
     if isinstance(document, dict) and document.get("format") == arbor_tree.TREE_FORMAT:
-        return [arbor_tree.import_tree(owner=owner, document=document)]
-    if isinstance(document, dict) and "mapping" in document:
-        document = [document]
-    if isinstance(document, list) and document and all(isinstance(c, dict) and "mapping" in c for c in document):
-        plans = [chatgpt.chatgpt_plan(c, index) for index, c in enumerate(document)]
-        with transaction.atomic():
-            return [write(owner=owner, plan=plan) for plan in plans]
-    raise ImportRefused("Unknown file: expected Arbor's tree export or ChatGPT's conversations.json.")
+        return Imported([arbor_tree.import_tree(owner=owner, document=document)], [])
+    entries = [document] if isinstance(document, dict) else document
+    if not isinstance(entries, list) or not any(isinstance(e, dict) and "mapping" in e for e in entries):
+        raise ImportRefused("Unknown file: expected Arbor's tree export or ChatGPT's conversations.json.")
+    plans, skipped = [], []
+    for index, entry in enumerate(entries):
+        try:
+            if not isinstance(entry, dict) or "mapping" not in entry:
+                raise ImportRefused(f"conversations[{index}]: not a ChatGPT conversation (it has no mapping).")
+            plans.append(chatgpt.chatgpt_plan(entry, index))
+        except ImportRefused as refused:
+            skipped.append({"index": index, "error": refused.message})
+    if not plans:
+        raise ImportRefused("Nothing in the file could be imported: "
+                            + "; ".join(entry["error"] for entry in skipped[:5]))
+    with transaction.atomic():
+        return Imported([write(owner=owner, plan=plan) for plan in plans], skipped)

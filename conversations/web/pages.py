@@ -209,8 +209,11 @@ def chat_import(request: HttpRequest) -> HttpResponse:
         upload = request.FILES.get("file")
         if upload is None:
             raise BadInput("Choose a file to import.")
-        created = importing.import_any(owner=request.user, document=importing.parse(read_upload(upload)))
+        imported = importing.import_any(owner=request.user, document=importing.parse(read_upload(upload)))
+        created = imported.conversations
         messages.success(request, f"Imported {len(created)} conversation{'s' if len(created) != 1 else ''}.")
+        for entry in imported.skipped[:10]:
+            messages.warning(request, f"Skipped entry {entry['index'] + 1} of the file: {entry['error']}")
         return redirect("chat-conversation", created[0].pk)
     return render(request, "chat/import.html", {"conversation": None})
 

@@ -361,8 +361,6 @@ def test_d5_an_upload_that_is_not_utf8_json_or_nests_too_deep_is_refused_and_cre
     pytest.param({"something": "else"}, id="other-object"),
     pytest.param({"format": "other.tree", "version": 1, "nodes": []}, id="other-format"),
     pytest.param([], id="empty-list"),
-    pytest.param([_chat(), {"title": "no mapping"}], id="list-with-a-non-chatgpt-entry"),
-    pytest.param([_chat(), 5], id="list-with-a-number"),
     pytest.param("conversations", id="a-string"),
     pytest.param(42, id="a-number"),
     pytest.param(None, id="null"),
@@ -404,14 +402,10 @@ def test_d5_the_import_functions_raise_their_refusals_directly(user, settings):
                  "conversations[0].mapping['q'].message.content: expected an object", id="content-missing"),
     pytest.param(_chat(q=_entry("root", {"author": {"role": "user"}, "content": {"parts": "hi"}})),
                  "conversations[0].mapping['q'].message.content.parts: expected a list", id="parts-not-a-list"),
-    pytest.param(_chat(q=_entry("root", _message("user", "x" * 30, "y" * 30))),
-                 "conversations[0].mapping['q'].message.content: longer than 50", id="over-long-message"),
     pytest.param(_chat(q=_entry("a", _message("user", "hi")), a=_entry("q", _message("assistant", "yo"))),
                  "conversations[0].mapping: some messages are not reachable from the root (a cycle)",
                  id="unreachable-cycle"),
     pytest.param(_chat(title="t" * 201), "conversations[0].title: longer than 200", id="title-too-long"),
-    pytest.param([_chat(q=_entry("root", _message("user", "fine"))), {"mapping": []}],
-                 "conversations[1].mapping: expected an object", id="second-conversation-bad"),
 ])
 def test_d5_a_malformed_chatgpt_file_is_refused_naming_the_entry_and_creates_nothing(api, small_limits, document,
                                                                                       needle):
@@ -420,8 +414,9 @@ def test_d5_a_malformed_chatgpt_file_is_refused_naming_the_entry_and_creates_not
 
 def test_a_chatgpt_greeting_system_message_two_answers_and_an_open_question_import_with_the_newest_as_head(api):
     """An answer with no question (a greeting) is a turn of its own; system messages are skipped; a question's
-    two answers become sibling turns (T8); a question with no answer is a turn without one; images are left out;
-    without `current_node` the newest node is the head."""
+    two answers become sibling turns (T8); a question with no answer is a turn without one; a file is a visible
+    placeholder; a tool's output with no call before it is shown as part of the answer (issue 15: nothing is
+    dropped); without `current_node` the newest node is the head."""
     document = {"title": 12, "mapping": {
         "root": _entry(None),
         "hello": _entry("root", _message("assistant", "Welcome.")),
@@ -437,7 +432,8 @@ def test_a_chatgpt_greeting_system_message_two_answers_and_an_open_question_impo
     copy = Conversation.objects.get(pk=response.json()["conversations"][0]["id"])
     views = path_bubbles(conversation=copy)
     assert [(v.bubble.role, v.bubble.content) for v in views] == [
-        ("assistant", "Welcome."), ("user", "Hi?"), ("assistant", "Hey."), ("user", "Still there?")]
+        ("assistant", "Welcome."), ("user", "Hi?\n[file: file-1]"), ("assistant", "Hey.\n\n[tool] ignored"),
+        ("user", "Still there?")]
     question = views[1]
     assert (question.branch.index, question.branch.count) == (2, 2)
     assert head(copy).received == [] and head(copy).sent == [{"type": "user", "text": "Still there?"}]
