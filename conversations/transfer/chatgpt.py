@@ -9,16 +9,14 @@ import json
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
-
-from django.conf import settings
 
 from conversations import items as it
 from conversations.models import Conversation, Node
 from conversations.selectors import tree_node_ids
 from conversations.transfer.chunks import id_chunks, joined, json_object_start, json_text, snapshot
-from conversations.transfer.plan import ImportRefused, Plan, PlannedNode, check_count, check_graph, text_field
+from conversations.transfer.message_tree import RECEIVED, SENT, At, Read, capped, tree_plan
+from conversations.transfer.plan import ImportRefused, Plan
 
 ROOT = "client-created-root"
 
@@ -190,33 +188,9 @@ def export_chatgpt(conversation: Conversation) -> dict[str, Any]:
 # `reasoning_recap`, "Thought for 7 seconds"). Questions and tool outputs are what a node sends; answers, calls and
 # thoughts what it receives (T3, T4). Custom instructions become the conversation's instructions.
 
-SENT, RECEIVED = "sent", "received"
 _CUSTOM_INSTRUCTIONS = "user_editable_context"
 _NEVER_SHOWN = {"model_editable_context", "reasoning_recap"}
 READING_PROVIDER = "chatgpt"  # thoughts ChatGPT wrote: kept and shown, never sent to a model (C4)
-
-
-@dataclass(frozen=True)
-class _Read:
-    side: str | None  # SENT, RECEIVED, or None: nothing for the conversation (hidden, empty, a recap)
-    items: tuple = ()
-    instructions: str = ""  # custom instructions this message held
-
-
-@dataclass(frozen=True)
-class _At:
-    """Where the conversation stands after a message: its node (None: before any), how many of that node's
-    sent and received items were there then, and a tool call still waiting for its output."""
-
-    node: Any = None
-    sent: int = 0
-    received: int = 0
-    call: dict | None = None
-
-
-def _capped(text: str) -> str:
-    limit = settings.ARBOR_MAX_CONTENT_CHARS
-    return text if len(text) <= limit else f"{text[:limit - 40]}\n[cut at {limit - 40} characters]"
 
 
 def _part_text(part: Any) -> str:
@@ -254,7 +228,7 @@ def _content_text(content: dict, metadata: dict) -> str:
                 else content.get("text") if isinstance(content.get("text"), str) else "")
     files = [f"[file: {a.get('name') or a.get('id', '')}" + (f" ({a['mime_type']})" if a.get("mime_type") else "") + "]"
              for a in metadata.get("attachments") or [] if isinstance(a, dict)]
-    return _capped("\n".join(x for x in (text.strip("\n"), *files) if x))
+    return capped("\n".join(x for x in (text.strip("\n"), *files) if x))
 
 
 def _instructions(content: dict, metadata: dict) -> str:
@@ -267,14 +241,14 @@ def _instructions(content: dict, metadata: dict) -> str:
                         if isinstance(x, str) and x)
 
 
-def _read(key: str, message: Any, at: _At, where: str) -> _Read:
+def _read(key: str, message: Any, at: At, where: str) -> Read:
     """What one message becomes (see the top of this part)."""
     if not isinstance(message, dict):
-        return _Read(None)
+        return Read(None)
     author, content = message.get("author"), message.get("content")
     role = author.get("role") if isinstance(author, dict) else None
     if role is None:
-        return _Read(None)
+        return Read(None)
     if not isinstance(content, dict):
         raise ImportRefused(f"{where}.content: expected an object.")
     if "parts" in content and not isinstance(content["parts"], list):
@@ -282,16 +256,16 @@ def _read(key: str, message: Any, at: _At, where: str) -> _Read:
     metadata = message.get("metadata") if isinstance(message.get("metadata"), dict) else {}
     kind = content.get("content_type")
     if kind == _CUSTOM_INSTRUCTIONS or metadata.get("is_user_system_message"):
-        return _Read(None, instructions=_instructions(content, metadata))
+        return Read(None, instructions=_instructions(content, metadata))
     if metadata.get("is_visually_hidden_from_conversation") or kind in _NEVER_SHOWN or role == "system":
-        return _Read(None)
+        return Read(None)
     text = _content_text(content, metadata)
     if role == "user":
-        return _Read(SENT, (it.user(text),)) if text else _Read(None)
+        return Read(SENT, (it.user(text),)) if text else Read(None)
     return _reply(key, message, text, at)
 
 
-def _reply(key: str, message: dict, text: str, at: _At) -> _Read:
+def _reply(key: str, message: dict, text: str, at: At) -> Read:
     """What an assistant's or a tool's message becomes: a call, thoughts, an answer, a call's output."""
     role, name = message["author"]["role"], message["author"].get("name") or "tool"
     content, recipient = message["content"], message.get("recipient") or "all"
@@ -299,111 +273,35 @@ def _reply(key: str, message: dict, text: str, at: _At) -> _Read:
     if role == "assistant" and recipient != "all":
         arguments = json.dumps({"code": text, **({"language": content["language"]}
                                                   if content.get("language") not in (None, "unknown") else {})})
-        return _Read(RECEIVED, (it.tool_call(f"call_{key}", recipient, arguments),))
+        return Read(RECEIVED, (it.tool_call(f"call_{key}", recipient, arguments),))
     if role == "assistant" and kind == "thoughts":
-        return _Read(RECEIVED, ({"type": "reasoning", "provider": READING_PROVIDER, "text": text, "data": None},)
+        return Read(RECEIVED, ({"type": "reasoning", "provider": READING_PROVIDER, "text": text, "data": None},)
                      if text else ())
     if role == "assistant":
-        return _Read(RECEIVED, (it.text(text),)) if text else _Read(None)
+        return Read(RECEIVED, (it.text(text),)) if text else Read(None)
     if role == "tool":
         if at.call is not None:
-            return _Read(SENT, (it.tool_result(at.call["id"], at.call["name"], text or "(no output)",
+            return Read(SENT, (it.tool_result(at.call["id"], at.call["name"], text or "(no output)",
                                                is_error=kind == "system_error"),))
         # Output with no call before it (a tool that spoke on its own): the person saw it as the assistant's.
-        return _Read(RECEIVED, (it.text(f"[{name}] {text}"),)) if text else _Read(None)
-    return _Read(None)
-
-
-@dataclass
-class _Node:
-    parent: Any
-    sent: list
-    received: list
-
-
-class _Turns:
-    """Messages into nodes, walking the tree from its root: a question or a tool's output starts a node below
-    the node its parent message ended in; an answer, a call or thoughts go on that node. When that node has
-    already gone on differently (a regenerated answer, an edited question), the message goes on a sibling that
-    repeats what came before it: branches stay branches (T8)."""
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, _Node] = {}
-        self.instructions: list[str] = []
-
-    def _new(self, key: str, parent: Any, sent: list, received: list) -> str:
-        while key in self.nodes:
-            key += "'"
-        self.nodes[key] = _Node(parent, sent, received)
-        return key
-
-    def _ends_at(self, at: _At) -> bool:
-        node = self.nodes.get(at.node)
-        return node is not None and (len(node.sent), len(node.received)) == (at.sent, at.received)
-
-    def add(self, key: str, read: _Read, at: _At) -> _At:
-        if read.instructions and read.instructions not in self.instructions:
-            self.instructions.append(read.instructions)
-        if read.side is None or not read.items:
-            return at
-        items = list(read.items)
-        if read.side == RECEIVED:
-            if at.node is not None and self._ends_at(at):
-                node = at.node
-                self.nodes[node].received += items
-            elif at.node is None:
-                node = self._new(key, None, [], items)
-            else:
-                base = self.nodes[at.node]
-                node = self._new(key, base.parent, base.sent[:at.sent], [*base.received[:at.received], *items])
-            calls = [i for i in items if i["type"] == "tool_call"]
-            return _At(node, at.sent, at.received + len(items), calls[-1] if calls else at.call)
-        if at.call is not None and items[0]["type"] == "user":
-            # The person went on while a call waited: it gets the result a stopped call gets (F1, C4).
-            items.insert(0, it.tool_result(at.call["id"], at.call["name"], "not run: the conversation went on"))
-        if (at.node is not None and at.received == 0 and self._ends_at(at)
-                and all(i["type"] == "tool_result" for i in self.nodes[at.node].sent)):
-            self.nodes[at.node].sent += items  # several outputs, or outputs and the person's next question
-            return _At(at.node, at.sent + len(items), 0, None)
-        parent = at.node
-        if parent is not None and not self._ends_at(at):  # the node went on past this point: a sibling ends here
-            base = self.nodes[parent]
-            parent = self._new(f"{key}<", base.parent, base.sent[:at.sent], base.received[:at.received])
-        node = self._new(key, parent, items, [])
-        return _At(node, len(items), 0, None)
+        return Read(RECEIVED, (it.text(f"[{name}] {text}"),)) if text else Read(None)
+    return Read(None)
 
 
 def chatgpt_plan(document: dict[str, Any], index: int) -> Plan:
-    """One entry of conversations.json as a plan (see `_Turns`); `current_node` is the head."""
+    """One entry of conversations.json as a plan (`message_tree`); `current_node` is the head."""
     where = f"conversations[{index}]"
     mapping = document.get("mapping")
     if not isinstance(mapping, dict):
         raise ImportRefused(f"{where}.mapping: expected an object.")
-    check_count(len(mapping))
     root, children = _tree(mapping, where)
-    turns, states = _Turns(), {}
-    stack: list[tuple[str, _At]] = [(root, _At())]
-    while stack:
-        key, at = stack.pop()
-        entry = mapping[key]
-        states[key] = at = turns.add(key, _read(key, entry.get("message"), at, f"{where}.mapping[{key!r}].message"), at)
-        stack.extend((child, at) for child in reversed(children.get(key, [])))
-    if len(states) != len(mapping):
-        raise ImportRefused(f"{where}.mapping: some messages are not reachable from the root (a cycle).")
+
+    def read(key: str, at: At) -> list[Read]:
+        return [_read(key, mapping[key].get("message"), at, f"{where}.mapping[{key!r}].message")]
+
     current = document.get("current_node")
-    head = states[current].node if isinstance(current, str) and current in states else None
-    if head is None and turns.nodes:
-        head = next(reversed(turns.nodes))
-    results: dict[Any, dict[str, it.Item]] = {}  # the outputs each node's calls got, from the nodes below it
-    for node in turns.nodes.values():
-        results.setdefault(node.parent, {}).update((r["call_id"], r) for r in node.sent if r["type"] == "tool_result")
-    nodes = {key: _planned(key, node, results.get(key, {})) for key, node in turns.nodes.items()}
-    title = document.get("title") or ""
-    plan = Plan(title=text_field(title if isinstance(title, str) else "", f"{where}.title", limit=200),
-                model=settings.ARBOR_MODEL, instructions=_capped("\n\n".join(turns.instructions)), head=head,
-                nodes=nodes)
-    check_graph(plan)
-    return plan
+    return tree_plan(children={None: [root], **children}, read=read, total=len(mapping), where=where,
+                     current=current if isinstance(current, str) else None, title=document.get("title") or "")
 
 
 def _tree(mapping: dict[str, Any], where: str) -> tuple[str, dict[str, list[str]]]:
@@ -422,23 +320,3 @@ def _tree(mapping: dict[str, Any], where: str) -> tuple[str, dict[str, list[str]
     return roots[0], children
 
 
-def _planned(key: str, node: _Node, results: dict[str, it.Item]) -> PlannedNode:
-    """A node with what a person sees of it (T8): the question, the answer, each call with its output."""
-    bubbles = []
-    question = it.question_of(node.sent)
-    if question is not None:
-        bubbles.append({"role": "user", "content": question, "data": {}})
-    answer = it.answer_text(node.received)
-    if answer:
-        bubbles.append({"role": "assistant", "content": answer, "data": {}})
-    for call in it.tool_calls(node.received):
-        result = results.get(call["id"]) or it.tool_result(call["id"], call["name"], "(the file holds no output)")
-        bubbles.append({"role": "tool", "content": call["name"], "data": {
-            "call_id": call["id"], "name": call["name"], "arguments": call["arguments"],
-            "status": "error" if result["is_error"] else "done", "result": result["content"],
-            "is_error": result["is_error"]}})
-    return PlannedNode(key=key, parent=node.parent, bubbles=bubbles, fields={
-        "kind": Node.Kind.TURN, "status": Node.Status.SUCCEEDED, "failure_reason": "", "failure_message": "",
-        "sent": node.sent, "received": node.received, "provider": "", "model": "", "usage": {}, "instructions": "",
-        "keep_ephemeral": False, "window_root": False, "tokens": 0, "finished_at": None,
-    })

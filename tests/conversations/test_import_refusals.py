@@ -403,7 +403,7 @@ def test_d5_the_import_functions_raise_their_refusals_directly(user, settings):
     pytest.param(_chat(q=_entry("root", {"author": {"role": "user"}, "content": {"parts": "hi"}})),
                  "conversations[0].mapping['q'].message.content.parts: expected a list", id="parts-not-a-list"),
     pytest.param(_chat(q=_entry("a", _message("user", "hi")), a=_entry("q", _message("assistant", "yo"))),
-                 "conversations[0].mapping: some messages are not reachable from the root (a cycle)",
+                 "conversations[0]: some messages are not reachable from a root (a cycle)",
                  id="unreachable-cycle"),
     pytest.param(_chat(title="t" * 201), "conversations[0].title: longer than 200", id="title-too-long"),
 ])
