@@ -62,16 +62,20 @@ def _conversation(api) -> int:
 
 def test_import_declares_its_body_an_export_file_object_or_array(schema):
     """Finding: the import's request was a free-form object only; an export file is an object (Arbor's tree,
-    one ChatGPT conversation) or an array (ChatGPT's conversations.json), and the body is required."""
+    one ChatGPT conversation, LibreChat's and chatbot-ui's exports, one Claude.ai conversation) or an array
+    (ChatGPT's, Open WebUI's and Claude.ai's exports, whose unreadable entries are skipped), and the body is
+    required."""
     body = _operation(schema, "post", "/api/conversations/import/")["requestBody"]
     assert body["required"] is True
     declared = body["content"]["application/json"]["schema"]
     kinds = {_resolve(schema, branch).get("type") for branch in declared["anyOf"]}
     assert kinds == {"object", "array"}
-    tree, conversation, conversations = declared["anyOf"]
+    tree, conversation, conversations, librechat, chatbotui, claude = declared["anyOf"]
     assert tree["properties"]["format"]["enum"] == ["arbor.tree"]
     assert tree["required"] == ["format", "version", "conversation", "nodes"]
-    assert conversation["required"] == ["mapping"] and conversations["items"] == conversation
+    assert conversation["required"] == ["mapping"] and conversations["items"]["anyOf"][0] == conversation
+    assert (librechat["required"], chatbotui["required"], claude["required"]) == (
+        ["conversationId"], ["history"], ["chat_messages"])
 
 
 def test_import_declares_its_answer_conversations_and_skipped(schema, api):

@@ -78,8 +78,10 @@ _CHATGPT_CONVERSATION: dict[str, Any] = {
 }
 
 IMPORT_REQUEST: dict[str, Any] = {
-    "description": "The export file itself, as JSON: Arbor's tree export (an object), one ChatGPT conversation "
-                   "(an object), or ChatGPT's conversations.json (an array).",
+    "description": "The export file itself, as JSON: Arbor's tree export (an object); ChatGPT's conversations.json, "
+                   "Open WebUI's chat export or Claude.ai's conversations.json (an array; one entry of them, an "
+                   "object, too); LibreChat's conversation export or chatbot-ui's export (an object). An entry "
+                   "that cannot be read is skipped and named in the answer's `skipped`.",
     "anyOf": [
         {
             "type": "object",
@@ -96,7 +98,17 @@ IMPORT_REQUEST: dict[str, Any] = {
             "required": ["format", "version", "conversation", "nodes"],
         },
         _CHATGPT_CONVERSATION,
-        {"type": "array", "items": _CHATGPT_CONVERSATION, "minItems": 1},
+        {"type": "array", "minItems": 1, "description": "The entries of ChatGPT's, Open WebUI's or Claude.ai's export "
+                                                        "(or chatbot-ui's first version): one format in a file",
+         "items": {"anyOf": [_CHATGPT_CONVERSATION, {"type": "object"}]}},
+        {"type": "object", "description": "LibreChat's conversation export (`messages`, or `messagesTree` when "
+                                          "exported recursive)",
+         "properties": {"conversationId": {"type": "string"}, "messages": {"type": "array"},
+                        "messagesTree": {"type": "array"}}, "required": ["conversationId"]},
+        {"type": "object", "description": "chatbot-ui's export", "properties": {"history": {"type": "array"}},
+         "required": ["history"]},
+        {"type": "object", "description": "One Claude.ai conversation", "properties": {
+            "chat_messages": {"type": "array"}}, "required": ["chat_messages"]},
     ],
 }
 

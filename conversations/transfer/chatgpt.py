@@ -15,7 +15,7 @@ from conversations import items as it
 from conversations.models import Conversation, Node
 from conversations.selectors import tree_node_ids
 from conversations.transfer.chunks import id_chunks, joined, json_object_start, json_text, snapshot
-from conversations.transfer.message_tree import RECEIVED, SENT, At, Read, capped, tree_plan
+from conversations.transfer.message_tree import RECEIVED, SENT, At, Read, capped, one_or_many, tree_plan
 from conversations.transfer.plan import ImportRefused, Plan
 
 ROOT = "client-created-root"
@@ -288,9 +288,16 @@ def _reply(key: str, message: dict, text: str, at: At) -> Read:
     return Read(None)
 
 
-def chatgpt_plan(document: dict[str, Any], index: int) -> Plan:
+def entries(document: Any) -> list | None:
+    """The conversations of a conversations.json, or None if `document` is not one."""
+    return one_or_many(document, lambda e: isinstance(e, dict) and "mapping" in e)
+
+
+def chatgpt_plan(document: Any, index: int) -> Plan:
     """One entry of conversations.json as a plan (`message_tree`); `current_node` is the head."""
     where = f"conversations[{index}]"
+    if not isinstance(document, dict) or "mapping" not in document:
+        raise ImportRefused(f"{where}: not a ChatGPT conversation (it has no mapping).")
     mapping = document.get("mapping")
     if not isinstance(mapping, dict):
         raise ImportRefused(f"{where}.mapping: expected an object.")

@@ -1,12 +1,14 @@
 """Importing an uploaded file: reading it, and handing it to its format.
 
 `parse` refuses what is too big or nested too deep before building anything from it; `import_any` hands
-the document to its format's module (`arbor_tree.py`, `chatgpt.py`), each of which plans and writes it
-through `plan.py`.
+the document to its format's module (`arbor_tree.py`; the peers' `chatgpt.py`, `openwebui.py`, `librechat.py`,
+`claude.py`, `chatbotui.py`, which build their nodes with `message_tree.py`), each of which plans and writes
+it through `plan.py`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +18,8 @@ from django.db import transaction
 from config.api import UnsafeJSON, strict_loads
 from config.errors import TooLarge
 from conversations.models import Conversation
-from conversations.transfer import arbor_tree, chatgpt
-from conversations.transfer.plan import ImportRefused, write
+from conversations.transfer import arbor_tree, chatbotui, chatgpt, claude, librechat, openwebui
+from conversations.transfer.plan import ImportRefused, Plan, write
 
 MAX_DEPTH = 32  # JSON nesting; Arbor's own files nest about 8 deep
 
@@ -45,25 +47,35 @@ class Imported:
     skipped: list[dict[str, Any]]  # {"index", "error"}: the file's entries that could not be read
 
 
+# Each peer format: its name, its entries when a document is one of its files (else None), one entry's plan.
+_FORMATS: list[tuple[str, Callable[[Any], list | None], Callable[[Any, int], Plan]]] = [
+    ("ChatGPT", chatgpt.entries, chatgpt.chatgpt_plan),
+    ("Open WebUI", openwebui.entries, openwebui.plan),
+    ("LibreChat", librechat.entries, librechat.plan),
+    ("Claude.ai", claude.entries, claude.plan),
+    ("chatbot-ui", chatbotui.entries, chatbotui.plan),
+]
+ACCEPTED = "Arbor's tree export, or an export of ChatGPT, Open WebUI, LibreChat, Claude.ai or chatbot-ui"
+
+
 def import_any(*, owner, document: Any) -> Imported:
-    """Import Arbor's tree format or ChatGPT's conversations.json, whichever `document` is. An entry of a
-    file of several that cannot be read is skipped and named, and the others import; nothing readable is
-    refused whole (and creates nothing)."""
+    """Import whichever of the accepted formats `document` is. An entry of a file of several that cannot be read
+    is skipped and named, and the others import; nothing readable is refused whole (and creates nothing)."""
     if isinstance(document, dict) and document.get("format") == arbor_tree.TREE_FORMAT:
         return Imported([arbor_tree.import_tree(owner=owner, document=document)], [])
-    entries = [document] if isinstance(document, dict) else document
-    if not isinstance(entries, list) or not any(isinstance(e, dict) and "mapping" in e for e in entries):
-        raise ImportRefused("Unknown file: expected Arbor's tree export or ChatGPT's conversations.json.")
+    found = next(((name, entries, plan_of) for name, entries_of, plan_of in _FORMATS
+                  if (entries := entries_of(document)) is not None), None)
+    if found is None:
+        raise ImportRefused(f"Unknown file: expected {ACCEPTED}.")
+    name, entries, plan_of = found
     plans, skipped = [], []
     for index, entry in enumerate(entries):
         try:
-            if not isinstance(entry, dict) or "mapping" not in entry:
-                raise ImportRefused(f"conversations[{index}]: not a ChatGPT conversation (it has no mapping).")
-            plans.append(chatgpt.chatgpt_plan(entry, index))
+            plans.append(plan_of(entry, index))
         except ImportRefused as refused:
             skipped.append({"index": index, "error": refused.message})
     if not plans:
-        raise ImportRefused("Nothing in the file could be imported: "
+        raise ImportRefused(f"Nothing in this {name} file could be imported: "
                             + "; ".join(entry["error"] for entry in skipped[:5]))
     with transaction.atomic():
         return Imported([write(owner=owner, plan=plan) for plan in plans], skipped)

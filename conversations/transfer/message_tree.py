@@ -56,6 +56,24 @@ def placeholder(kind: str, name: str, detail: str = "") -> str:
     return f"[{kind}{f' {detail}' if detail else ''}: {name}]" if name else f"[{kind}]"
 
 
+def one_or_many(document: Any, is_one: Callable[[Any], bool]) -> list | None:
+    """A format's entries: the document if it is one, or a list holding some (the others are skipped when read);
+    None if the document is no file of this format."""
+    if is_one(document):
+        return [document]
+    if isinstance(document, list) and any(is_one(e) for e in document):
+        return document
+    return None
+
+
+def children_by_parent(parents: dict[Any, Any]) -> dict[Any, list[Any]]:
+    """Children by parent, in `parents`' order; a message whose parent is not in the file is a root (None)."""
+    children: dict[Any, list[Any]] = {}
+    for key, parent in parents.items():
+        children.setdefault(parent if parent in parents else None, []).append(key)
+    return children
+
+
 @dataclass
 class _Node:
     parent: Any

@@ -366,7 +366,8 @@ def test_d5_an_upload_that_is_not_utf8_json_or_nests_too_deep_is_refused_and_cre
     pytest.param(None, id="null"),
 ])
 def test_d5_an_unknown_format_is_refused_and_creates_nothing(api, document):
-    _assert_refused(api, document, "Unknown file: expected Arbor's tree export or ChatGPT's conversations.json")
+    _assert_refused(api, document, "Unknown file: expected Arbor's tree export, or an export of ChatGPT, Open "
+                                   "WebUI, LibreChat, Claude.ai or chatbot-ui")
 
 
 def test_d5_the_import_functions_raise_their_refusals_directly(user, settings):

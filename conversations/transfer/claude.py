@@ -1,0 +1,100 @@
+"""Claude.ai's data export (`conversations.json`): a list of conversations, each with its `chat_messages` from
+`human` and `assistant`. A message's `content` blocks are read in order: text, `thinking` (reasoning), `tool_use`
+and the `tool_result` claude.ai's own tools gave back inside the same answer (the export gives neither an id:
+a result belongs to the call before it). Attachments and files are placeholders. The bulk export lists one
+branch in order; a conversation as claude.ai's web app serves it also has `parent_message_uuid` and
+`current_leaf_message_uuid`, and then its branches are kept."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from conversations import items as it
+from conversations.transfer.message_tree import (
+    RECEIVED,
+    SENT,
+    At,
+    Read,
+    capped,
+    children_by_parent,
+    one_or_many,
+    placeholder,
+    tree_plan,
+)
+from conversations.transfer.plan import ImportRefused, Plan
+
+PROVIDER = "claude.ai"  # thinking claude.ai showed: kept and shown, never sent to a model (C4)
+
+
+def entries(document: Any) -> list | None:
+    def conversation(entry: Any) -> bool:
+        return isinstance(entry, dict) and isinstance(entry.get("chat_messages"), list)
+    if isinstance(document, dict) and isinstance(document.get("conversations"), list):  # a viewer's wrapper
+        document = document["conversations"]
+    return one_or_many(document, conversation)
+
+
+def plan(entry: Any, index: int) -> Plan:
+    where = f"conversations[{index}]"
+    if not isinstance(entry, dict) or not isinstance(entry.get("chat_messages"), list):
+        raise ImportRefused(f"{where}: not a Claude conversation (it has no chat_messages).")
+    messages: dict[str, dict] = {}
+    for position, message in enumerate(entry["chat_messages"]):
+        if not isinstance(message, dict):
+            raise ImportRefused(f"{where}.chat_messages[{position}]: expected an object.")
+        messages[str(message.get("uuid") or position)] = message
+    keys = list(messages)
+    linked = all(m.get("parent_message_uuid") for m in messages.values())
+    children = children_by_parent({key: messages[key].get("parent_message_uuid") if linked else
+                                   (keys[position - 1] if position else None) for position, key in enumerate(keys)})
+
+    def read(key: str, at: At) -> list[Read]:
+        return _read(key, messages[key], at)
+
+    return tree_plan(children=children, read=read, total=len(messages), where=where,
+                     current=entry.get("current_leaf_message_uuid") if linked else (keys[-1] if keys else None),
+                     title=entry.get("name") or "")
+
+
+def _block_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text")
+
+
+def _read(key: str, message: dict, at: At) -> list[Read]:
+    blocks = [b for b in message.get("content") or [] if isinstance(b, dict)]
+    if message.get("sender") == "human":
+        text = _block_text(blocks) or (message.get("text") if isinstance(message.get("text"), str) else "")
+        names = {}
+        for attached in [*(message.get("attachments") or []), *(message.get("files") or [])]:
+            if isinstance(attached, dict) and attached.get("file_name"):
+                kind = attached.get("file_type") or attached.get("file_kind") or ""
+                names.setdefault(attached["file_name"], kind)
+        files = [placeholder("file", name, f"({kind})" if kind else "") for name, kind in names.items()]
+        question = capped("\n".join(x for x in (text, *files) if x))
+        return [Read(SENT, (it.user(question),))] if question else []
+    if message.get("sender") != "assistant":
+        return []
+    if not blocks:
+        text = message.get("text") if isinstance(message.get("text"), str) else ""
+        return [Read(RECEIVED, (it.text(capped(text)),))] if text else []
+    reads, call = [], at.call
+    for index, block in enumerate(blocks):
+        kind = block.get("type")
+        if kind == "text" and block.get("text"):
+            reads.append(Read(RECEIVED, (it.text(capped(block["text"])),)))
+        elif kind == "thinking" and block.get("thinking"):
+            reads.append(Read(RECEIVED, ({"type": "reasoning", "provider": PROVIDER,
+                                          "text": capped(block["thinking"]), "data": None},)))
+        elif kind == "tool_use":
+            call = it.tool_call(str(block.get("id") or f"call_{key}_{index}"), str(block.get("name") or "tool"),
+                                json.dumps(block.get("input") or {}))
+            reads.append(Read(RECEIVED, (call,)))
+        elif kind == "tool_result" and call is not None:
+            reads.append(Read(SENT, (it.tool_result(call["id"], call["name"],
+                                                    capped(_block_text(block.get("content")) or "(no output)"),
+                                                    is_error=bool(block.get("is_error"))),)))
+            call = None
+    return reads
