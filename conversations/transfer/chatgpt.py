@@ -5,6 +5,7 @@ custom instructions as the conversation's, and nothing a person never saw (see "
 
 from __future__ import annotations
 
+import hashlib
 import json
 from array import array
 from bisect import bisect_left
@@ -22,14 +23,23 @@ ROOT = "client-created-root"
 
 
 def _message(message_id: str, role: str, text: str, *, created: float | None, name: str | None = None,
-             recipient: str = "all", metadata: dict | None = None) -> dict[str, Any]:
+             recipient: str = "all", metadata: dict | None = None, content: dict | None = None) -> dict[str, Any]:
     return {"id": message_id, "author": {"role": role, "name": name, "metadata": {}}, "create_time": created,
-            "update_time": None, "content": {"content_type": "text", "parts": [text]},
+            "update_time": None, "content": content or {"content_type": "text", "parts": [text]},
             "status": "finished_successfully", "end_turn": role == "assistant", "weight": 1.0,
             "metadata": metadata or {}, "recipient": recipient}
 
 
-_SHOWN = {"user", "text", "tool_call", "tool_result"}
+def _root_message(instructions: str) -> dict[str, Any] | None:
+    """The conversation's instructions where ChatGPT keeps custom instructions: a hidden system message."""
+    if not instructions:
+        return None
+    return _message(ROOT, "system", "", created=None, content={"content_type": "text", "parts": [""]},
+                    metadata={"is_visually_hidden_from_conversation": True, "is_user_system_message": True,
+                              "user_context_message_data": {"about_model_message": instructions}})
+
+
+_SHOWN = {"user", "text", "tool_call", "tool_result", "reasoning"}
 
 
 def _shown_items(node: Node) -> list[tuple[int, dict[str, Any]]]:
@@ -48,24 +58,32 @@ def _shown_items(node: Node) -> list[tuple[int, dict[str, Any]]]:
             if item.get("type") in _SHOWN or (item.get("type") == "summary" and item.get("text"))]
 
 
-def _node_messages(node: Node) -> list[dict[str, Any]]:
-    """One Arbor node as ChatGPT messages (see `_shown_items`)."""
+def _node_messages(node: Node, *, after: int = -1) -> list[dict[str, Any]]:
+    """One Arbor node as ChatGPT messages (see `_shown_items`), those of its items after place `after` only."""
     created = node.created_at.timestamp() if node.created_at else None
     meta = {"arbor_node": node.pk, "arbor_status": node.status}
     out = []
     for index, item in _shown_items(node):
+        if index <= after:
+            continue
         message_id = f"arbor-{node.pk}-{index}"
         kind = item.get("type")
         if kind == "user":
             out.append(_message(message_id, "user", item["text"], created=created, metadata=meta))
         elif kind == "text":
             out.append(_message(message_id, "assistant", item["text"], created=created, metadata=meta))
-        elif kind == "tool_call":
-            out.append(_message(message_id, "assistant", item["arguments"], created=created, recipient=item["name"],
+        elif kind == "tool_call":  # as ChatGPT writes a call to its tools: code to a recipient
+            out.append(_message(message_id, "assistant", "", created=created, recipient=item["name"],
+                                content={"content_type": "code", "language": "json", "text": item["arguments"]},
                                 metadata={**meta, "arbor_call_id": item["id"]}))
+        elif kind == "reasoning":
+            out.append(_message(message_id, "assistant", "", created=created, content={
+                "content_type": "thoughts", "thoughts": [{"summary": "", "content": item.get("text") or ""}]},
+                metadata={**meta, "arbor_provider": item.get("provider"), "arbor_data": item.get("data")}))
         elif kind == "tool_result":
             out.append(_message(message_id, "tool", item["content"], created=created, name=item.get("name"),
-                                metadata={**meta, "arbor_call_id": item["call_id"]}))
+                                metadata={**meta, "arbor_call_id": item["call_id"],
+                                          "arbor_is_error": item["is_error"]}))
         else:
             out.append(_message(message_id, "system", item["text"], created=created, metadata=meta))
     return out
@@ -77,7 +95,8 @@ class _Links:
 
     Every node becomes a chain of messages below its anchor's last message: its parent's, or for a compaction
     root (which starts a tree of its own in Arbor) its original's, which is where a person met it. A node with no
-    messages passes its place on to the nodes below it.
+    messages passes its place on to the nodes below it. A regenerated answer (a node that sent what an earlier
+    sibling sent) hangs below that sibling's question, as ChatGPT keeps it: one question, several answers.
     """
 
     def __init__(self, ids: array):
@@ -87,6 +106,9 @@ class _Links:
         self.first = array("q", [-1]) * n  # a node's first and last message's place among its items; -1: none
         self.last = array("q", [-1]) * n
         self.up = array("q", [-1]) * n  # the nearest node above, by anchors, that has messages; -1: the root
+        self.asked = array("q", [-1]) * n  # the place of a node's last message that it sent (a question); -1: none
+        self.shares = array("q", [-1]) * n  # the earlier sibling whose question a regenerated answer hangs below
+        self.sharers: dict[int, list[int]] = {}  # a node's regenerated answers' nodes
         self.offsets = array("q", [0]) * (n + 2)  # the nodes hanging below each node (the root last), as ranges
         self.below = array("q")
 
@@ -95,13 +117,27 @@ class _Links:
         return i if i < len(self.ids) and self.ids[i] == node_id else -1
 
     def read(self, nodes: Iterable[Node]) -> None:
+        asking: dict[tuple[int, str], int] = {}  # (anchor, what was sent) -> the first node that sent it there
         for node in nodes:
             i = self.index(node.pk)
             anchor = node.parent_id if node.parent_id is not None else node.compacted_from_id
             self.anchor[i] = self.index(anchor)
             shown = _shown_items(node)
-            if shown:
-                self.first[i], self.last[i] = shown[0][0], shown[-1][0]
+            if not shown:
+                continue
+            self.first[i], self.last[i] = shown[0][0], shown[-1][0]
+            asked = [index for index, _ in shown if index < len(node.sent)]
+            answered = [index for index, _ in shown if index >= len(node.sent)]
+            if not asked:
+                continue
+            self.asked[i] = asked[-1]
+            key = (self.anchor[i], hashlib.sha1(json_text(node.sent).encode()).hexdigest())
+            if key in asking and answered:
+                j = self.shares[i] = asking[key]
+                self.first[i] = answered[0]
+                self.sharers.setdefault(j, []).append(i)
+            else:
+                asking.setdefault(key, i)
 
     def link(self) -> None:
         n = len(self.ids)
@@ -110,7 +146,7 @@ class _Links:
             while j >= 0 and self.first[j] < 0 and steps <= n:  # a node without messages: look above it
                 j, steps = self.anchor[j], steps + 1
             self.up[i] = j if steps <= n else -1  # (a loop would be a corrupt tree: hang it at the root)
-        shown = [i for i in range(n) if self.first[i] >= 0]
+        shown = [i for i in range(n) if self.first[i] >= 0 and self.shares[i] < 0]
         for i in shown:
             self.offsets[self.up[i] % (n + 1) + 1] += 1
         for slot in range(1, n + 2):
@@ -130,6 +166,13 @@ class _Links:
         slot = i % (len(self.ids) + 1)
         return [f"arbor-{self.ids[k]}-{self.first[k]}" for k in self.below[self.offsets[slot]:self.offsets[slot + 1]]]
 
+    def question(self, i: int) -> str:
+        return f"arbor-{self.ids[i]}-{self.asked[i]}"
+
+    def answers(self, i: int) -> list[str]:
+        """The first messages of the regenerated answers hanging below node `i`'s question."""
+        return [f"arbor-{self.ids[k]}-{self.first[k]}" for k in self.sharers.get(i, [])]
+
     def current(self, head: int | None) -> str:
         i = self.index(head)
         return self.last_message(i if i < 0 or self.first[i] >= 0 else self.up[i])
@@ -145,14 +188,20 @@ def _entry(key: str, message: dict[str, Any] | None, parent: str | None, childre
     return f"{json_text(key)}: {json_text({'id': key, 'message': message, 'parent': parent, 'children': children})}"
 
 
-def _entries(links: _Links) -> Iterator[str]:
-    yield _entry(ROOT, None, None, links.children(-1))
+def _entries(links: _Links, instructions: str) -> Iterator[str]:
+    yield _entry(ROOT, _root_message(instructions), None, links.children(-1))
     for node in _nodes(links.ids):
         i = links.index(node.pk)
-        messages = _node_messages(node)
+        shared = links.shares[i]
+        messages = _node_messages(node, after=links.asked[i] if shared >= 0 else -1)
         for k, message in enumerate(messages):
-            parent = messages[k - 1]["id"] if k else links.last_message(links.up[i])
+            if k:
+                parent = messages[k - 1]["id"]
+            else:
+                parent = links.question(shared) if shared >= 0 else links.last_message(links.up[i])
             children = [messages[k + 1]["id"]] if k + 1 < len(messages) else links.children(i)
+            if links.sharers.get(i) and message["id"] == links.question(i):
+                children = [*children, *links.answers(i)]
             yield _entry(message["id"], message, parent, children)
 
 
@@ -168,7 +217,7 @@ def chatgpt_chunks(conversation: Conversation) -> Iterator[str]:
             "title": conversation.title or f"Conversation {conversation.pk}",
             "create_time": conversation.created_at.timestamp(), "update_time": conversation.updated_at.timestamp(),
         }, "mapping") + "{"
-        yield from joined(_entries(links))
+        yield from joined(_entries(links, conversation.instructions))
         yield "}, " + json_text({"current_node": links.current(conversation.head_id),
                                  "conversation_id": f"arbor-{conversation.pk}",
                                  "default_model_slug": conversation.model})[1:] + "]"
@@ -270,19 +319,25 @@ def _reply(key: str, message: dict, text: str, at: At) -> Read:
     role, name = message["author"]["role"], message["author"].get("name") or "tool"
     content, recipient = message["content"], message.get("recipient") or "all"
     kind = content.get("content_type")
+    # What Arbor's own export keeps beside ChatGPT's fields (a call's id and arguments, a result's error flag,
+    # whose reasoning it was), so a round trip loses nothing.
+    arbor = {k: v for k, v in (message.get("metadata") or {}).items() if k.startswith("arbor_")}
     if role == "assistant" and recipient != "all":
+        if isinstance(arbor.get("arbor_call_id"), str):
+            return Read(RECEIVED, (it.tool_call(arbor["arbor_call_id"], recipient, content.get("text") or "{}"),))
         arguments = json.dumps({"code": text, **({"language": content["language"]}
                                                   if content.get("language") not in (None, "unknown") else {})})
         return Read(RECEIVED, (it.tool_call(f"call_{key}", recipient, arguments),))
     if role == "assistant" and kind == "thoughts":
-        return Read(RECEIVED, ({"type": "reasoning", "provider": READING_PROVIDER, "text": text, "data": None},)
-                     if text else ())
+        provider = arbor.get("arbor_provider") if isinstance(arbor.get("arbor_provider"), str) else READING_PROVIDER
+        return Read(RECEIVED, ({"type": "reasoning", "provider": provider, "text": text,
+                                "data": arbor.get("arbor_data")},) if text else ())
     if role == "assistant":
         return Read(RECEIVED, (it.text(text),)) if text else Read(None)
     if role == "tool":
         if at.call is not None:
             return Read(SENT, (it.tool_result(at.call["id"], at.call["name"], text or "(no output)",
-                                               is_error=kind == "system_error"),))
+                                              is_error=kind == "system_error" or arbor.get("arbor_is_error") is True),))
         # Output with no call before it (a tool that spoke on its own): the person saw it as the assistant's.
         return Read(RECEIVED, (it.text(f"[{name}] {text}"),)) if text else Read(None)
     return Read(None)

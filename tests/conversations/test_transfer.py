@@ -224,3 +224,45 @@ def test_the_chatgpt_export_leaves_side_calls_out(api, user, conversation):
     (created,) = _import(api, document).json()["conversations"]
     copy = Conversation.objects.get(pk=created["id"])
     assert all(v.branch.count == 1 for v in path_bubbles(conversation=copy) if v.bubble.role == "user")
+
+
+def _item_paths(conversation) -> set[str]:
+    """Every turn node of the conversation as the items on its path from the root, ids and models aside."""
+    nodes = {n.pk: n for n in Node.objects.filter(conversation=conversation, kind=Node.Kind.TURN)}
+
+    def path(node):
+        out = []
+        while node is not None:
+            out.append({"sent": node.sent, "received": node.received})
+            node = nodes.get(node.parent_id)
+        return json.dumps(out[::-1], sort_keys=True)
+
+    return {path(n) for n in nodes.values()}
+
+
+def test_issue_15_t8_a_chatgpt_round_trip_keeps_every_branch_message_call_result_and_the_instructions(
+        api, user, conversation):
+    """Issue 15: export to ChatGPT's format and import back: a regenerated answer is one question with two
+    answers (it was exported as a repeated question), a tool call is a call with its id and arguments and its
+    result comes back (they became visible text, and results were dropped), the instructions are kept (they
+    were dropped); every node's path, and the head, are as they were."""
+    services.conversation_update(conversation=conversation, instructions="Answer in one line.")
+    ask(conversation, "first question")
+    turn_regenerate(user=user, conversation_id=conversation.pk).run()
+    turn_edit(user=user, conversation_id=conversation.pk, node_id=head(conversation).pk, content="first, edited").run()
+    ask(conversation, '#tool sql_query {"sql": "select count(*) as n from customers"}')
+    ask(conversation, "and after the tool?")
+
+    document = json.loads(b"".join(api.get(f"/api/conversations/{conversation.pk}/export/",
+                                           {"format": "chatgpt"}).streaming_content))
+    questions = [e["message"]["content"]["parts"][0] for e in document[0]["mapping"].values()
+                 if e["message"] and e["message"]["author"]["role"] == "user"]
+    assert questions.count("first question") == 1, "one question, its two answers below it"
+    (created,) = _import(api, document).json()["conversations"]
+    copy = Conversation.objects.get(pk=created["id"])
+
+    conversation.refresh_from_db()
+    assert copy.instructions == "Answer in one line."
+    assert _item_paths(copy) == _item_paths(conversation)
+    assert [(v.bubble.role, v.bubble.content, v.branch.count) for v in path_bubbles(conversation=copy)] == [
+        (v.bubble.role, v.bubble.content, v.branch.count) for v in path_bubbles(conversation=conversation)]
