@@ -1,13 +1,18 @@
 """Arbor settings. The environment is read here and nowhere else."""
 
+import json
 import os
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-# litellm reads this when it is first imported: never fetch the price list at run time (no network here).
+# litellm reads these when it is first imported: never fetch its price list or Anthropic's beta headers at run
+# time, and never download a Hugging Face tokenizer to count a llama model's tokens (that waited ~24 s on
+# retries with no network); the bundled tiktoken files count instead.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -203,7 +208,27 @@ SPECTACULAR_SETTINGS = {
 
 # Arbor itself.
 ARBOR_MODEL = os.environ.get("ARBOR_MODEL", "arbor/echo")
+# The base URL of an OpenAI-compatible server for `openai/…` and `hosted_vllm/…` models only (a shorthand for
+# ARBOR_PROVIDERS={"openai": {"api_base": …}, "hosted_vllm": {"api_base": …}}); never sent to other providers.
 ARBOR_API_BASE = os.environ.get("ARBOR_API_BASE") or None
+
+
+def _providers(raw: str) -> dict[str, dict]:
+    """ARBOR_PROVIDERS: a JSON object of litellm options per provider or per model (README "Models and
+    providers"), e.g. {"anthropic": {"api_key": "…"}, "azure/my-gpt": {"api_base": "…", "api_version": "…"}}."""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as error:
+        raise ImproperlyConfigured(f"ARBOR_PROVIDERS is not JSON: {error}") from None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in value.items()):
+        raise ImproperlyConfigured('ARBOR_PROVIDERS must be a JSON object of objects: {"anthropic": {"api_key": '
+                                   '"…"}, "openai/gpt-4o": {"api_base": "…"}}')
+    return value
+
+
+ARBOR_PROVIDERS = _providers(os.environ.get("ARBOR_PROVIDERS", ""))
 ARBOR_MODELS = [m for m in os.environ.get("ARBOR_MODELS", "").split(",") if m] or [ARBOR_MODEL]
 ARBOR_LLM_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_LLM_TIMEOUT_SECONDS", "120"))
 ARBOR_ECHO_MAX_INPUT_TOKENS = int(os.environ.get("ARBOR_ECHO_MAX_INPUT_TOKENS", "4000"))
@@ -217,6 +242,7 @@ ARBOR_MAX_INPUT_TOKENS = {
     if name.strip()
 }
 ARBOR_DEFAULT_MAX_INPUT_TOKENS = int(os.environ.get("ARBOR_DEFAULT_MAX_INPUT_TOKENS", "8192"))
+# The most a call's answer may take (sent as max_tokens): the model's own output limit, capped by this.
 ARBOR_ANSWER_RESERVE_TOKENS = int(os.environ.get("ARBOR_ANSWER_RESERVE_TOKENS", "4096"))
 ARBOR_COMPACTION_THRESHOLD = float(os.environ.get("ARBOR_COMPACTION_THRESHOLD", "0.8"))
 ARBOR_COMPACTION_KEEP_TURNS = int(os.environ.get("ARBOR_COMPACTION_KEEP_TURNS", "4"))

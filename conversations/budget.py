@@ -32,12 +32,11 @@ class Budget:
 def budget_for(model: str) -> Budget:
     """Read at call time: settings may change between calls (and do, in tests).
 
-    The reserve is `ARBOR_ANSWER_RESERVE_TOKENS`, capped at a quarter of the limit: the default 4096
-    would leave a small model (arbor/echo's 4000, a local 8192) little or nothing for its input. The cap
-    is deliberate and visible in `Budget.reserve`; a configured reserve below it is used as is.
+    The reserve is what every call sends as `max_tokens` (`llm.answer_reserve`): the model's output limit,
+    capped by `ARBOR_ANSWER_RESERVE_TOKENS` and by a quarter of the input limit.
     """
     limit = llm.max_input_tokens(model)
-    reserve = min(settings.ARBOR_ANSWER_RESERVE_TOKENS, limit // 4)
+    reserve = llm.answer_reserve(model)
     return Budget(limit=limit, reserve=reserve, threshold=int((limit - reserve) * settings.ARBOR_COMPACTION_THRESHOLD))
 
 

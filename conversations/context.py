@@ -121,7 +121,10 @@ def _assistant_message(items: list[Item], provider: str | None) -> dict[str, Any
             thoughts.append(item.get("text") or "")
             data = item.get("data")
             blocks.extend(data if isinstance(data, list) else [data] if data else [])
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or (None if calls else "")}
+    # Texts of one run (a partial answer kept from a failed call, then the retry's) are paragraphs of their own:
+    # glued, the model read "…compute this.My apologies…".
+    message: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(t for t in texts if t) or
+                               (None if calls else "")}
     if calls:
         message["tool_calls"] = calls
     if blocks:

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from config.errors import BadInput, NotFound
 from config.together import Together, Written, together
+from conversations import jobs
 from conversations.errors import TurnInProgress
 from conversations.locks import TurnLock, head_guard
 from conversations.models import Bubble, Conversation, Node, Preferences, ToolApproval
@@ -89,9 +90,13 @@ def conversation_update(*, conversation: Conversation, **fields: Any) -> Convers
     unknown = set(fields) - allowed
     if unknown:
         raise BadInput(f"Unknown fields: {', '.join(sorted(unknown))}.")
+    switched = "model" in fields and fields["model"] != conversation.model
     for name, value in fields.items():
         setattr(conversation, name, value)
-    conversation.save(update_fields=[*fields, "updated_at"])
+    with transaction.atomic():
+        conversation.save(update_fields=[*fields, "updated_at"])
+        if switched:  # C1: the stored counts were made for the old model's tokenizer
+            jobs.enqueue(kind="recount", payload={"conversation": conversation.pk, "model": conversation.model})
     return conversation
 
 

@@ -34,6 +34,7 @@ litellm.telemetry = False
 # at path 400; a path-2,000 echo turn took 432 s). Arbor records usage itself.
 litellm.disable_streaming_logging = True
 litellm.suppress_debug_info = True
+litellm.disable_hf_tokenizer_download = True  # count with the bundled tiktoken files, never the network
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,43 @@ def max_input_tokens(model: str) -> int:
     return int(known) if known else settings.ARBOR_DEFAULT_MAX_INPUT_TOKENS
 
 
+def max_output_tokens(model: str) -> int | None:
+    """The model's own limit on an answer, from litellm's model info; None when litellm does not know it."""
+    if provider_of(model) in _OWN_PROVIDERS:
+        return None
+    try:
+        known = litellm.get_model_info(model).get("max_output_tokens")
+    except Exception:  # not in litellm's list: local servers, new models
+        return None
+    return int(known) if known else None
+
+
+def answer_reserve(model: str) -> int:
+    """What a call keeps free for its answer (C1), and sends as `max_tokens`: the model's output limit,
+    capped by ARBOR_ANSWER_RESERVE_TOKENS and by a quarter of its input limit (the default 4096 would leave
+    a small model, arbor/echo's 4000 or a local 8192, little or nothing for its input)."""
+    reserve = min(settings.ARBOR_ANSWER_RESERVE_TOKENS, max_input_tokens(model) // 4)
+    known = max_output_tokens(model)
+    return min(reserve, known) if known else reserve
+
+
+# litellm providers that speak OpenAI's API: ARBOR_API_BASE is theirs alone.
+_OPENAI_COMPATIBLE = ("openai", "hosted_vllm")
+
+
+def provider_options(model: str) -> dict[str, Any]:
+    """The litellm options ARBOR_PROVIDERS sets for the model's provider, then for the model itself (a model's
+    win). Only the model's own provider's entry is read, so a key never goes to another provider's base."""
+    provider = provider_of(model)
+    if provider in _OWN_PROVIDERS:
+        return {}
+    options: dict[str, Any] = {}
+    if settings.ARBOR_API_BASE and provider in _OPENAI_COMPATIBLE:
+        options["api_base"] = settings.ARBOR_API_BASE
+    configured = settings.ARBOR_PROVIDERS
+    return {**options, **configured.get(provider, {}), **configured.get(model, {})}
+
+
 def count_tokens(model: str, messages: list[dict], tools: list[dict] | None = None) -> int:
     """Input tokens of `messages` (and tool specs) for `model`, with litellm's counter.
 
@@ -200,10 +238,14 @@ def stream_call(
     provider = provider_of(model)
     state = _StreamState()
     kwargs: dict[str, Any] = {
+        **provider_options(model),
         "model": model,
         "messages": messages,
         "stream": True,
         "stream_options": {"include_usage": True},
+        # The reserve the budget kept free (C1): without it litellm sends the model's whole output limit
+        # (64,000 for a Claude model), and the provider refuses a long context the budget let through.
+        "max_tokens": answer_reserve(model),
         "timeout": settings.ARBOR_LLM_TIMEOUT_SECONDS,
         "num_retries": 0,
         "max_retries": 0,
@@ -214,8 +256,8 @@ def stream_call(
         kwargs["arbor_compaction"] = True
     if response_format:
         kwargs["response_format"] = response_format
-    if api_base or (settings.ARBOR_API_BASE and provider not in _OWN_PROVIDERS):
-        kwargs["api_base"] = api_base or settings.ARBOR_API_BASE
+    if api_base:
+        kwargs["api_base"] = api_base
     stream = None
     try:
         stream = litellm.completion(**kwargs)

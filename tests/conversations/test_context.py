@@ -8,7 +8,7 @@ import re
 import pytest
 
 from conversations import items as it
-from conversations.context import PathNode, assemble, readable_by
+from conversations.context import PathNode, assemble, readable_by, to_messages
 
 
 def node(node_id, sent, received=(), status="succeeded", parent=None, provider="openai"):
@@ -187,3 +187,12 @@ def test_prefix_stability_holds_across_turns_for_every_provider_shape():
 def _unmarked(messages: list[dict]) -> list[dict]:
     return [{**m, "content": m["content"][0]["text"]} if isinstance(m.get("content"), list) else m
             for m in messages]
+
+
+def test_issue_15_consecutive_assistant_texts_reach_the_model_as_paragraphs_not_glued():
+    """Issue 15: a partial answer kept from a failed call, then the retry's answer, are one assistant message
+    (C4); the model read "…compute this.My apologies…". They are joined as separate paragraphs."""
+    items = [{"type": "user", "text": "compute it"}, {"type": "text", "text": "Let me compute this."},
+             {"type": "text", "text": "My apologies, the sum is 4."}]
+    assert to_messages(items, provider="openai")[1] == {
+        "role": "assistant", "content": "Let me compute this.\n\nMy apologies, the sum is 4."}

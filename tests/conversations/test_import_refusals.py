@@ -304,7 +304,9 @@ def test_c3_a_compaction_root_listed_before_its_original_and_summarising_call_im
     copy = Conversation.objects.get(pk=response.json()["conversations"][0]["id"])
     after = head(copy)
     root = after.parent
-    assert (root.kind, root.parent_id, after.path_tokens) == ("compaction", None, 3)
+    # C1: counts are the import's own (the file's 3 is not trusted); a path starts afresh at its root
+    assert (root.kind, root.parent_id, root.path_tokens) == ("compaction", None, root.tokens)
+    assert after.path_tokens == root.tokens + after.tokens
     assert root.compacted_from.parent.parent_id is None and root.summary_call.parent_id == root.compacted_from_id
 
 

@@ -183,7 +183,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(400, {"error": {"message": "invalid JSON body", "type": "invalid_request_error"}})
             return
         stub = self.server.stub
-        reply = stub._record_and_pop(body)
+        reply = stub._record_and_pop(body, self.headers.get("Authorization"))
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # client gave up (e.g. timeout)
             self._answer(body, reply)
 
@@ -336,6 +336,7 @@ class OpenAIStub:
     def __init__(self, *, usage_on_last_chunk: bool = False) -> None:
         self.usage_on_last_chunk = usage_on_last_chunk
         self.requests: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []  # each request's Authorization header, in order
         self._queue: deque[Reply] = deque()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -385,15 +386,17 @@ class OpenAIStub:
         with self._lock:
             self._queue.clear()
             self.requests.clear()
+            self.authorizations.clear()
 
     @property
     def pending(self) -> int:
         with self._lock:
             return len(self._queue)
 
-    def _record_and_pop(self, body: dict[str, Any]) -> Reply:
+    def _record_and_pop(self, body: dict[str, Any], authorization: str | None = None) -> Reply:
         with self._lock:
             self.requests.append(body)
+            self.authorizations.append(authorization)
             if self._queue:
                 return self._queue.popleft()
         return Reply.text(DEFAULT_TEXT)
