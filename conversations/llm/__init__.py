@@ -237,27 +237,8 @@ def stream_call(
     """
     provider = provider_of(model)
     state = _StreamState()
-    kwargs: dict[str, Any] = {
-        **provider_options(model),
-        "model": model,
-        "messages": messages,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        # The reserve the budget kept free (C1): without it litellm sends the model's whole output limit
-        # (64,000 for a Claude model), and the provider refuses a long context the budget let through.
-        "max_tokens": answer_reserve(model),
-        "timeout": settings.ARBOR_LLM_TIMEOUT_SECONDS,
-        "num_retries": 0,
-        "max_retries": 0,
-    }
-    if tools:
-        kwargs["tools"] = tools
-    if compaction and native_compaction(provider):
-        kwargs["arbor_compaction"] = True
-    if response_format:
-        kwargs["response_format"] = response_format
-    if api_base:
-        kwargs["api_base"] = api_base
+    kwargs = _request(model, provider, messages, tools=tools, api_base=api_base, compaction=compaction,
+                      response_format=response_format)
     stream = None
     try:
         stream = litellm.completion(**kwargs)
@@ -282,6 +263,49 @@ def stream_call(
     if cost is not None:
         usage["cost_usd"] = cost
     return CallResult(received=state.items(provider), usage=usage, provider=provider, model=model)
+
+
+# Providers whose requests must declare the tools their history called (litellm adds a dummy tool otherwise).
+_DECLARE_HISTORY_TOOLS = frozenset({"anthropic", "bedrock", "vertex_ai"})
+
+
+def _tools_in_history(messages: list[dict]) -> list[dict]:
+    names = dict.fromkeys(call["function"]["name"] for m in messages for call in m.get("tool_calls") or [])
+    return [{"type": "function", "function": {"name": name, "description": "Called earlier in this conversation.",
+                                              "parameters": {"type": "object", "properties": {}}}}
+            for name in names]
+
+
+def _request(model: str, provider: str, messages: list[dict], *, tools: list[dict] | None, api_base: str | None,
+             compaction: bool, response_format: dict[str, Any] | None) -> dict[str, Any]:
+    """litellm's arguments for one streamed call."""
+    kwargs: dict[str, Any] = {
+        **provider_options(model),
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        # The reserve the budget kept free (C1): without it litellm sends the model's whole output limit
+        # (64,000 for a Claude model), and the provider refuses a long context the budget let through.
+        "max_tokens": answer_reserve(model),
+        "timeout": settings.ARBOR_LLM_TIMEOUT_SECONDS,
+        "num_retries": 0,
+        "max_retries": 0,
+    }
+    if tools:
+        kwargs["tools"] = tools
+    elif provider in _DECLARE_HISTORY_TOOLS and (used := _tools_in_history(messages)):
+        # A call that must answer, below tool calls: Anthropic refuses tool calls in the history of a request
+        # that declares no tools, and litellm would add a "dummy_tool" the person never sees. Declared here
+        # instead: the tools the history used, which this call may not call.
+        kwargs["tools"], kwargs["tool_choice"] = used, "none"
+    if compaction and native_compaction(provider):
+        kwargs["arbor_compaction"] = True
+    if response_format:
+        kwargs["response_format"] = response_format
+    if api_base:
+        kwargs["api_base"] = api_base
+    return kwargs
 
 
 def _cost(model: str, usage: dict[str, Any]) -> float | None:

@@ -175,3 +175,18 @@ def test_issue_15_f1_f2_anthropics_real_error_bodies_become_recorded_failures(co
     assert (failed.status, failed.failure_reason) == (Node.Status.FAILED, reason)
     assert message.split(" (")[0] in failed.failure_message
     assert head(conversation).pk == (before.pk if reason == "context_overflow" else failed.pk)
+
+
+def test_issue_15_a_claude_call_that_must_answer_below_tool_calls_declares_their_tools_not_a_dummy(
+        conversation, settings, anthropic):
+    """Issue 15: below tool calls, a call offered no tools (a turn's last round) got litellm's invisible
+    "dummy_tool" on the way to Anthropic. It declares the tools its history called instead, with tool_choice none,
+    so what the provider received is what Arbor sent."""
+    ask(conversation, '#tool sql_query {"sql": "select count(*) as n from customers"}')  # arbor/echo's tool round
+    services.conversation_update(conversation=conversation, model=CLAUDE)
+    settings.ARBOR_MAX_ROUNDS_PER_TURN = 1  # the first round is the last: it may not call tools
+    assert ask(conversation, "and now?")[-1].type == "done"
+    (request,) = anthropic.requests
+    assert [t["name"] for t in request["body"]["tools"]] == ["sql_query"]
+    assert request["body"]["tool_choice"] == {"type": "none"}
+    assert "dummy_tool" not in json.dumps(request["body"])
