@@ -238,7 +238,28 @@ def shape(messages: list[dict[str, Any]], *, provider: str | None, stable: int =
             call["id"] = call_id_for(call["id"], provider)
     if provider in _CACHE_MARKER_PROVIDERS:
         _mark_cache_breakpoint(messages, stable)
+    if provider in _ONE_USER_MESSAGE_PROVIDERS:
+        messages = _joined_user_messages(messages)
     return messages
+
+
+# Providers that take no two user messages in a row: litellm would merge them on the way, after "what the model
+# saw" was recorded; they are merged here instead, each text a block of its own, as the provider receives them.
+_ONE_USER_MESSAGE_PROVIDERS = frozenset({"anthropic", "bedrock", "vertex_ai"})
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def _joined_user_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    joined: list[dict[str, Any]] = []
+    for message in messages:
+        if message["role"] == "user" and joined and joined[-1]["role"] == "user":
+            joined[-1] = {**joined[-1], "content": [*_blocks(joined[-1]["content"]), *_blocks(message["content"])]}
+        else:
+            joined.append(message)
+    return joined
 
 
 def _mark_cache_breakpoint(messages: list[dict[str, Any]], stable: int) -> None:

@@ -155,7 +155,9 @@ def test_c2_c3_a_summary_is_read_as_text_by_anyone_and_opaque_only_by_its_provid
     """C2: a text summary opens the compacted context; C3: an opaque one goes only to its own provider."""
     text_root = PathNode(id=9, parent_id=None, kind="compaction", status="succeeded",
                          sent=[it.summary("facts [user]"), it.user("kept q")], received=[])
-    assert assemble([text_root], [it.user("new")], provider="anthropic")[0]["content"].endswith("facts [user]")
+    # (Anthropic gets the summary, the kept question and the new one as one user message, a block each: issue 15)
+    assert assemble([text_root], [it.user("new")], provider="anthropic")[0]["content"][0]["text"].endswith(
+        "facts [user]")
     assert readable_by(text_root.sent, "openai")
     opaque = it.summary("", provider="arbor", data="<arbor-compaction:abc>")
     assert readable_by([opaque], "arbor") and not readable_by([opaque], "openai")

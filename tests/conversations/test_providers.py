@@ -11,6 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from config.settings import _providers
 from conversations import budget, llm, services
 from conversations.models import Node
+from conversations.turns.seen import call_context
 from tests.conversations.helpers import ask, head
 from tests.support.anthropic_stub import AnthropicStub
 
@@ -190,3 +191,17 @@ def test_issue_15_a_claude_call_that_must_answer_below_tool_calls_declares_their
     assert [t["name"] for t in request["body"]["tools"]] == ["sql_query"]
     assert request["body"]["tool_choice"] == {"type": "none"}
     assert "dummy_tool" not in json.dumps(request["body"])
+
+
+def test_issue_15_what_the_model_saw_is_what_anthropic_received_two_questions_in_a_row(conversation, anthropic):
+    """Issue 15: a failed turn's question stays on the path (F1), so the next question follows it: two user
+    messages in a row, which litellm merged into one on the way to Anthropic after "what the model saw" was
+    recorded. The assembly merges them itself, each text a block: what the page shows is what was received."""
+    ask(conversation, "#fail")  # arbor/echo fails: the question stays, with no answer
+    services.conversation_update(conversation=conversation, model=CLAUDE)
+    ask(conversation, "again, please")
+    (request,) = anthropic.requests
+    received = [{"role": m["role"], "texts": [b["text"] for b in m["content"]]} for m in request["body"]["messages"]]
+    assert received == [{"role": "user", "texts": ["#fail", "again, please"]}]
+    seen = call_context(head(conversation))
+    assert [(m["role"], [b["text"] for b in m["content"]]) for m in seen] == [("user", ["#fail", "again, please"])]
