@@ -22,6 +22,7 @@ from conversations import items as it
 from conversations import services
 from conversations.apis.serializers import BubbleOut
 from conversations.apis.transfer import _from_a_thread
+from conversations.jobs.recount import recount
 from conversations.models import Bubble, Conversation, Node
 from conversations.screen import branch_infos, latest_bubbles, path_bubbles
 from conversations.selectors import conversation_nodes, screen_history
@@ -43,7 +44,8 @@ def bulk_conversation(owner, *, turns: int, branch_every: int = 10, compact_ever
                       title: str = "big") -> Conversation:
     """A conversation of `turns` turn nodes written in bulk, as the importer writes them (seconds for 10,000): a
     chain where every `branch_every`-th question is an edit (a sibling of the one before), a compaction root every
-    `compact_every` turns (C2, C3), two bubbles a turn; the head at the end."""
+    `compact_every` turns (C2, C3), two bubbles a turn, every node counted for its model as an import counts it
+    (C1); the head at the end."""
     conversation = services.conversation_create(owner=owner, title=title)
     roots = (turns - 1) // compact_every if compact_every else 0
     ids = _allocate_ids(turns + roots)
@@ -68,6 +70,7 @@ def bulk_conversation(owner, *, turns: int, branch_every: int = 10, compact_ever
             above = tip
         tip = node.id
     Node.objects.bulk_create(nodes, batch_size=1000)
+    recount(conversation_id=conversation.pk, model="arbor/echo")
     Bubble.objects.bulk_create(bubbles, batch_size=2000)
     services.head_move(conversation=conversation, to=tip)
     conversation.refresh_from_db()
