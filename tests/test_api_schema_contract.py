@@ -284,3 +284,15 @@ def test_a_boolean_field_takes_only_true_or_false_as_its_schema_says(api, page, 
     page.post(f"/chat/{cid}/update/", {"retrieval": ["false", "true"], "keep_retrieved": "false"})
     body = api.get(f"/api/conversations/{cid}/").json()
     assert (body["retrieval"], body["keep_retrieved"]) == (True, False)
+
+
+def test_every_renderer_format_parameter_admits_the_empty_value_drf_takes_as_none(schema, api, conversation):
+    """Finding (fuzz, ST201): `GET …/stream/?format=` was answered 200 while the schema's `format` enum (made by
+    drf-spectacular from the renderers) left out the empty value DRF reads as no format. Every operation whose
+    renderer `format` picks declares it."""
+    declared = {(path, method): p["schema"]["enum"] for path, ops in schema["paths"].items()
+                for method, op in ops.items() for p in op.get("parameters", []) if p["name"] == "format"}
+    renderer_picked = {key: enum for key, enum in declared.items() if "sse" in enum}
+    assert ("/api/conversations/{conversation_id}/stream/", "get") in renderer_picked
+    assert all("" in enum for enum in renderer_picked.values()), renderer_picked
+    assert api.get(f"/api/conversations/{conversation.pk}/stream/?format=").status_code == 204  # no turn ran

@@ -82,6 +82,10 @@ def _after(request: Request) -> int:
 
 
 MAX_EVENT_NUMBER = 999_999_999
+# DRF's own `?format=` picks the renderer; empty is as if it were not given.
+FORMAT = OpenApiParameter("format", str, enum=["json", "sse", ""],
+                          description="`sse`: the turn as server-sent events, as `Accept: text/event-stream` asks "
+                                      "for; `json` (or empty): JSON")
 _AFTER = OpenApiParameter("after", {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_NUMBER},
                           description="resume after this event number (as `Last-Event-ID` does)")
 
@@ -89,7 +93,7 @@ _AFTER = OpenApiParameter("after", {"type": "integer", "minimum": 0, "maximum": 
 class TurnStreamFollow(APIView):
     renderer_classes = [JSONRenderer, EventStreamRenderer]  # an EventSource asks for text/event-stream
 
-    @extend_schema(parameters=[_AFTER], responses={
+    @extend_schema(parameters=[_AFTER, FORMAT], responses={
         (200, SSE): OpenApiResponse(TURN_EVENT, description="the running (or just ended) turn's events after "
                                     "`Last-Event-ID` / `after`, then live until `done`, `approval_required` "
                                     "or `error`; every event has an `id`"),

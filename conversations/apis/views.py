@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from django.http import StreamingHttpResponse
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -19,7 +19,7 @@ from conversations import services
 from conversations.apis import serializers as s
 from conversations.apis.paging import CursorPages, page_body, page_nodes, read_cursor
 from conversations.apis.schema import TURN_EVENT, TURN_MESSAGE_EVENT
-from conversations.apis.streams import EventStreamRenderer, LogStream
+from conversations.apis.streams import FORMAT, EventStreamRenderer, LogStream
 from conversations.models import Conversation, Node
 from conversations.screen import BubblePage, bubbles_after, bubbles_before
 from conversations.selectors import conversation_for_user, conversation_list, node_for_user, node_page
@@ -105,10 +105,6 @@ class TurnView(APIView):
     renderer_classes = [JSONRenderer, EventStreamRenderer]
 
 
-# DRF's own `?format=` picks the renderer; empty is as if it were not given.
-_FORMAT = OpenApiParameter("format", str, enum=["json", "sse", ""],
-                           description="`sse`: stream the turn as server-sent events, as `Accept: text/event-stream` "
-                                       "does; `json` (or empty): one JSON answer when the turn ends")
 
 
 _TURN_RESPONSES = {
@@ -130,7 +126,7 @@ _TURN_RESPONSES = {
 
 
 class TurnCreate(TurnView):
-    @extend_schema(request=s.TurnIn, parameters=[_FORMAT], responses=_TURN_RESPONSES,
+    @extend_schema(request=s.TurnIn, parameters=[FORMAT], responses=_TURN_RESPONSES,
                    examples=[OpenApiExample("question", {"content": "What changed since yesterday?"},
                                             request_only=True),
                              OpenApiExample("tool call (echo model)", request_only=True,
@@ -149,7 +145,7 @@ class TurnCreate(TurnView):
 
 
 class TurnEdit(TurnView):
-    @extend_schema(request=s.EditIn, parameters=[_FORMAT], responses=_TURN_RESPONSES)
+    @extend_schema(request=s.EditIn, parameters=[FORMAT], responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.EditIn, request)
         turn = turn_edit(user=request.user, conversation_id=conversation_id, node_id=data["node"],
@@ -158,7 +154,7 @@ class TurnEdit(TurnView):
 
 
 class TurnRegenerate(TurnView):
-    @extend_schema(request=s.RegenerateIn, parameters=[_FORMAT], responses=_TURN_RESPONSES)
+    @extend_schema(request=s.RegenerateIn, parameters=[FORMAT], responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.RegenerateIn, request)
         turn = turn_regenerate(user=request.user, conversation_id=conversation_id, node_id=data.get("node"))
@@ -166,7 +162,7 @@ class TurnRegenerate(TurnView):
 
 
 class TurnRetry(TurnView):
-    @extend_schema(request=None, parameters=[_FORMAT], responses=_TURN_RESPONSES,
+    @extend_schema(request=None, parameters=[FORMAT], responses=_TURN_RESPONSES,
                    description="F1: call the model again from the failed node at the head, adding nothing: "
                                "its question or tool results are already on the path.")
     def post(self, request: Request, conversation_id: int):
@@ -175,7 +171,7 @@ class TurnRetry(TurnView):
 
 
 class ToolApprovalCreate(TurnView):
-    @extend_schema(request=s.ApprovalIn, parameters=[_FORMAT], responses=_TURN_RESPONSES)
+    @extend_schema(request=s.ApprovalIn, parameters=[FORMAT], responses=_TURN_RESPONSES)
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.ApprovalIn, request)
         turn = turn_decide(user=request.user, conversation_id=conversation_id,
