@@ -45,6 +45,14 @@ def items_tokens(items: Sequence[it.Item], *, model: str, provider: str | None) 
     return llm.count_tokens(model, to_messages(items, provider=provider)) if items else 0
 
 
+def node_tokens(sent: Sequence[it.Item], received: Sequence[it.Item], *, model: str) -> int:
+    """A node's own count as a turn stores it: what it sent, then what it received, counted for `model`. An
+    import and a recount after a model switch count with this (a file's counts may be missing or made for
+    another model, and a count of 0 would keep a long conversation from ever compacting)."""
+    provider = llm.provider_of(model)
+    return items_tokens(sent, model=model, provider=provider) + items_tokens(received, model=model, provider=provider)
+
+
 def call_tokens(path: Sequence[PathNode], new_items: Sequence[it.Item], *, model: str, provider: str | None,
                 instructions: str = "", tools: list[dict] | None = None) -> int:
     """The input of a call below the last node of `path`: the path's stored count plus what is new."""

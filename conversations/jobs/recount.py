@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from conversations import budget, llm
+from conversations import budget
 from conversations.models import Conversation, Node
 
 _BATCH = 1000
@@ -28,12 +28,9 @@ def run(payload: dict[str, Any]) -> None:
 
 def recount(*, conversation_id: int, model: str) -> int:
     """Count every node of the conversation for `model`; return how many counts changed."""
-    provider = llm.provider_of(model)
     rows = list(Node.objects.filter(conversation_id=conversation_id).order_by("id")
                 .values_list("id", "parent_id", "sent", "received", "tokens", "path_tokens"))
-    own = {pk: budget.items_tokens(sent or [], model=model, provider=provider)
-           + budget.items_tokens(received or [], model=model, provider=provider)
-           for pk, _, sent, received, _, _ in rows}
+    own = {pk: budget.node_tokens(sent or [], received or [], model=model) for pk, _, sent, received, _, _ in rows}
     parents = {pk: parent for pk, parent, *_ in rows}
     path: dict[int, int] = {}
     for start in parents:  # each chain walked up to a node already done, then filled in downwards

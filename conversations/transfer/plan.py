@@ -22,7 +22,7 @@ from django.db import connection
 from django.utils import timezone
 
 from config.errors import BadInput, TooLarge
-from conversations import budget, jobs, llm, services
+from conversations import budget, jobs, services
 from conversations import items as it
 from conversations.models import Bubble, Conversation, Node, ToolApproval
 
@@ -225,16 +225,6 @@ def _allocate_ids(count: int) -> Iterator[int]:
         return iter(range(start, start + count))
 
 
-def node_tokens(fields: dict[str, Any], model: str) -> int:
-    """C1: an imported node's count as a turn would have stored it (what it sent, then what it received),
-    counted for the conversation's model whatever the file says: a file's counts may be missing (ChatGPT's
-    are), made for another model, or wrong, and a count of 0 would keep a long conversation from ever
-    compacting."""
-    provider = llm.provider_of(model)
-    return (budget.items_tokens(fields.get("sent") or [], model=model, provider=provider)
-            + budget.items_tokens(fields.get("received") or [], model=model, provider=provider))
-
-
 def write(*, owner, plan: Plan) -> Conversation:
     conversation = Conversation.objects.create(owner=owner, title=plan.title, model=plan.model,
                                                instructions=plan.instructions, retrieval=plan.retrieval,
@@ -247,7 +237,9 @@ def write(*, owner, plan: Plan) -> Conversation:
     rows = []
     model = plan.model or settings.ARBOR_MODEL
     for planned in ordered:  # parents first, so path_tokens is the parent's plus the node's own
-        fields = {**planned.fields, "tokens": node_tokens(planned.fields, model)}
+        # C1: counted for the conversation's model, whatever the file says
+        fields = {**planned.fields, "tokens": budget.node_tokens(planned.fields.get("sent") or [],
+                                                                 planned.fields.get("received") or [], model=model)}
         path_tokens[planned.key] = fields["tokens"] + (path_tokens[planned.parent] if planned.parent is not None else 0)
         rows.append(Node(
             id=ids[planned.key], conversation=conversation, path_tokens=path_tokens[planned.key],
