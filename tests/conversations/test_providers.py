@@ -205,3 +205,55 @@ def test_issue_15_what_the_model_saw_is_what_anthropic_received_two_questions_in
     assert received == [{"role": "user", "texts": ["#fail", "again, please"]}]
     seen = call_context(head(conversation))
     assert [(m["role"], [b["text"] for b in m["content"]]) for m in seen] == [("user", ["#fail", "again, please"])]
+
+
+def _as_anthropic_reads_it(messages: list[dict]) -> tuple[list[str], list[tuple[str, list[tuple]]]]:
+    """"What the model saw" (OpenAI-format messages) in the Messages API's terms: system apart, a tool result a
+    block of a user turn, texts and calls blocks of their role's turn. Only the wire's spelling differs."""
+    system, turns = [], []
+    for message in messages:
+        role, content = message["role"], message.get("content")
+        if role == "system":
+            system.append(content)
+            continue
+        blocks = [("text", b["text"]) for b in ([{"text": content}] if isinstance(content, str) else content or ())]
+        blocks += [("tool_use", c["id"], c["function"]["name"]) for c in message.get("tool_calls") or ()]
+        if role == "tool":
+            role, blocks = "user", [("tool_result", message["tool_call_id"], content)]
+        if turns and turns[-1][0] == role:
+            turns[-1][1].extend(blocks)
+        else:
+            turns.append((role, blocks))
+    return system, turns
+
+
+def _received_by_anthropic(body: dict) -> tuple[list[str], list[tuple[str, list[tuple]]]]:
+    def block(b):
+        if b["type"] == "text":
+            return ("text", b["text"])
+        if b["type"] == "tool_use":
+            return ("tool_use", b["id"], b["name"])
+        content = b["content"] if isinstance(b["content"], str) else "".join(c["text"] for c in b["content"])
+        return ("tool_result", b["tool_use_id"], content)
+
+    system = [b["text"] for b in body.get("system") or ()] if not isinstance(body.get("system"), str) else [
+        body["system"]]
+    return system, [(m["role"], [block(b) for b in m["content"]]) for m in body["messages"]]
+
+
+def test_issue_15_t5_anthropic_receives_exactly_what_the_model_saw_shows_nothing_added_or_merged_away(
+        conversation, settings, anthropic):
+    """Issue 15 (T5): a Claude call below instructions, a tool round, a failed question and a new one: the request
+    Anthropic received holds the same texts, calls and results, in the same order, as "what the model saw", and
+    nothing else (no "[System: Empty message content sanitised…]", no glued texts, no dummy tool)."""
+    services.conversation_update(conversation=conversation, instructions="Be brief.")
+    ask(conversation, '#tool sql_query {"sql": "select count(*) as n from customers"}')
+    ask(conversation, "#fail")
+    services.conversation_update(conversation=conversation, model=CLAUDE)
+    settings.ARBOR_MAX_ROUNDS_PER_TURN = 1
+    assert ask(conversation, "and now?")[-1].type == "done"
+    (request,) = anthropic.requests
+    seen = call_context(head(conversation))
+    assert [m["role"] for m in seen] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert _received_by_anthropic(request["body"]) == _as_anthropic_reads_it(seen)
+    assert "sanitised" not in json.dumps(request["body"])
