@@ -57,6 +57,10 @@ class UnsafeJSON(ValueError):
         self.path = path
 
 
+class TooDeep(UnsafeJSON):
+    """The nesting alone was refused (the caller may know why a file of its kind nests so deep)."""
+
+
 def strict_loads(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Decode JSON text, refusing (UnsafeJSON) nesting deeper than `max_depth`, a NUL character or a lone
     surrogate in any text or key, an integer outside the signed 64-bit range, and NaN or an infinity.
@@ -67,14 +71,14 @@ def strict_loads(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """
     outside = _STRING.sub("", text)  # what is not in a string: brackets, numbers, literals
     if _depth(outside) > max_depth:
-        raise UnsafeJSON(f"The JSON nests deeper than {max_depth} levels.")
+        raise TooDeep(f"The JSON nests deeper than {max_depth} levels.")
     suspect = bool(_ODD_ESCAPE.search(text) or "\x00" in text or (not text.isascii() and _UNSTORABLE.search(text))
                    or "NaN" in outside or "Infinity" in outside or _LONG_NUMBER.search(outside))
     try:
         # Out-of-range integers decode as a marker the walk names (int() alone refuses 4300+ digits unnamed).
         document = json.loads(text, parse_int=_int64) if suspect else json.loads(text)
     except RecursionError:  # a safety net: the depth count above keeps the decoder from recursing this far
-        raise UnsafeJSON(f"The JSON nests deeper than {max_depth} levels.") from None
+        raise TooDeep(f"The JSON nests deeper than {max_depth} levels.") from None
     if suspect:
         _refuse_unstorable(document)
     return document
@@ -85,6 +89,17 @@ def _int64(digits: str) -> int | object:
     if len(digits) <= 20 and INT64_MIN <= (number := int(digits)) <= INT64_MAX:
         return number
     return _OUT_OF_RANGE
+
+
+def nesting(value: Any) -> int:
+    """How deep a decoded value nests (1 for a list or object of plain values), counted without recursing."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in (value.values() if isinstance(value, dict) else value))
+    return deepest
 
 
 def _depth(outside: str) -> int:

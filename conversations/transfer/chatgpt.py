@@ -17,7 +17,7 @@ from conversations.models import Conversation, Node
 from conversations.selectors import tree_node_ids
 from conversations.transfer.chunks import id_chunks, joined, json_object_start, json_text, snapshot
 from conversations.transfer.message_tree import RECEIVED, SENT, At, Read, capped, one_or_many, tree_plan
-from conversations.transfer.plan import ImportRefused, Plan
+from conversations.transfer.plan import ImportRefused, Plan, shallow
 
 ROOT = "client-created-root"
 
@@ -331,7 +331,8 @@ def _reply(key: str, message: dict, text: str, at: At) -> Read:
     if role == "assistant" and kind == "thoughts":
         provider = arbor.get("arbor_provider") if isinstance(arbor.get("arbor_provider"), str) else READING_PROVIDER
         return Read(RECEIVED, ({"type": "reasoning", "provider": provider, "text": text,
-                                "data": arbor.get("arbor_data")},) if text else ())
+                                "data": shallow(arbor.get("arbor_data"), f"mapping.{key}.metadata.arbor_data")},)
+                    if text else ())
     if role == "assistant":
         return Read(RECEIVED, (it.text(text),)) if text else Read(None)
     if role == "tool":

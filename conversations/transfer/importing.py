@@ -15,13 +15,18 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from config.api import UnsafeJSON, strict_loads
+from config.api import TooDeep, UnsafeJSON, strict_loads
 from config.errors import TooLarge
 from conversations.models import Conversation
 from conversations.transfer import arbor_tree, chatbotui, chatgpt, claude, librechat, openwebui
 from conversations.transfer.plan import ImportRefused, Plan, write
 
-MAX_DEPTH = 32  # JSON nesting; Arbor's own files nest about 8 deep
+# JSON nesting. Arbor's own files nest about 8 deep, but LibreChat's "recursive" export nests two levels a
+# message (each reply in its message's `children`): 600 takes a conversation of about 290 messages, and json's
+# decoder still stays far inside Python's recursion limit. What is stored is held to MAX_JSON_DEPTH (plan.shallow).
+MAX_DEPTH = 600
+_TOO_DEEP_HINT = (" A LibreChat export of a long conversation nests two levels a message: export it again with "
+                  "\"Recursive\" unchecked.")
 
 
 def parse(raw: bytes) -> Any:
@@ -35,6 +40,8 @@ def parse(raw: bytes) -> Any:
     try:
         # The API's strict reading: deep nesting, NUL, lone surrogates and out-of-range numbers are refused.
         return strict_loads(text, max_depth=MAX_DEPTH)
+    except TooDeep as error:
+        raise ImportRefused(str(error) + _TOO_DEEP_HINT) from None
     except UnsafeJSON as error:  # "$.nodes[0].sent[0].text: a NUL character (\u0000) cannot be stored"
         raise ImportRefused(str(error)) from None
     except ValueError as error:

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from config.api import MAX_JSON_DEPTH, nesting
 from config.errors import BadInput, TooLarge
 from conversations import budget, jobs, services
 from conversations import items as it
@@ -72,10 +73,19 @@ def items_field(value: Any, where: str) -> list[dict[str, Any]]:
     return value
 
 
+def shallow(value: Any, where: str) -> Any:
+    """A value to be stored as it is, refused if it nests deeper than a request may (the file as a whole may
+    nest deeper, for LibreChat's recursive export, but nothing stored does)."""
+    if nesting(value) > MAX_JSON_DEPTH:
+        raise ImportRefused(f"{where}: nests deeper than {MAX_JSON_DEPTH} levels.")
+    return value
+
+
 def item_field(item: Any, where: str) -> dict[str, Any]:
     """One item of the shapes in `conversations.items`: a known type, its required fields of their types."""
     if not isinstance(item, dict) or not isinstance(item.get("type"), str) or item["type"] not in it.ITEM_FIELDS:
         raise ImportRefused(f"{where}: not an item (unknown or missing type).")
+    shallow(item, where)
     for key, kind in it.ITEM_FIELDS[item["type"]].items():
         if not isinstance(item.get(key), kind):
             raise ImportRefused(f"{where}.{key}: missing, or not {kind.__name__}.")
@@ -128,7 +138,7 @@ def object_field(value: Any, where: str) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict):
         raise ImportRefused(f"{where}: expected an object.")
-    return value
+    return shallow(value, where)
 
 
 def when_field(value: Any, where: str) -> datetime | None:

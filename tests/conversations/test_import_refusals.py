@@ -124,6 +124,12 @@ def test_the_valid_baseline_file_imports_so_each_refusal_below_is_its_mutation(a
     pytest.param(_tree(model=["gpt"]), "conversation.model: expected text", id="model-not-text"),
     pytest.param(_tree(instructions="i" * 20001), "conversation.instructions: longer than 20000",
                  id="instructions-too-long"),
+    # what is stored nests no deeper than a request may, however deep the file (LibreChat's) may nest
+    pytest.param(_tree(_node(1, received=[{"type": "reasoning", "provider": "x", "text": "t",
+                                           "data": json.loads("[" * 33 + "]" * 33)}])),
+                 "nodes[0].received[0]: nests deeper than 32 levels", id="item-nesting-34"),
+    pytest.param(_tree(bubbles=[_bubble(data=json.loads('{"a": ' * 32 + "1" + "}" * 32))]),
+                 "nests deeper than 32 levels", id="bubble-data-nesting-33"),
     # a node's id, status, failure, usage and tokens
     pytest.param(_tree("not a node"), "nodes[0]: each node needs an `id`", id="node-not-an-object"),
     pytest.param(_tree({"parent": None, "kind": "turn", "status": "succeeded"}), "nodes[0]: each node needs an `id`",
@@ -350,9 +356,9 @@ def test_d5_a_file_over_the_byte_limit_is_413_and_creates_nothing(api, settings)
     pytest.param("", "not valid JSON", id="empty"),
     pytest.param("{'single': 'quotes'}", "not valid JSON", id="not-json"),
     pytest.param('{"a": [1, 2}', "not valid JSON", id="unbalanced"),
-    pytest.param("[" * 33 + "]" * 33, "nests deeper than 32 levels", id="nesting-33"),
-    pytest.param('{"a": ' * 33 + "1" + "}" * 33, "nests deeper than 32 levels", id="objects-nesting-33"),
-    pytest.param("[" * 32 + "]" * 32, "Unknown file", id="nesting-32-is-read"),
+    pytest.param("[" * 601 + "]" * 601, "nests deeper than 600 levels. A LibreChat export", id="nesting-601"),
+    pytest.param('{"a": ' * 601 + "1" + "}" * 601, "nests deeper than 600 levels", id="objects-nesting-601"),
+    pytest.param("[" * 600 + "]" * 600, "Unknown file", id="nesting-600-is-read"),
     pytest.param(json.dumps({"text": "[" * 100 + '\\"{' * 50}), "Unknown file", id="brackets-in-strings-do-not-nest"),
 ])
 def test_d5_an_upload_that_is_not_utf8_json_or_nests_too_deep_is_refused_and_creates_nothing(api, body, needle):
