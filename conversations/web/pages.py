@@ -54,12 +54,13 @@ def _earlier(conversation: Conversation, page: BubblePage) -> str | None:
     return cursor_token({"t": page.tip, "b": page.first, "s": page.sealed}, scope=f"screen.{conversation.pk}")
 
 
-def _overflow_notice(conversation: Conversation) -> Node | None:
-    """F2 leaves an overflowed call off the path; if it is the newest thing tried, the page says so."""
+def _overflow_notice(conversation: Conversation) -> dict[str, Any] | None:
+    """F2 leaves an overflowed call off the path; if it is the newest thing tried, the page says so and shows
+    the question it did not send, so its text can be shortened and sent again."""
     newest = (Node.objects.filter(conversation=conversation, parent_id=conversation.head_id, kind=Node.Kind.TURN)
               .order_by("-id").only("id", "status", "failure_reason", "sent").first())
     if newest and newest.failure_reason == Node.FailureReason.CONTEXT_OVERFLOW:
-        return newest
+        return {"node": newest, "question": "\n\n".join(i["text"] for i in newest.sent if i.get("type") == "user")}
     return None
 
 
@@ -141,8 +142,15 @@ def chat_earlier(request: HttpRequest, conversation_id: int) -> HttpResponse:
 def chat_switch(request: HttpRequest, conversation_id: int) -> HttpResponse:
     """T8: show another branch (refused while a turn runs, T9)."""
     conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-    services.head_switch(conversation=conversation, node_id=request.POST.get("node"))
-    return redirect("chat-conversation", conversation.pk)
+    if not request.headers.get("X-Fragment"):
+        services.head_switch(conversation=conversation, node_id=request.POST.get("node"))
+        return redirect("chat-conversation", conversation.pk)
+    # The page's script switches in place: the new message list, or the reason in plain text.
+    try:
+        services.head_switch(conversation=conversation, node_id=request.POST.get("node"))
+    except ArborError as error:
+        return HttpResponse(error.message, status=error.status, content_type="text/plain; charset=utf-8")
+    return render(request, "chat/_messages.html", _bubbles_context(conversation))
 
 
 # A checkbox posts "true" (its hidden twin "false"); the API takes JSON booleans only.

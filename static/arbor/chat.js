@@ -17,14 +17,79 @@
   const seenDialog = document.getElementById("seen-dialog");
   const seenBody = document.getElementById("seen-body");
   const list = () => document.getElementById("message-list");
+  const jumpButton = document.getElementById("jump-latest");
+  const draftKey = `arbor.draft.${chat.dataset.conversation}`;
 
   let socket = null;
   let running = false;   // T9: while a turn runs, nothing that moves the head is offered
   let streaming = null;  // the answer bubble tokens go into
   let gone = false;      // the server closed the socket for good (not ours, or deleted)
 
-  function say(text) {
+  const sentences = JSON.parse(document.getElementById("failure-sentences").textContent);
+
+  function say(text, detail = "") {
+    // A plain sentence; a provider's own words, when there are any, behind a "Details" disclosure.
     status.textContent = text || "";
+    if (detail && detail !== text) {
+      const more = document.createElement("details");
+      more.className = "raw";
+      const summary = document.createElement("summary");
+      summary.textContent = "Details";
+      const words = document.createElement("span");
+      words.textContent = detail;
+      more.append(summary, words);
+      status.append(" ", more);
+    }
+  }
+
+  function plainError(event) {
+    // A failed call's reason (T1) has a sentence of its own; a refusal's message is Arbor's and already plain.
+    if (event.code in sentences) return [sentences[event.code], event.message];
+    return [event.message || sentences.server_error, ""];
+  }
+
+  // --- where the view is -------------------------------------------------------------------------------
+  // The view follows the newest message (a streaming answer, a finished one, an error and its Retry) while the
+  // person is at the bottom; once they scroll up it stays where they are and "Jump to latest" appears.
+
+  let pinned = true;
+
+  function atBottom() {
+    return box.scrollHeight - box.scrollTop - box.clientHeight < 80;
+  }
+
+  function toLatest() {
+    box.scrollTop = box.scrollHeight;
+    pinned = true;
+    jumpButton.hidden = true;
+  }
+
+  function follow() {
+    if (pinned) box.scrollTop = box.scrollHeight;
+    else jumpButton.hidden = false;
+  }
+
+  box.addEventListener("scroll", () => {
+    pinned = atBottom();
+    if (pinned) jumpButton.hidden = true;
+  }, { passive: true });
+  jumpButton.addEventListener("click", () => { toLatest(); input.focus(); });
+
+  // --- the person's typed text -----------------------------------------------------------------------------
+  // Kept per conversation in this browser until the server has taken it: a reload, a refused send or a dropped
+  // connection never loses it.
+
+  function saveDraft() {
+    try {
+      if (input.value) localStorage.setItem(draftKey, input.value);
+      else localStorage.removeItem(draftKey);
+    } catch (error) { /* storage off or full: the text is still in the composer */ }
+  }
+
+  function giveBack(text) {
+    if (!text) return;
+    input.value = input.value ? `${text}\n${input.value}` : text;
+    saveDraft();
   }
 
   function setRunning(on) {
@@ -64,7 +129,7 @@
     });
   }
 
-  let unsent = null;  // the question just sent, until the server answers it
+  let unsent = null;  // the question just sent, until the server shows it took it
 
   function send(message) {
     if (gone || !socket || socket.readyState !== WebSocket.OPEN) {
@@ -76,10 +141,13 @@
   }
 
   function onEvent(event) {
-    if (event.type === "error" && event.node == null && unsent && !input.value) {
-      input.value = unsent;  // refused before anything was written (busy, too many turns): nothing is lost
+    if (unsent !== null && event.type === "error" && event.node == null) {
+      giveBack(unsent);  // refused before anything was written (an approval waits, another tab's turn): kept
+      unsent = null;
+    } else if (unsent !== null && event.type !== "joined") {
+      unsent = null;  // the turn started: the question is the server's now
+      saveDraft();
     }
-    unsent = null;
     switch (event.type) {
       case "joined":
         // A turn that runs elsewhere (another tab, before a reload): its answer so far, then live.
@@ -93,6 +161,7 @@
         if (!streaming) streaming = appendBubble("assistant streaming", "");
         streaming.querySelector(".body").textContent += event.text;
         streaming.dataset.frames = String(Number(streaming.dataset.frames || 0) + 1);
+        follow();
         say("Answering…");
         break;
       case "tool_call":
@@ -118,7 +187,7 @@
         finish("");
         break;
       case "error":
-        finish(event.message || "Something went wrong.");
+        finish(...plainError(event));
         break;
       default:
         break;
@@ -146,7 +215,7 @@
     article.append(body);
     list().querySelector(".empty-chat")?.remove();
     list().append(article);
-    article.scrollIntoView({ block: "end" });
+    toLatest();  // the person just asked: show them the answer coming
     return article;
   }
 
@@ -161,10 +230,25 @@
     if (!response.ok) throw new Error(`${response.status}`);
     const html = await response.text();
     if (unlessStreaming && streaming) return true;  // a joined answer streams in meanwhile: keep it
+    showList(html);
+    return list().dataset.turnRunning === "1";
+  }
+
+  function showList(html, anchor = null) {
+    // Redrawn from the server's record. At the bottom the view stays at the bottom (the finished answer, an
+    // error and its Retry in view); scrolled up, it stays where it was, or keeps `anchor` where it stood.
+    const wasPinned = pinned;
+    const where = anchor ? anchorPlace(anchor) : null;
+    const top = box.scrollTop;
     box.innerHTML = html;
     enhance(box);
     watchEarlier();
-    return list().dataset.turnRunning === "1";
+    const again = where && list().querySelector(where.selector);
+    if (again) box.scrollTop += again.getBoundingClientRect().top - box.getBoundingClientRect().top - where.offset;
+    else if (wasPinned) toLatest();
+    else box.scrollTop = top;
+    pinned = atBottom();
+    jumpButton.hidden = pinned || !running;
   }
 
   // --- earlier messages ------------------------------------------------------------------------------------
@@ -219,7 +303,7 @@
     if (marker) earlierWatch.observe(marker);
   }
 
-  async function finish(message) {
+  async function finish(message, detail = "") {
     streaming = null;
     let stillRunning = false;
     try {
@@ -229,8 +313,19 @@
     }
     setRunning(false);
     if (stillRunning) waitForOtherTurn();
-    say(message);
+    say(message, detail);
+    offerOverflowedQuestion();
     if (!stillRunning) input.focus();
+  }
+
+  let askedHere = null;  // the last question sent from this page
+
+  function offerOverflowedQuestion() {
+    // F2: a question too long for the model's input is kept off the path; it comes back to the composer to
+    // be shortened (the card shows it too, marked as not sent).
+    const card = list().querySelector(".msg.error[data-question]");
+    if (card && askedHere !== null && card.dataset.question === askedHere && !input.value) giveBack(askedHere);
+    askedHere = null;
   }
 
   async function waitForOtherTurn() {
@@ -262,13 +357,30 @@
     event.preventDefault();
     const content = input.value;
     if (!content.trim() || running) return;
-    if (startTurn({ type: "ask", content }, content)) input.value = "";  // kept if it could not be sent
+    if (startTurn({ type: "ask", content }, content)) {  // kept in the composer if it could not be sent
+      askedHere = content;
+      input.value = "";  // the draft stays stored until the server takes the question
+    }
   });
 
+  input.addEventListener("input", saveDraft);
   input.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
       composer.requestSubmit();
+    } else if (event.key === "ArrowUp" && !input.value && !running) {
+      const edits = list().querySelectorAll("article.msg.user button[data-action=edit]");
+      if (edits.length) {
+        event.preventDefault();
+        edits[edits.length - 1].click();  // the last question, as in other chat apps
+      }
+    }
+  });
+
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && running && !stopButton.hidden && !document.querySelector("dialog[open]")) {
+      event.preventDefault();
+      stopButton.click();
     }
   });
 
@@ -276,7 +388,41 @@
     if (send({ type: "stop" })) say("Stopping…");
   });
 
+  box.addEventListener("submit", async (event) => {
+    // ◀ / ▶ switch versions in place (T8, through the one head-switching service on the server): the list is
+    // redrawn with the question kept where it stood, and focus stays on the arrow.
+    const form = event.target.closest("form.branch");
+    const button = event.submitter;
+    if (!form || !button) return;
+    event.preventDefault();
+    if (running || button.disabled) return;
+    const label = button.getAttribute("aria-label");
+    const anchor = form.closest("article");
+    const response = await fetch(form.action, { method: "POST", body: new FormData(form, button),
+                                                headers: { "X-Fragment": "1" } });
+    if (!response.ok) {
+      say(await response.text() || "That version could not be shown.");
+      return;
+    }
+    showList(await response.text(), { article: anchor, node: button.value });
+    const target = list().querySelector(`article.msg.user[data-node="${button.value}"]`);
+    const same = target?.querySelector(`button[aria-label="${label}"]:not([disabled])`);
+    (same || target?.querySelector(".branch button:not([disabled])") || input).focus();
+  });
+
+  function anchorPlace({ article, node }) {
+    return { selector: `article.msg.user[data-node="${node}"]`,
+             offset: article.getBoundingClientRect().top - box.getBoundingClientRect().top };
+  }
+
   box.addEventListener("click", (event) => {
+    const reuse = event.target.closest("button[data-action=reuse]");
+    if (reuse) {
+      const text = reuse.closest("[data-question]").dataset.question;
+      if (!input.value.includes(text)) giveBack(text);
+      input.focus();
+      return;
+    }
     const earlier = event.target.closest("[data-earlier] a");
     if (earlier) {
       event.preventDefault();
@@ -330,6 +476,7 @@
         const content = area.value;
         if (!content.trim() || running) return;
         if (!send({ type: "edit", node: Number(button.dataset.node), content })) return;
+        unsent = content;  // a refused edit gives its text to the composer rather than losing it
         dropFrom(article);
         setRunning(true);
         say("Waiting for the model…");
@@ -395,8 +542,12 @@
   }
 
   enhance(box);
-  box.scrollTop = box.scrollHeight;  // the latest message first; earlier ones load on scrolling up
+  toLatest();  // the latest message first; earlier ones load on scrolling up
   watchEarlier();
+  try {
+    if (!input.value) input.value = localStorage.getItem(draftKey) || "";
+  } catch (error) { /* storage off: nothing was kept */ }
+  if (chat.dataset.fresh === "1" || input.value) input.focus();
   connect();
   if (list().dataset.turnRunning === "1") waitForOtherTurn();
 })();

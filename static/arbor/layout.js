@@ -1,5 +1,5 @@
-// What every signed-in page shares: the Ctrl-K / Cmd-K palette, the sidebar toggle at phone width,
-// and a confirmation before a form that destroys something.
+// What every signed-in page shares: the Ctrl-K / Cmd-K palette, the keyboard shortcuts and their ? sheet, the
+// sidebar toggle at phone width, and a confirmation before a form that destroys something.
 "use strict";
 
 (() => {
@@ -72,10 +72,20 @@
     paletteInput.focus();
   }
 
+  const shortcuts = document.getElementById("shortcuts");
+  const typing = (element) => element && (element.isContentEditable || element.matches("input, textarea, select"));
+
   document.addEventListener("keydown", (event) => {
-    if ((event.ctrlKey || event.metaKey) && event.key.toLowerCase() === "k") {
+    const key = event.key.toLowerCase();
+    if ((event.ctrlKey || event.metaKey) && !event.shiftKey && key === "k") {
       event.preventDefault();
       openPalette();
+    } else if ((event.ctrlKey || event.metaKey) && event.shiftKey && key === "o") {
+      event.preventDefault();
+      document.querySelector("form button.new-chat")?.closest("form").requestSubmit();
+    } else if (event.key === "?" && !typing(event.target) && shortcuts && !document.querySelector("dialog[open]")) {
+      event.preventDefault();
+      shortcuts.showModal();
     }
   });
   document.querySelector(".palette-open")?.addEventListener("click", openPalette);

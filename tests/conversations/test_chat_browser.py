@@ -133,9 +133,9 @@ def test_stop_mid_answer_keeps_the_node_and_the_conversation_goes_on(browser, as
     wait(browser).until(lambda d: d.execute_script(
         "const b = document.querySelector('.msg.streaming .body'); return b && b.textContent.length > 10"))
     browser.find_element(By.ID, "stop").click()
-    stopped = wait(browser).until(
-        ec.visibility_of_element_located((By.CSS_SELECTOR, "article.msg.error.reason-cancelled")))
-    assert "Stopped." in stopped.text and "echo: #slow" in stopped.text
+    # Read inside the wait: the list is redrawn from the server's record as the turn ends (a stale element).
+    stopped = wait(browser).until(lambda d: d.find_element(By.CSS_SELECTOR, "article.msg.error.reason-cancelled").text)
+    assert "Stopped." in stopped and "echo: #slow" in stopped
     _wait_idle(browser)
     node = Node.objects.get(conversation=conversation)
     assert (node.status, node.failure_reason) == ("failed", "cancelled")

@@ -169,7 +169,9 @@ def test_a_failed_call_offers_retry_and_an_overflow_explains_itself(page, conver
     """F1: a failed call at the head shows Retry; F2: an overflowed question, off the path, is explained."""
     ask(conversation, "#fail")
     html = page.get(reverse("chat-messages", args=[conversation.pk])).content.decode()
-    assert 'data-action="retry"' in html and "The model call failed (provider_error)" in html
+    assert 'data-action="retry"' in html and "The model provider failed. Retry?" in html
+    assert "<summary>Details</summary><pre>" in html and "#fail asked for a provider error" in html, (
+        "issue 16: the provider's words behind a disclosure")
     ask(conversation, "#overflow")
     html = page.get(reverse("chat-messages", args=[conversation.pk])).content.decode()
     assert "did not fit in the model's input limit" in html
