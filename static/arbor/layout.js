@@ -105,6 +105,15 @@
   });
   palette?.addEventListener("click", (event) => { if (event.target === palette) palette.close(); });
 
+  // A menu that collapses at phone width: its button toggles it open.
+  for (const button of document.querySelectorAll("[data-menu-for]")) {
+    const menu = document.getElementById(button.dataset.menuFor);
+    button.addEventListener("click", () => {
+      const open = menu.classList.toggle("open");
+      button.setAttribute("aria-expanded", open ? "true" : "false");
+    });
+  }
+
   const toggle = document.querySelector(".sidebar-toggle");
   toggle?.addEventListener("click", () => {
     const open = document.body.classList.toggle("sidebar-open");
