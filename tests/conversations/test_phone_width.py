@@ -13,8 +13,8 @@ from selenium.webdriver.common.by import By
 
 from conversations import services
 from conversations.models import Node
-from playbooks import services as playbook_services
 from conversations.turns.start import turn_edit
+from playbooks import services as playbook_services
 from tests.conversations.helpers import ask
 from tests.playbooks.helpers import sales_conversation
 from tests.support.browser import screenshot, sign_in, wait
