@@ -122,8 +122,8 @@ def test_issue_16_at_375_px_send_and_every_action_are_reachable_and_the_header_i
     browser.find_element(By.CSS_SELECTOR, ".chat-menu-toggle").click()
 
     browser.find_element(By.CSS_SELECTOR, ".sidebar-toggle").click()
-    for name in ("Playbooks", "Settings"):
-        assert _in_view(browser, browser.find_element(By.XPATH, f"//nav[@id='sidebar']//a[normalize-space()='{name}']"))
-    assert _in_view(browser, browser.find_element(By.XPATH, "//nav[@id='sidebar']//button[normalize-space()='Log out']"))
+    for tag, name in (("a", "Playbooks"), ("a", "Settings"), ("button", "Log out")):
+        link = browser.find_element(By.XPATH, f"//nav[@id='sidebar']//{tag}[normalize-space()='{name}']")
+        assert _in_view(browser, link), f"{name} is in the ☰ menu"
     assert _in_view(browser, browser.find_element(By.CSS_SELECTOR, "#sidebar .new-chat"))
     screenshot(browser, "phone-sidebar-menu")
