@@ -231,7 +231,9 @@ def _providers(raw: str) -> dict[str, dict]:
 ARBOR_PROVIDERS = _providers(os.environ.get("ARBOR_PROVIDERS", ""))
 ARBOR_MODELS = [m for m in os.environ.get("ARBOR_MODELS", "").split(",") if m] or [ARBOR_MODEL]
 ARBOR_LLM_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_LLM_TIMEOUT_SECONDS", "120"))
-ARBOR_ECHO_MAX_INPUT_TOKENS = int(os.environ.get("ARBOR_ECHO_MAX_INPUT_TOKENS", "4000"))
+# A demo chat should feel like a real model (128k input), not compact every few turns; tests that need a
+# compaction set it small.
+ARBOR_ECHO_MAX_INPUT_TOKENS = int(os.environ.get("ARBOR_ECHO_MAX_INPUT_TOKENS", "128000"))
 ARBOR_ECHO_WORD_SECONDS = float(os.environ.get("ARBOR_ECHO_WORD_SECONDS", "0.1"))  # `#slow`: one word each
 # C1: the budget is max input tokens (litellm's model info unless overridden here) minus a reserve for
 # the answer; compaction runs before a call that would pass the threshold, a share of that budget.

@@ -27,14 +27,14 @@ from rest_framework.authtoken.models import TokenProxy
 from conversations import services
 from conversations.errors import TurnInProgress
 from conversations.items import answer_text, question_of
-from conversations.models import Bubble, Conversation, Node, OutboxJob, Preferences
+from conversations.models import SIDE_CALL, Bubble, Conversation, Node, OutboxJob, Preferences
 from conversations.selectors import node_path, tree_scope
 from conversations.turns.seen import call_context
 
 SNIPPET_CHARS = 60
 MAX_INDENT = 40  # fork depths static/arbor/admin.css indents (.indent.depth-N)
 TREE_ROW_FIELDS = ("id", "parent_id", "conversation_id", "kind", "status", "failure_reason", "compacted_from_id",
-                   "usage", "sent", "received")
+                   "window_root", "usage", "sent", "received")
 
 
 def _pretty(value: Any) -> str:
@@ -179,7 +179,7 @@ def tree_rows(conversation: Conversation) -> tuple[list[TreeRow], list[dict[str,
             children=kids, compacted_into=compacted_into.get(node_id, []),
             starts_branch=parent is not None and len(children[parent]) > 1,
         ))
-        if not kids:
+        if not n.is_side_call and all(by_id[kid].is_side_call for kid in kids):  # side calls are never tips
             branches.append({"tip": n, "url": node_url(node_id), "tokens": total[node_id],
                              "cost": _usd(spent[node_id]),
                              "nodes": length[node_id], "on_path": node_id in on_path})
@@ -238,7 +238,8 @@ class ConversationAdmin(ReadOnlyAdmin):
 
     def get_queryset(self, request):
         nodes = Node.objects.all()
-        leaves = nodes.exclude(Exists(Node.objects.filter(parent=OuterRef("pk"))))
+        # A branch ends at a node with no child but side calls (a title call is no branch, and no tip).
+        leaves = nodes.exclude(SIDE_CALL).exclude(Exists(Node.objects.filter(parent=OuterRef("pk")).exclude(SIDE_CALL)))
         tokens = Cast(KT("usage__total_tokens"), BigIntegerField())
         cost = Cast(KT("usage__cost_usd"), FloatField())
         return super().get_queryset(request).select_related("owner").annotate(

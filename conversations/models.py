@@ -50,6 +50,11 @@ class Conversation(models.Model):
         return bool(self.turn_token and self.turn_expires_at and self.turn_expires_at > timezone.now())
 
 
+# Calls made beside the conversation, never a branch's tip: a title call (R4), a summarising call hung below the
+# old head, a window's root that only carries a summary into the next summarising call (C3).
+SIDE_CALL = Q(kind="title") | Q(kind="compaction", parent__isnull=False) | Q(window_root=True)
+
+
 class NodeQuerySet(TreeQuerySet):
     def can_be_head(self) -> NodeQuerySet:
         """Nodes a head may rest on: turn nodes and compaction roots (C2), never a call under way (or
@@ -176,6 +181,12 @@ class Node(TreeNode):
             ),
             models.CheckConstraint(condition=~Q(parent=F("id")), name="node_not_own_parent"),
         ]
+
+    @property
+    def is_side_call(self) -> bool:
+        """In memory, what `SIDE_CALL` selects."""
+        return self.kind == Node.Kind.TITLE or (self.kind == Node.Kind.COMPACTION
+                                                and (self.parent_id is not None or self.window_root))
 
     def __str__(self) -> str:
         return f"{self.kind} node {self.pk} ({self.status})"

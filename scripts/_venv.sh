@@ -8,7 +8,10 @@ fi
 stamp=.venv/.requirements.sha256
 want=$(sha256sum requirements.txt | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements.txt
+  # The first install takes about two minutes: say so, and let pip show each package as it goes.
+  echo "Installing Arbor's Python packages into .venv (the first time takes about two minutes)…" >&2
+  .venv/bin/python -m pip install --progress-bar off --disable-pip-version-check --require-hashes \
+    -r requirements.txt | { grep --line-buffered -E '^(Collecting|Successfully installed)' || true; } | cut -c1-100 >&2
   echo "$want" > "$stamp"
 fi
 export PATH="$PWD/.venv/bin:$PATH"

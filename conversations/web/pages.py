@@ -37,6 +37,7 @@ from conversations.selectors import (
 from conversations.transfer import importing
 from conversations.turns.seen import call_context
 from conversations.turns.start import turn_compact
+from conversations.web.markdown import render_markdown
 
 # --- what a page shows --------------------------------------------------------------------------------
 
@@ -226,6 +227,17 @@ def chat_import(request: HttpRequest) -> HttpResponse:
     return render(request, "chat/import.html", {"conversation": None})
 
 
+@require_POST
+@page
+def chat_render(request: HttpRequest) -> HttpResponse:
+    """A streaming answer's text so far, as sanitised HTML: the very rendering of a finished answer, so Markdown
+    shows while the answer is written and nothing unsafe slips through on the way (issue 16)."""
+    if len(request.body) > settings.ARBOR_NODE_MAX_BYTES // 2:  # the most an answer may be (llm.stream_call)
+        return HttpResponse("Too long to render while streaming.", status=413, content_type="text/plain")
+    return HttpResponse(render_markdown(request.body.decode("utf-8", errors="replace")),
+                        content_type="text/html; charset=utf-8")
+
+
 @require_GET
 @page
 def chat_seen(request: HttpRequest, node_id: int) -> HttpResponse:
@@ -329,5 +341,6 @@ urlpatterns = [
     path("chat/<int:conversation_id>/delete/", chat_delete, name="chat-delete"),
     path("chat/<int:conversation_id>/compare/", chat_compare, name="chat-compare"),
     path("chat/nodes/<int:node_id>/seen/", chat_seen, name="chat-seen"),
+    path("chat/render/", chat_render, name="chat-render"),
     path("settings/", preferences, name="preferences"),
 ]

@@ -159,7 +159,7 @@
       case "token":
         if (!running) setRunning(true);
         if (!streaming) streaming = appendBubble("assistant streaming", "");
-        streaming.querySelector(".body").textContent += event.text;
+        grow(streaming, event.text);
         streaming.dataset.frames = String(Number(streaming.dataset.frames || 0) + 1);
         follow();
         say("Answering…");
@@ -217,6 +217,61 @@
     list().append(article);
     toLatest();  // the person just asked: show them the answer coming
     return article;
+  }
+
+  // --- an answer as it streams --------------------------------------------------------------------------------
+  // Its text so far is rendered by the server's own Markdown renderer and sanitiser (the finished answer's), a few
+  // times a second; what came after the last rendering shows as plain text until the next one.
+
+  const csrfToken = document.querySelector("input[name=csrfmiddlewaretoken]")?.value || "";
+  const streamed = new WeakMap();  // bubble -> {text, rendered (length), busy, timer}
+
+  function grow(bubble, text) {
+    const state = streamed.get(bubble) || { text: "", rendered: 0, busy: false, timer: null };
+    streamed.set(bubble, state);
+    state.text += text;
+    showTail(bubble, state);
+    if (!state.busy && !state.timer && state.rendered !== -1) state.timer = setTimeout(() => renderSoFar(bubble), 250);
+  }
+
+  function showTail(bubble, state) {
+    const body = bubble.querySelector(".body");
+    let tail = body.querySelector(".tail");
+    if (!tail) {
+      body.replaceChildren(Object.assign(document.createElement("div"), { className: "rendered" }),
+                           Object.assign(document.createElement("span"), { className: "tail" }));
+      tail = body.querySelector(".tail");
+    }
+    tail.textContent = state.text.slice(Math.max(0, state.rendered));
+  }
+
+  async function renderSoFar(bubble) {
+    const state = streamed.get(bubble);
+    state.timer = null;
+    if (!bubble.isConnected) return;
+    state.busy = true;
+    const text = state.text;
+    try {
+      const response = await fetch(chat.dataset.renderUrl, { method: "POST", body: text,
+        headers: { "X-CSRFToken": csrfToken, "Content-Type": "text/plain; charset=utf-8" } });
+      if (response.status === 413) state.rendered = -1;  // too long to render live: plain text from here on
+      if (!response.ok || !bubble.isConnected) return;
+      const html = await response.text();
+      const body = bubble.querySelector(".body");
+      body.classList.replace("plain", "markdown");
+      body.querySelector(".rendered").innerHTML = html;  // sanitised by the server, as a finished answer is
+      state.rendered = text.length;
+      enhance(body);
+      showTail(bubble, state);
+      follow();
+    } catch (error) {
+      /* the next tokens try again */
+    } finally {
+      state.busy = false;
+      if (state.rendered !== -1 && state.text.length > state.rendered && bubble.isConnected && !state.timer) {
+        state.timer = setTimeout(() => renderSoFar(bubble), 250);
+      }
+    }
   }
 
   function dropFrom(element) {
@@ -514,7 +569,7 @@
 
     copy(button) {
       const body = button.closest("article").querySelector(".body").cloneNode(true);
-      for (const extra of body.querySelectorAll(".copy-code")) extra.remove();
+      for (const extra of body.querySelectorAll(".copy-code, .code-language")) extra.remove();
       copyText(body.textContent.trim(), button);
     },
   };
@@ -528,9 +583,16 @@
   }
 
   function enhance(root) {
-    // Code blocks get a copy button.
+    // Code blocks get their language's name (highlighted on the server) and a copy button.
     for (const pre of root.querySelectorAll(".markdown pre")) {
       if (pre.querySelector(".copy-code")) continue;
+      const language = [...(pre.querySelector("code")?.classList || [])].find((name) => name.startsWith("language-"));
+      if (language) {
+        const label = document.createElement("span");
+        label.className = "code-language";
+        label.textContent = language.slice("language-".length);
+        pre.prepend(label);
+      }
       const button = document.createElement("button");
       button.type = "button";
       button.className = "copy-code";

@@ -284,3 +284,21 @@ def test_c2_the_compaction_node_page_links_its_summarising_call_and_back(admin_c
     assert f'class="parent" href="{node_url(root.compacted_from_id)}"' in call_page
     tree_page = admin_client.get(tree_url(conversation)).content.decode()
     assert f'id="node-{root.summary_call_id}"' in tree_page, "the summarising call is in the tree explorer"
+
+
+def test_issue_16_a_title_call_is_never_a_branch_tip_and_does_not_hide_the_real_one(admin_client, conversation):
+    """R4: the title side call hangs below the first answer; the admin listed it as a branch tip (and, being the
+    answer's child, hid the answer as the tip). Side calls are never tips; the branch count says 1."""
+    from conversations.jobs import worker
+
+    services.conversation_update(conversation=conversation, title="")
+    ask(conversation, "first question")
+    worker.run_due()
+    title_call = Node.objects.get(conversation=conversation, kind=Node.Kind.TITLE)
+    answer = head(conversation)
+    assert title_call.parent_id == answer.pk
+    response = admin_client.get(tree_url(conversation))
+    assert [b["tip"].pk for b in response.context["branches"]] == [answer.pk]
+    listed = admin_client.get(reverse("admin:conversations_conversation_changelist"))
+    (row,) = [c for c in listed.context["cl"].result_list if c.pk == conversation.pk]
+    assert row.leaf_total == 1

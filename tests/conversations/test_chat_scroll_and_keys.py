@@ -207,3 +207,30 @@ def test_issue_16_a_failure_is_a_plain_sentence_with_the_details_behind_a_disclo
     stopped_column = next(c for c in columns if c.find_elements(By.CSS_SELECTOR, ".reason-cancelled"))
     assert stopped_column.find_element(By.CSS_SELECTOR, ".body.partial").text == partial_on_chat
     assert "Stopped." in stopped_column.text
+
+
+def test_issue_16_markdown_renders_while_the_answer_streams_sanitised_as_the_finished_answer(
+        browser, asgi_server, user, conversation):
+    """While `#slow` streams an answer holding **bold**, a Python code block and an <img onerror>, the bubble shows
+    <strong>, highlighted code with its language's name, and the image only as text, before the answer ends;
+    the finished answer renders the same."""
+    sign_in(browser, asgi_server, user)
+    _open(browser, asgi_server, conversation)
+    question = ("#slow **bold** <img src=x onerror=alert(1)>\n```python\ndef f():\n    return 1\n```\n"
+                + " ".join(f"w{i}" for i in range(40)))
+    lines = question.replace("\n", Keys.SHIFT + Keys.ENTER + Keys.SHIFT)
+    browser.find_element(By.ID, "composer-input").send_keys(lines)
+    browser.find_element(By.ID, "send").click()
+    streaming = ".msg.streaming .body"
+    wait(browser).until(lambda d: d.execute_script(
+        f"return !!document.querySelector('{streaming} .rendered strong') "
+        f"&& !!document.querySelector('{streaming} pre code.language-python span.k')"))
+    label = browser.execute_script(f"return document.querySelector('{streaming} .code-language').textContent")
+    assert label == "python"
+    assert browser.execute_script(f"return document.querySelectorAll('{streaming} img').length") == 0
+    assert "<img src=x onerror=alert(1)>" in browser.find_element(By.CSS_SELECTOR, streaming).text
+    screenshot(browser, "chat-streaming-markdown")
+    _wait_for_answer_count(browser, 1)
+    answer = browser.find_element(By.CSS_SELECTOR, "article.msg.assistant .body")
+    assert answer.find_elements(By.CSS_SELECTOR, "strong") and answer.find_elements(By.CSS_SELECTOR, "span.k")
+    assert not answer.find_elements(By.CSS_SELECTOR, "img")

@@ -279,3 +279,64 @@ def test_an_earlier_link_is_only_good_for_its_own_conversation(page, user, conve
     assert response.status_code == 404 and "question" not in response.content.decode()
     tampered = page.get(link.replace("cursor=", "cursor=x"), headers={"X-Fragment": "1"})
     assert tampered.status_code == 404
+
+
+def test_issue_16_first_run_points_at_the_chat_with_the_port_actually_used(settings, tmp_path, monkeypatch):
+    """scripts/start printed "Log in at /admin/" while people chat at /, and its curl examples named port 8000
+    whatever PORT said. The bootstrap prints the chat's address, the admin's, and curl with HOST and PORT."""
+    import io
+
+    from django.core.management import call_command
+
+    settings.BASE_DIR = tmp_path
+    (tmp_path / "var").mkdir()
+    monkeypatch.setenv("PORT", "8123")
+    monkeypatch.setenv("HOST", "0.0.0.0")
+    out = io.StringIO()
+    call_command("arbor_bootstrap", stdout=out)
+    printed = out.getvalue()
+    assert "Chat:   open http://127.0.0.1:8123/ and sign in as 'arbor'" in printed
+    assert "http://127.0.0.1:8123/admin/" in printed and "http://127.0.0.1:8123/api/conversations/" in printed
+    assert ":8000" not in printed and "Log in at /admin/" not in printed
+    assert (tmp_path / "var" / "first-user-password.txt").read_text().strip() in printed
+
+
+def test_issue_16_a_wrong_password_keeps_the_name_and_waits_in_the_password_box(client, user):
+    html = client.post(reverse("login"), {"username": "ada", "password": "wrong"}).content.decode()
+    assert 'name="username" id="id_username" value="ada" autocomplete="username" required>' in html
+    assert 'id="id_password" autocomplete="current-password" autofocus required>' in html
+
+
+def test_issue_16_t10_a_question_frozen_by_a_compaction_says_why_it_cannot_be_edited(page, conversation, settings):
+    from conversations.turns.start import turn_compact
+
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    ask(conversation, "before the compaction")
+    ask(conversation, "kept word for word")
+    turn_compact(user=conversation.owner, conversation_id=conversation.pk)
+    ask(conversation, "after the compaction")
+    html = page.get(reverse("chat-messages", args=[conversation.pk])).content.decode()
+    frozen, live = html.split("after the compaction</div>")[0], html.split("after the compaction</div>")[1]
+    assert "so it can't be edited" in frozen and 'data-action="edit"' not in frozen.split("before the compaction")[1]
+    assert 'data-action="edit"' in live and "can't be edited" not in live
+
+
+def test_issue_16_every_page_has_a_favicon(page, conversation):
+    html = page.get(reverse("chat-conversation", args=[conversation.pk])).content.decode()
+    assert '<link rel="icon" href="/static/arbor/favicon.svg" type="image/svg+xml">' in html
+
+
+def test_issue_16_a_streaming_answer_is_rendered_by_the_finished_answers_renderer(page, settings, user):
+    """The chat page posts the text streamed so far to /chat/render/ and shows what comes back: the same
+    sanitised Markdown as a finished answer, highlighting included. Too long: 413 (the page shows plain text).
+    Only for a signed-in person, and only with the CSRF token."""
+    text = "**hi** <script>x</script>\n```python\nx = 1\n```"
+    response = page.post(reverse("chat-render"), data=text, content_type="text/plain")
+    assert response.status_code == 200 and response.content.decode() == str(render_markdown(text))
+    assert "<script>" not in response.content.decode() and '<span class="n">x</span>' in response.content.decode()
+    settings.ARBOR_NODE_MAX_BYTES = 20
+    assert page.post(reverse("chat-render"), data="x" * 11, content_type="text/plain").status_code == 413
+    assert Client().post(reverse("chat-render"), data=text, content_type="text/plain").status_code == 302
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(user)
+    assert strict.post(reverse("chat-render"), data=text, content_type="text/plain").status_code == 403

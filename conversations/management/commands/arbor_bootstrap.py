@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 
 from django.conf import settings
@@ -30,9 +31,16 @@ class Command(BaseCommand):
         user = users.objects.get(username=username)
         token, _ = Token.objects.get_or_create(user=user)
         password = password_file.read_text().strip() if password_file.exists() else "(set by you earlier)"
+        # The address the app is served at (scripts/start passes its HOST and PORT).
+        host, port = os.environ.get("HOST", "127.0.0.1"), os.environ.get("PORT", "8000")
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
         self.stdout.write(
-            f"Log in at /admin/ as {username!r} with password {password!r} (kept in {password_file}).\n"
-            f"API token: {token.key}  e.g. curl -H 'Authorization: Token {token.key}' "
-            "http://127.0.0.1:8000/api/conversations/\n"
-            f"Model: {settings.ARBOR_MODEL}"
+            f"\nArbor is starting at {url}/\n"
+            f"  Chat:   open {url}/ and sign in as {username!r} with password {password!r}"
+            f" (kept in {password_file})\n"
+            f"  Staff:  {url}/admin/ (the same account) shows every conversation's tree\n"
+            f"  API:    token {token.key}\n"
+            f"          curl -H 'Authorization: Token {token.key}' {url}/api/conversations/\n"
+            f"          {url}/api/docs/ describes every endpoint\n"
+            f"  Model:  {settings.ARBOR_MODEL}\n"
         )
