@@ -193,10 +193,13 @@ class Node(TreeNode):
 
 
 class Preferences(models.Model):
-    """A person's own settings: instructions that go before every conversation's own."""
+    """A person's own settings: instructions that go before every conversation's own, and the pages' theme."""
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="arbor_preferences")
     instructions = models.TextField(blank=True)
+    # The pages' colours: "light", "dark", or "" for the system's (prefers-color-scheme).
+    theme = models.CharField(max_length=8, blank=True, default="", choices=[("", "system"), ("light", "light"),
+                                                                             ("dark", "dark")])
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

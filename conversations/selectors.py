@@ -294,6 +294,10 @@ def user_instructions(*, user_id: int) -> str:
     return Preferences.objects.filter(user_id=user_id).values_list("instructions", flat=True).first() or ""
 
 
+def user_theme(*, user_id: int) -> str:
+    return Preferences.objects.filter(user_id=user_id).values_list("theme", flat=True).first() or ""
+
+
 def instructions_for(conversation: Conversation, *, owner_instructions: str | None = None) -> str:
     """The system instructions a call of this conversation gets: the owner's own (read here unless given),
     then the conversation's."""

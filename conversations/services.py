@@ -100,8 +100,10 @@ def conversation_update(*, conversation: Conversation, **fields: Any) -> Convers
     return conversation
 
 
-def preferences_update(*, user, instructions: str) -> Preferences:
-    preferences, _ = Preferences.objects.update_or_create(user=user, defaults={"instructions": instructions})
+def preferences_update(*, user, instructions: str | None = None, theme: str | None = None) -> Preferences:
+    """Change what is given (None leaves it as it is)."""
+    changes = {k: v for k, v in {"instructions": instructions, "theme": theme}.items() if v is not None}
+    preferences, _ = Preferences.objects.update_or_create(user=user, defaults=changes)
     return preferences
 
 

@@ -15,6 +15,7 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from config.errors import ArborError, BadInput, NotFound
@@ -321,9 +322,29 @@ def preferences(request: HttpRequest) -> HttpResponse:
             messages.success(request, "Saved. Your instructions go before every conversation's own.")
             return redirect("preferences")
         messages.error(request, "Nothing was changed. " + " ".join(map(str, form.errors.get("instructions", []))))
-    context = {"conversation": None, "instructions": user_instructions(user_id=request.user.pk)}
+    context = {"conversation": None, "instructions": user_instructions(user_id=request.user.pk),
+               "themes": [("", "The system's (light or dark, as the device is set)"), ("light", "Light"),
+                          ("dark", "Dark")]}
     refused = request.method == "POST"  # saved ones went back above; a refused form is shown again, as a 400
     return render(request, "chat/preferences.html", context, status=400 if refused else 200)
+
+
+_THEMES = {"", "light", "dark"}
+
+
+@require_POST
+@page
+def theme(request: HttpRequest) -> HttpResponse:
+    """The pages' theme, kept per person: light, dark, or "" for the system's. The page's script applies it in
+    place (204); without a script the form comes back to the page it was posted from."""
+    chosen = request.POST.get("theme", "")
+    if chosen not in _THEMES:
+        raise BadInput("The theme is light, dark, or empty for the system's.")
+    services.preferences_update(user=request.user, theme=chosen)
+    if request.headers.get("X-Fragment"):
+        return HttpResponse(status=204)
+    back = request.POST.get("next", "")
+    return redirect(back if url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}) else "chat")
 
 
 urlpatterns = [
@@ -343,4 +364,5 @@ urlpatterns = [
     path("chat/nodes/<int:node_id>/seen/", chat_seen, name="chat-seen"),
     path("chat/render/", chat_render, name="chat-render"),
     path("settings/", preferences, name="preferences"),
+    path("settings/theme/", theme, name="theme"),
 ]

@@ -1,4 +1,5 @@
-"""The chat shell every signed-in page shows (sidebar, palette, model list), as a template context processor,
+"""The chat shell every signed-in page shows (sidebar, palette, model list, the person's theme), as a template
+context processor,
 so the other apps' pages get it without importing this app's pages.
 
 Read lazily: a page whose template never shows the sidebar (the admin, the sign-in page) costs no query.
@@ -13,7 +14,7 @@ from django.conf import settings
 from django.http import HttpRequest
 from django.urls import reverse
 
-from conversations.selectors import conversation_list
+from conversations.selectors import conversation_list, user_theme
 
 SIDEBAR_SIZE = 200
 
@@ -31,4 +32,8 @@ def chat_shell(request: HttpRequest) -> dict[str, Any]:
         return [{"title": c.title or f"Conversation {c.pk}", "url": reverse("chat-conversation", args=[c.pk])}
                 for c in sidebar()]
 
-    return {"sidebar": sidebar, "palette": palette, "models": settings.ARBOR_MODELS}
+    @cache
+    def theme() -> str:
+        return user_theme(user_id=user.pk)
+
+    return {"sidebar": sidebar, "palette": palette, "models": settings.ARBOR_MODELS, "theme": theme}

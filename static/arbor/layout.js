@@ -1,5 +1,5 @@
 // What every signed-in page shares: the Ctrl-K / Cmd-K palette, the keyboard shortcuts and their ? sheet, the
-// sidebar toggle at phone width, and a confirmation before a form that destroys something.
+// sidebar toggle at phone width, the theme button, and a confirmation before a form that destroys something.
 "use strict";
 
 (() => {
@@ -118,6 +118,20 @@
   toggle?.addEventListener("click", () => {
     const open = document.body.classList.toggle("sidebar-open");
     toggle.setAttribute("aria-expanded", open ? "true" : "false");
+  });
+
+  // The theme button switches in place (kept per person on the server), without reloading the page.
+  const themeForm = document.querySelector("form.theme-toggle");
+  themeForm?.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const button = themeForm.querySelector("button[name=theme]");
+    const chosen = button.value;
+    const response = await fetch(themeForm.action, { method: "POST", body: new FormData(themeForm, button),
+                                                     headers: { "X-Fragment": "1" } });
+    if (!response.ok) return;
+    document.documentElement.dataset.theme = chosen;
+    button.value = chosen === "dark" ? "light" : "dark";
+    button.setAttribute("aria-label", chosen === "dark" ? "Use the light theme" : "Use the dark theme");
   });
 
   for (const form of document.querySelectorAll("form[data-confirm]")) {

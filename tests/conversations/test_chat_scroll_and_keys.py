@@ -14,6 +14,7 @@ from selenium.webdriver.common.keys import Keys
 
 from conversations import services
 from conversations.models import Conversation, Node
+from tests.conversations.helpers import ask
 from tests.conversations.test_big_conversations import bulk_conversation
 from tests.conversations.test_chat_browser import _open, _send, _wait_for_answer_count, _wait_idle
 from tests.support.browser import screenshot, sign_in, wait
@@ -234,3 +235,31 @@ def test_issue_16_markdown_renders_while_the_answer_streams_sanitised_as_the_fin
     answer = browser.find_element(By.CSS_SELECTOR, "article.msg.assistant .body")
     assert answer.find_elements(By.CSS_SELECTOR, "strong") and answer.find_elements(By.CSS_SELECTOR, "span.k")
     assert not answer.find_elements(By.CSS_SELECTOR, "img")
+
+
+def _background(browser) -> str:
+    return browser.execute_script("return getComputedStyle(document.documentElement).backgroundColor")
+
+
+def test_issue_16_dark_mode_follows_the_system_and_a_persons_choice_is_kept(browser, asgi_server, user, conversation):
+    """With the system set dark (prefers-color-scheme, emulated) the pages are dark; the ◐ button switches to
+    light in place, and the choice is the person's: kept after a reload, whatever the system says."""
+    from conversations.models import Preferences
+
+    ask(conversation, "Show me code:\n```python\nprint(1)\n```")
+    sign_in(browser, asgi_server, user)
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                            {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    _open(browser, asgi_server, conversation)
+    dark = _background(browser)
+    assert dark == "rgb(21, 23, 26)", dark
+    screenshot(browser, "dark-chat")
+    browser.find_element(By.CSS_SELECTOR, ".theme-toggle button").click()  # the system is dark: ◐ offers dark
+    wait(browser).until(lambda d: Preferences.objects.filter(user=user, theme="dark").exists())
+    browser.find_element(By.CSS_SELECTOR, ".theme-toggle button").click()
+    wait(browser).until(lambda d: _background(d) == "rgb(251, 251, 250)")
+    assert Preferences.objects.get(user=user).theme == "light"
+    browser.refresh()
+    _wait_idle(browser)
+    assert _background(browser) == "rgb(251, 251, 250)", "the person's choice, not the system's"
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
