@@ -1,12 +1,19 @@
 """Full-text search over the caller's own conversations, across every branch (issue 7).
 
-PostgreSQL: websearch_to_tsquery against the GIN-indexed tsvector, ranked with ts_rank, snippets from
-ts_headline. SQLite: FTS5 MATCH, ranked with bm25, snippets from snippet(). Only the ranked page of hits
-gets snippets, so a common word costs one ranking pass, not a headline per match.
+PostgreSQL: a to_tsquery of the typed words against the GIN-indexed tsvector, ranked with ts_rank, snippets from
+ts_headline. SQLite: FTS5 MATCH, ranked with bm25, snippets from snippet(). Only the ranked page of hits gets
+snippets, so a common word costs one ranking pass, not a headline per match.
+
+A person's words match as prefixes ("sal" finds "sales", issue 16) from MIN_PREFIX characters on; word forms come
+from the database's stemming where it has one (SQLite's index uses the Porter stemmer, English; PostgreSQL's
+ARBOR_SEARCH_CONFIG, e.g. `english`; the default `simple` keeps every language's words as they are). Retrieval
+(`match_any`, any word of a whole question) matches whole words: a prefix of every word of a question finds
+too much.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from html import escape
 
@@ -38,14 +45,27 @@ def _snippet(raw: str) -> SafeString:
     return mark_safe(escape(raw).replace(_START, "<mark>").replace(_STOP, "</mark>"))  # noqa: S308 - escaped first
 
 
-def _fts5_query(text: str, *, match_any: bool) -> str:
-    """Each word as a quoted FTS5 string: a person's input is never FTS5 syntax."""
-    return (" OR " if match_any else " ").join('"' + word.replace('"', '""') + '"' for word in text.split())
+MIN_PREFIX = 3  # shorter words match whole: "a" as a prefix would match every word that starts with it
+MAX_TERMS = 32
 
 
-def _any_word(text: str) -> str:
-    """websearch_to_tsquery input matching any of the words (retrieval asks with a whole question)."""
-    return " or ".join(word.strip('"-') for word in text.split() if word.strip('"-'))
+def _terms(text: str) -> list[str]:
+    """The words of a query, as the indexes split them (letters and digits of any script); never query syntax."""
+    return re.findall(r"\w+", text.lower())[:MAX_TERMS]
+
+
+def _prefix(term: str, *, match_any: bool) -> bool:
+    return not match_any and len(term) >= MIN_PREFIX
+
+
+def _fts5_query(terms: list[str], *, match_any: bool) -> str:
+    """Each word as a quoted FTS5 string (a prefix query with `*`)."""
+    return (" OR " if match_any else " ").join(f'"{t}"' + "*" * _prefix(t, match_any=match_any) for t in terms)
+
+
+def _tsquery(terms: list[str], *, match_any: bool) -> str:
+    """to_tsquery input: each word quoted as a lexeme (`:*` a prefix), joined by & (all) or | (any)."""
+    return (" | " if match_any else " & ").join(f"'{t}'" + ":*" * _prefix(t, match_any=match_any) for t in terms)
 
 
 _POSTGRES_RANKED = """
@@ -53,14 +73,14 @@ SELECT b.id, b.node_id, b.role, c.id, c.title, ts_rank(d.vector, q.query) AS ran
 FROM search_bubbledocument d
 JOIN conversations_bubble b ON b.id = d.bubble_id
 JOIN conversations_conversation c ON c.id = b.conversation_id,
-     websearch_to_tsquery(%s::regconfig, %s) AS q(query)
+     to_tsquery(%s::regconfig, %s) AS q(query)
 WHERE c.owner_id = %s AND c.id IS DISTINCT FROM %s AND d.vector @@ q.query
 ORDER BY rank DESC, b.id DESC
 LIMIT %s
 """
 _POSTGRES_SNIPPETS = """
 SELECT b.id, ts_headline(
-    %s::regconfig, b.content, websearch_to_tsquery(%s::regconfig, %s),
+    %s::regconfig, b.content, to_tsquery(%s::regconfig, %s),
     'StartSel=' || chr(2) || ', StopSel=' || chr(3) || ', MaxWords=30, MinWords=10, MaxFragments=2')
 FROM conversations_bubble b WHERE b.id = ANY(%s)
 """
@@ -88,17 +108,20 @@ def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False
         raise BadInput(f"`q` is longer than {MAX_QUERY_CHARS} characters.")
     if any(ord(char) < 32 for char in query):
         raise BadInput("`q` may not hold control characters.")
+    terms = _terms(query)
+    if not terms:
+        return []  # punctuation alone: no word to look for
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             config = settings.ARBOR_SEARCH_CONFIG
-            query = _any_word(query) if match_any else query
+            query = _tsquery(terms, match_any=match_any)
             cursor.execute(_POSTGRES_RANKED, [config, query, user.pk, exclude_conversation, limit])
             rows = cursor.fetchall()
             cursor.execute(_POSTGRES_SNIPPETS, [config, config, query, [r[0] for r in rows]])
             snippets = dict(cursor.fetchall())
             rows = [(*row, snippets[row[0]]) for row in rows]
         else:
-            cursor.execute(_SQLITE_RANKED, [_fts5_query(query, match_any=match_any), user.pk, exclude_conversation,
+            cursor.execute(_SQLITE_RANKED, [_fts5_query(terms, match_any=match_any), user.pk, exclude_conversation,
                                             limit])
             rows = cursor.fetchall()
     on_path = _current_paths({row[3] for row in rows})

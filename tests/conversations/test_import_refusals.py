@@ -128,7 +128,7 @@ def test_the_valid_baseline_file_imports_so_each_refusal_below_is_its_mutation(a
     pytest.param(_tree(_node(1, received=[{"type": "reasoning", "provider": "x", "text": "t",
                                            "data": json.loads("[" * 33 + "]" * 33)}])),
                  "nodes[0].received[0]: nests deeper than 32 levels", id="item-nesting-34"),
-    pytest.param(_tree(bubbles=[_bubble(data=json.loads('{"a": ' * 32 + "1" + "}" * 32))]),
+    pytest.param(_tree(bubbles=[_bubble(data=json.loads('{"a": ' * 33 + "1" + "}" * 33))]),
                  "nests deeper than 32 levels", id="bubble-data-nesting-33"),
     # a node's id, status, failure, usage and tokens
     pytest.param(_tree("not a node"), "nodes[0]: each node needs an `id`", id="node-not-an-object"),

@@ -76,3 +76,25 @@ def test_the_search_page_lists_hits_with_their_branch(client, user, conversation
     html = client.get(reverse("search"), {"q": "region"}).content.decode()
     assert "<mark>region</mark>" in html.lower() or "<mark>Region</mark>" in html
     assert f"/chat/{conversation.pk}/" in html
+
+
+def test_issue_16_a_prefix_finds_the_word_and_word_forms_match_where_the_database_stems(user, conversation, settings):
+    """"sal" finds "sales" on both databases; a shorter word matches whole ("a" does not find "apple"). Word
+    forms: SQLite's index stems English (Porter); PostgreSQL stems with ARBOR_SEARCH_CONFIG set to `english`.
+    Punctuation alone finds nothing, and no query syntax gets through (quotes, NEAR, :*, &)."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        settings.ARBOR_SEARCH_CONFIG = "english"
+    _indexed(conversation, "Monthly sales of apples", "Steps to end a subscription")
+    assert {h.role for h in search_bubbles(user=user, query="sal")} == {"user", "assistant"}
+    assert "<mark>sales</mark>" in search_bubbles(user=user, query="sal")[0].snippet.lower()
+    assert search_bubbles(user=user, query="monthly sal")
+    assert not search_bubbles(user=user, query="salsa")
+    short = search_bubbles(user=user, query="a")  # a stop word for PostgreSQL's english: no hit at all there
+    assert all("<mark>a</mark>" in h.snippet.lower() and "<mark>apples" not in h.snippet for h in short)
+    assert search_bubbles(user=user, query="subscriptions"), "a word form"
+    assert search_bubbles(user=user, query="ending steps"), "another word form"
+    for syntax in ('"', "NEAR(", "sal:*", "sales & apples |", "-", "'"):
+        search_bubbles(user=user, query=syntax)  # no syntax error reaches the person
+    assert search_bubbles(user=user, query="!!!") == []
