@@ -371,6 +371,36 @@
     say(message, detail);
     offerOverflowedQuestion();
     if (!stillRunning) input.focus();
+    watchTitle();
+  }
+
+  // --- a new chat's title -------------------------------------------------------------------------------------
+  // The worker names a new conversation after its first answer (a side call, R4); the page picks the name up
+  // without a reload: the title box, the window's title and the sidebar.
+
+  const titleInput = document.getElementById("title-input");
+  let titleWatch = null;
+
+  function watchTitle() {
+    if (titleWatch || titleInput.value || document.activeElement === titleInput) return;
+    let tries = 0;
+    titleWatch = setInterval(async () => {
+      tries += 1;
+      if (tries > 40 || titleInput.value || document.activeElement === titleInput) {
+        clearInterval(titleWatch);
+        titleWatch = null;
+        return;
+      }
+      try {
+        const response = await fetch(chat.dataset.apiUrl, { headers: { Accept: "application/json" } });
+        const title = response.ok ? (await response.json()).title : "";
+        if (!title || titleInput.value || document.activeElement === titleInput) return;
+        titleInput.value = title;
+        document.title = `${title} · Arbor`;
+        const entry = document.querySelector("#sidebar a[aria-current=page]");
+        if (entry) entry.textContent = title;
+      } catch (error) { /* the next look may find it */ }
+    }, 1500);
   }
 
   let askedHere = null;  // the last question sent from this page

@@ -263,3 +263,23 @@ def test_issue_16_dark_mode_follows_the_system_and_a_persons_choice_is_kept(brow
     _wait_idle(browser)
     assert _background(browser) == "rgb(251, 251, 250)", "the person's choice, not the system's"
     browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+
+
+def test_issue_16_a_new_chats_title_appears_without_a_reload(browser, asgi_server, user):
+    """R4: the worker names a new chat after its first answer; the title box, the window's title and the sidebar
+    show the name without a reload."""
+    from conversations.jobs import worker
+
+    conversation = services.conversation_create(owner=user, title="")
+    sign_in(browser, asgi_server, user)
+    _open(browser, asgi_server, conversation)
+    browser.execute_script("window.notReloaded = true")
+    _send(browser, "Quarterly revenue in Seoul")
+    _wait_for_answer_count(browser, 1)
+    worker.run_due()  # the worker's title job, as scripts/start runs it beside the server
+    conversation.refresh_from_db()
+    assert conversation.title
+    wait(browser).until(lambda d: d.find_element(By.ID, "title-input").get_attribute("value") == conversation.title)
+    assert browser.title == f"{conversation.title} · Arbor"
+    assert browser.find_element(By.CSS_SELECTOR, "#sidebar a[aria-current=page]").text == conversation.title
+    assert browser.execute_script("return window.notReloaded === true")
