@@ -122,6 +122,10 @@ class Node(TreeNode):
     # C3: a root that only carries one window's summary into the next window's summarising call, when a
     # history is summarised in windows; never a head, a tip or a branch (only the final root is).
     window_root = models.BooleanField(default=False)
+    # A person's name for the branch that ends here, and their star: the conversation opens on its starred branch
+    # (issue 16's tree map). What a person says about a node, never what was sent or received.
+    label = models.CharField(max_length=40, blank=True, default="")
+    starred = models.BooleanField(default=False)
     # C3: a compaction node points at the head it replaced; assembly never follows it by default.
     compacted_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="compactions"

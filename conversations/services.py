@@ -15,7 +15,7 @@ from conversations import jobs
 from conversations.errors import TurnInProgress
 from conversations.locks import TurnLock, head_guard
 from conversations.models import Bubble, Conversation, Node, Preferences, ToolApproval
-from conversations.selectors import conversation_has_node, latest_tip
+from conversations.selectors import conversation_has_node, history_ids, latest_tip
 
 _NODE = Node._meta.db_table
 
@@ -75,6 +75,33 @@ def head_switch(*, conversation: Conversation, node_id: Any) -> None:
         raise BadInput(f"The branch of node {node_id} has no answer to switch to.")
     with transaction.atomic():
         head_move(conversation=conversation, to=tip)
+
+
+def branch_mark(*, node: Node, label: str | None = None, starred: bool | None = None) -> Node:
+    """Name or star the branch that ends at `node` (the tree map's marks, issue 16). One star a conversation:
+    starring a branch takes the star off any other. Nothing a call sent or received changes."""
+    with transaction.atomic():
+        if starred:
+            Node.objects.filter(conversation_id=node.conversation_id, starred=True).exclude(pk=node.pk).update(
+                starred=False)
+        changes = {k: v for k, v in {"label": label, "starred": starred}.items() if v is not None}
+        Node.objects.filter(pk=node.pk).update(**changes)
+    node.refresh_from_db(fields=["label", "starred"])
+    return node
+
+
+def open_on_star(*, conversation: Conversation) -> None:
+    """A conversation opens on its starred branch: the head goes to that branch's latest tip (T8), unless it is
+    there already or a turn runs (T9: then it stays where the turn is)."""
+    star = Node.objects.filter(conversation=conversation, starred=True).values_list("pk", flat=True).first()
+    if star is None or conversation.head_id is None or conversation.turn_running:
+        return
+    if star in history_ids(conversation.head_id):
+        return  # on the starred branch already
+    try:
+        head_switch(conversation=conversation, node_id=star)
+    except TurnInProgress:
+        return  # a turn began meanwhile: it decides where the head is
 
 
 def conversation_create(*, owner, title: str = "", model: str = "", instructions: str = "", retrieval: bool = False,

@@ -72,7 +72,44 @@ class NodeOut(serializers.ModelSerializer):
         model = Node
         fields = ["id", "parent", "conversation", "kind", "status", "failure_reason", "failure_message", "sent",
                   "received", "provider", "model", "usage", "compacted_from", "created_at", "finished_at",
-                  "summary_call", "tokens", "path_tokens"]
+                  "summary_call", "tokens", "path_tokens", "label", "starred"]
+
+
+class NodeMarkIn(serializers.Serializer):
+    """A person's name for the branch ending at a node, and their star (one a conversation)."""
+
+    label = StrictCharField(required=False, allow_blank=True, max_length=40,
+                            help_text="a short name for the branch that ends here; empty removes it")
+    starred = StrictBooleanField(required=False, help_text="the conversation opens on its starred branch")
+
+    def validate_label(self, value: str) -> str:
+        if any(ord(c) < 32 or c == "\x7f" for c in value):
+            raise serializers.ValidationError("A label is one line of text, without control characters.")
+        return value
+
+    def validate(self, attrs):
+        if not attrs:
+            raise serializers.ValidationError("Send `label`, `starred` or both.")
+        return attrs
+
+
+class TreeMarkOut(serializers.Serializer):
+    id = serializers.IntegerField(help_text="the turn's first node: switch here to show this turn's branch")
+    parent = serializers.IntegerField(allow_null=True, help_text="the mark above (a compaction root: the mark of "
+                                                                 "the node it compacted)")
+    kind = serializers.ChoiceField(choices=Node.Kind.choices)
+    status = serializers.ChoiceField(choices=Node.Status.choices, help_text="how the turn ended (its last node)")
+    failure_reason = serializers.CharField(allow_blank=True)
+    snippet = serializers.CharField(help_text="the question, shortened")
+    label = serializers.CharField(allow_blank=True)
+    starred = serializers.BooleanField()
+    on_path = serializers.BooleanField(help_text="on the head's path")
+    last = serializers.IntegerField(help_text="the turn's last node: its branch's label and star are kept there")
+
+
+class TreeOut(serializers.Serializer):
+    head = serializers.IntegerField(allow_null=True, help_text="the mark holding the head")
+    nodes = TreeMarkOut(many=True)
 
 
 class NodeSummaryOut(serializers.ModelSerializer):

@@ -30,4 +30,5 @@ urlpatterns = [
     path("conversations/<int:conversation_id>/export/", _turn_view(transfer.ConversationExport.as_view()),
          name="conversation-export"),
     path("nodes/<int:node_id>/", v.NodeDetail.as_view(), name="node-detail"),
+    path("conversations/<int:conversation_id>/tree/", v.ConversationTree.as_view(), name="conversation-tree"),
 ]

@@ -23,6 +23,7 @@ from conversations.apis.streams import FORMAT, EventStreamRenderer, LogStream
 from conversations.models import Conversation, Node
 from conversations.screen import BubblePage, bubbles_after, bubbles_before
 from conversations.selectors import conversation_for_user, conversation_list, node_for_user, node_page
+from conversations.tree_map import tree_map
 from conversations.turns import detached
 from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.runner import Turn
@@ -300,3 +301,23 @@ class NodeDetail(generics.GenericAPIView):
 
     def get(self, request: Request, node_id: int) -> Response:
         return Response(s.NodeOut(node_for_user(user=request.user, node_id=node_id)).data)
+
+    @extend_schema(request=s.NodeMarkIn, responses=s.NodeOut, description=(
+        "Name (`label`, up to 40 characters; empty removes it) or star (`starred`) the branch that ends at this "
+        "node. One star a conversation: starring takes it off any other branch. The conversation then opens on "
+        "its starred branch. What the node sent and received never changes."))
+    def patch(self, request: Request, node_id: int) -> Response:
+        node = node_for_user(user=request.user, node_id=node_id)
+        data = valid_input(s.NodeMarkIn, request)
+        return Response(s.NodeOut(services.branch_mark(node=node, **data)).data)
+
+
+class ConversationTree(APIView):
+    @extend_schema(responses=s.TreeOut, description=(
+        "The whole tree as a map (issue 16): one entry a turn (a question with the tool rounds that followed it), "
+        "in id order, a parent before its children; compaction roots under the node they compacted; playbook "
+        "drafts and failed turns included; side calls (titles, summarising calls) left out. `head` is the entry "
+        "holding the head; `on_path` marks the head's path."))
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        return Response(s.TreeOut(tree_map(conversation)).data)

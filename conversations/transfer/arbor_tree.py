@@ -37,7 +37,7 @@ TREE_FORMAT = "arbor.tree"
 TREE_VERSION = 1
 
 NODE_FIELDS = ("kind", "status", "failure_reason", "failure_message", "sent", "received", "provider", "model",
-               "usage", "instructions", "keep_ephemeral", "window_root", "tokens", "path_tokens")
+               "usage", "instructions", "keep_ephemeral", "window_root", "tokens", "path_tokens", "label", "starred")
 
 
 def _iso(value) -> str | None:
@@ -140,6 +140,8 @@ def _tree_node(raw: Any, where: str) -> PlannedNode:
             "instructions": text_field(raw.get("instructions", ""), f"{where}.instructions"),
             "keep_ephemeral": raw.get("keep_ephemeral") is True,
             "window_root": raw.get("window_root") is True,
+            "label": text_field(raw.get("label", ""), f"{where}.label", limit=40),
+            "starred": raw.get("starred") is True,
             "tokens": tokens,
             "finished_at": when_field(raw.get("finished_at"), f"{where}.finished_at"),
         },

@@ -109,7 +109,9 @@ def chat_new(request: HttpRequest) -> HttpResponse:
 @page
 def chat_conversation(request: HttpRequest, conversation_id: int) -> HttpResponse:
     conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-    context = {"conversation": conversation, **_bubbles_context(conversation)}
+    services.open_on_star(conversation=conversation)  # a conversation opens on its starred branch
+    labelled = Node.objects.filter(conversation=conversation).exclude(label="").exists()  # the arrows name them
+    context = {"conversation": conversation, "labelled": labelled, **_bubbles_context(conversation)}
     return render(request, "chat/conversation.html", context)
 
 

@@ -304,6 +304,7 @@
     else box.scrollTop = top;
     pinned = atBottom();
     jumpButton.hidden = pinned || !running;
+    chat.dispatchEvent(new CustomEvent("arbor:redrawn"));
   }
 
   // --- earlier messages ------------------------------------------------------------------------------------
@@ -473,26 +474,45 @@
     if (send({ type: "stop" })) say("Stopping…");
   });
 
+  async function switchBranch(node, anchor = null) {
+    // T8, through the one head-switching service on the server: the list is redrawn in place (no reload), with
+    // `anchor` (the question whose arrow was pressed) kept where it stood. True when it switched.
+    if (running) return false;
+    const body = new FormData();
+    body.append("node", node);
+    body.append("csrfmiddlewaretoken", csrfToken);
+    const response = await fetch(chat.dataset.switchUrl, { method: "POST", body, headers: { "X-Fragment": "1" } });
+    if (!response.ok) {
+      say(await response.text() || "That version could not be shown.");
+      return false;
+    }
+    showList(await response.text(), anchor ? { article: anchor, node } : null);
+    if (!anchor) {
+      const question = list().querySelector(`article.msg.user[data-node="${node}"]`);
+      if (question) question.scrollIntoView({ block: "start" });
+      else toLatest();
+    }
+    return true;
+  }
+
   box.addEventListener("submit", async (event) => {
-    // ◀ / ▶ switch versions in place (T8, through the one head-switching service on the server): the list is
-    // redrawn with the question kept where it stood, and focus stays on the arrow.
+    // ◀ / ▶ switch versions in place; focus stays on the arrow.
     const form = event.target.closest("form.branch");
     const button = event.submitter;
     if (!form || !button) return;
     event.preventDefault();
     if (running || button.disabled) return;
     const label = button.getAttribute("aria-label");
-    const anchor = form.closest("article");
-    const response = await fetch(form.action, { method: "POST", body: new FormData(form, button),
-                                                headers: { "X-Fragment": "1" } });
-    if (!response.ok) {
-      say(await response.text() || "That version could not be shown.");
-      return;
-    }
-    showList(await response.text(), { article: anchor, node: button.value });
+    if (!await switchBranch(button.value, form.closest("article"))) return;
     const target = list().querySelector(`article.msg.user[data-node="${button.value}"]`);
     const same = target?.querySelector(`button[aria-label="${label}"]:not([disabled])`);
     (same || target?.querySelector(".branch button:not([disabled])") || input).focus();
+  });
+
+  // The tree map (treemap.js) asks for a switch with an event; every redraw tells it to look again.
+  chat.addEventListener("arbor:switch", async (event) => {
+    const switched = await switchBranch(event.detail.node);
+    event.detail.done?.(switched);
   });
 
   function anchorPlace({ article, node }) {

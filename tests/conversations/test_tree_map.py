@@ -1,0 +1,118 @@
+"""The tree map's data (issue 16, API.md `GET /api/conversations/{id}/tree/`, `PATCH /api/nodes/{id}/`): one mark a
+turn, branches side by side, compaction and failures marked, side calls left out; labels and one star."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.urls import reverse
+
+from conversations import services
+from conversations.jobs import worker
+from conversations.models import Node
+from conversations.turns.start import turn_compact, turn_edit, turn_regenerate
+from tests.conversations.helpers import ask, head
+
+pytestmark = pytest.mark.django_db
+
+
+def _tree(api, conversation) -> dict:
+    response = api.get(f"/api/conversations/{conversation.pk}/tree/")
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def test_issue_16_t8_the_tree_has_one_mark_a_turn_with_branches_tool_rounds_folded_and_side_calls_left_out(
+        api, user, conversation, settings):
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    services.conversation_update(conversation=conversation, title="")
+    ask(conversation, "first question")
+    worker.run_due()  # a title call hangs below the first answer: no mark
+    first = head(conversation)
+    turn_edit(user=user, conversation_id=conversation.pk, node_id=first.pk, content="first, edited").run()
+    turn_regenerate(user=user, conversation_id=conversation.pk).run()
+    ask(conversation, '#tool sql_query {"sql": "select count(*) as n from customers"}')  # two nodes, one turn
+    ask(conversation, "#fail")
+    turn_compact(user=user, conversation_id=conversation.pk)
+    ask(conversation, "after the compaction")
+
+    tree = _tree(api, conversation)
+    marks = {m["id"]: m for m in tree["nodes"]}
+    assert not Node.objects.filter(pk__in=marks, kind=Node.Kind.TITLE).exists()
+    roots = [m for m in tree["nodes"] if m["parent"] is None]
+    assert [m["snippet"] for m in roots] == ["first question", "first, edited", "first, edited"], "siblings"
+    tool_turn = next(m for m in tree["nodes"] if m["snippet"].startswith("#tool sql_query"))
+    assert tool_turn["last"] != tool_turn["id"] and Node.objects.get(pk=tool_turn["last"]).parent_id == tool_turn["id"]
+    assert not any(m["snippet"] == "Tool results" for m in tree["nodes"]), "the tool round is folded into its turn"
+    failed = next(m for m in tree["nodes"] if m["snippet"] == "#fail")
+    assert (failed["status"], failed["failure_reason"]) == ("failed", "provider_error")
+    compaction = next(m for m in tree["nodes"] if m["kind"] == "compaction")
+    assert compaction["parent"] == failed["id"], "a compaction root hangs below the node it compacted (C3)"
+    after = marks[tree["head"]]
+    assert after["snippet"] == "after the compaction" and after["parent"] == compaction["id"]
+    on_path = [m["snippet"] for m in tree["nodes"] if m["on_path"]]
+    assert on_path[0] == "first, edited" and on_path[-1] == "after the compaction" and "first question" not in on_path
+    for mark in tree["nodes"]:
+        assert mark["parent"] is None or mark["parent"] in marks and mark["parent"] < mark["id"]
+
+
+def test_issue_16_a_branch_is_named_and_starred_and_the_conversation_opens_on_the_star(api, page, user, conversation):
+    ask(conversation, "apples")
+    apples = head(conversation)
+    turn_edit(user=user, conversation_id=conversation.pk, node_id=apples.pk, content="pears").run()
+    pears = head(conversation)
+    response = api.patch(f"/api/nodes/{apples.pk}/", {"label": "Apple plan", "starred": True}, format="json")
+    assert response.status_code == 200 and (response.json()["label"], response.json()["starred"]) == (
+        "Apple plan", True)
+    assert api.patch(f"/api/nodes/{pears.pk}/", {"starred": True}, format="json").status_code == 200
+    assert list(Node.objects.filter(starred=True).values_list("pk", flat=True)) == [pears.pk], "one star"
+    api.patch(f"/api/nodes/{apples.pk}/", {"starred": True}, format="json")
+    marks = {m["id"]: m for m in _tree(api, conversation)["nodes"]}
+    assert (marks[apples.pk]["label"], marks[apples.pk]["starred"], marks[pears.pk]["starred"]) == (
+        "Apple plan", True, False)
+
+    conversation.refresh_from_db()
+    assert conversation.head_id == pears.pk
+    html = page.get(reverse("chat-conversation", args=[conversation.pk])).content.decode()
+    conversation.refresh_from_db()
+    assert conversation.head_id == apples.pk, "opened on the starred branch"
+    assert ">apples</div>" in html and ">pears</div>" not in html
+    assert apples.sent == Node.objects.get(pk=apples.pk).sent, "a label changes nothing that was sent"
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ({}, "Send `label`, `starred` or both."),
+    ({"label": "x" * 41}, "no more than 40 characters"),
+    ({"label": "two\nlines"}, "one line of text"),
+    ({"label": 7}, "Not a valid string."),
+    ({"starred": "yes"}, "Must be a valid boolean."),
+])
+def test_issue_16_a_bad_mark_is_refused_and_changes_nothing(api, conversation, body, needle):
+    ask(conversation, "q")
+    node = head(conversation)
+    response = api.patch(f"/api/nodes/{node.pk}/", body, format="json")
+    assert response.status_code == 400 and needle in json.dumps(response.json()), response.json()
+    node.refresh_from_db()
+    assert (node.label, node.starred) == ("", False)
+
+
+def test_issue_16_someone_elses_tree_and_nodes_are_not_found(api, other_api, conversation):
+    ask(conversation, "mine")
+    node = head(conversation)
+    assert other_api.get(f"/api/conversations/{conversation.pk}/tree/").status_code == 404
+    assert other_api.patch(f"/api/nodes/{node.pk}/", {"label": "theirs"}, format="json").status_code == 404
+    node.refresh_from_db()
+    assert node.label == ""
+
+
+def test_issue_16_labels_and_the_star_survive_the_tree_export(api, conversation):
+    ask(conversation, "q")
+    node = head(conversation)
+    api.patch(f"/api/nodes/{node.pk}/", {"label": "kept", "starred": True}, format="json")
+    document = json.loads(b"".join(api.get(f"/api/conversations/{conversation.pk}/export/",
+                                           {"format": "json"}).streaming_content))
+    created = api.post("/api/conversations/import/", data=json.dumps(document),
+                       content_type="application/json").json()["conversations"][0]
+    copy = Node.objects.get(conversation_id=created["id"])
+    assert (copy.label, copy.starred) == ("kept", True)
