@@ -37,6 +37,30 @@ def _scheme(browser, scheme: str) -> None:
                             {"features": [{"name": "prefers-color-scheme", "value": scheme}]})
 
 
+def _check_page(browser, name: str, shot: str | None) -> list[dict]:
+    wait(browser).until(lambda d: d.execute_script("return document.readyState") == "complete")
+    if name == "chat":  # with the map open too
+        browser.find_element("css selector", ".map-toggle").click()
+        wait(browser).until(lambda d: d.find_elements("css selector", ".map-mark"))
+    if shot:
+        screenshot(browser, shot)
+    headings = browser.execute_script("return document.querySelectorAll('h1').length")
+    problems = _violations(browser)
+    if headings != 1:
+        problems.append({"id": "one-h1", "help": f"{headings} <h1> on the page"})
+    return problems
+
+
+def _report(found: dict[str, list[dict]]) -> str:
+    """Each violation and where, once, so the report stays readable."""
+    by_problem: dict[str, set[str]] = {}
+    for where, problems in found.items():
+        for problem in problems:
+            for node in problem.get("nodes") or [problem["help"]]:
+                by_problem.setdefault(f"{problem['id']}: {node}", set()).add(where)
+    return json.dumps({k: sorted(v) for k, v in by_problem.items()}, indent=1)[:8000]
+
+
 def test_issue_16_axe_finds_no_serious_or_critical_violation_on_any_page(browser, asgi_server, user, pages):  # noqa: F811
     browser.set_script_timeout(60)
     sign_in(browser, asgi_server, user)
@@ -50,17 +74,8 @@ def test_issue_16_axe_finds_no_serious_or_critical_violation_on_any_page(browser
                 browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
             for name, url in pages.items():
                 browser.get(asgi_server.url + url)
-                wait(browser).until(lambda d: d.execute_script("return document.readyState") == "complete")
-                if name == "chat":  # the map open too, and a menu
-                    browser.find_element("css selector", ".map-toggle").click()
-                    wait(browser).until(lambda d: d.find_elements("css selector", ".map-mark"))
-                if scheme == "dark" and width:
-                    screenshot(browser, f"dark-phone-{name}")
-                headings = browser.execute_script("return document.querySelectorAll('h1').length")
-                problems = _violations(browser)
-                if headings != 1:
-                    problems.append({"id": "one-h1", "help": f"{headings} <h1> on the page"})
-                if problems:
+                shot = f"dark-phone-{name}" if scheme == "dark" and width else None
+                if problems := _check_page(browser, name, shot):
                     found[f"{name} {scheme} {width or 'desktop'}"] = problems
     browser.delete_all_cookies()
     _scheme(browser, "light")
@@ -68,9 +83,4 @@ def test_issue_16_axe_finds_no_serious_or_critical_violation_on_any_page(browser
         browser.get(asgi_server.url + url)
         if problems := _violations(browser):
             found[url] = problems
-    by_problem: dict[str, set[str]] = {}  # each violation and where, once, so the report stays readable
-    for where, problems in found.items():
-        for problem in problems:
-            for node in problem.get("nodes") or [problem["help"]]:
-                by_problem.setdefault(f"{problem['id']}: {node}", set()).add(where)
-    assert not found, json.dumps({k: sorted(v) for k, v in by_problem.items()}, indent=1)[:8000]
+    assert not found, _report(found)
