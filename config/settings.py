@@ -109,6 +109,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "conversations.web.shell.chat_shell",
+                "playbooks.web.editing_playbook",
             ],
         },
     },

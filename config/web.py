@@ -1,8 +1,14 @@
-"""What every app's pages share: the signed-in page shell, and a way to run a long view off the one thread that
-ASGI gives every sync view (the Content-Security-Policy is config.middleware's, on every response). Imports no app."""
+"""What every app's pages share: the signed-in page shell, a way to run a long view off the one thread that ASGI
+gives every sync view, and a long write's progress streamed to its page (the Content-Security-Policy is
+config.middleware's, on every response). Imports no app."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import queue
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import wraps
@@ -16,7 +22,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -24,6 +30,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from config.errors import ArborError, NotFound
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 def page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -104,3 +111,45 @@ def off_the_shared_thread(view: Callable) -> Callable:
         if hasattr(view, attribute):
             setattr(wrapper, attribute, getattr(view, attribute))
     return wrapper
+
+
+_DONE = object()
+
+
+def wants_progress(request: HttpRequest) -> bool:
+    """Did the page's script ask to watch a long write as it goes (`Accept: application/x-ndjson`)?"""
+    return "application/x-ndjson" in request.headers.get("Accept", "")
+
+
+def progress_response(work: Callable[[Callable[[dict], None]], dict]) -> StreamingHttpResponse:
+    """Run `work(report)` in a thread of its own and stream what it reports as JSON lines, then its result as
+    {"type": "result", …}, or {"type": "refused", "message", "code"} for an ArborError (names no reported event
+    uses: a run reports its turn's own "done" and "error").
+
+    The work goes on to its end if the person leaves: a started conversion or run is never cut short by a
+    dropped connection (what it wrote is theirs either way); only the reporting stops.
+    """
+    events: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run() -> None:
+        try:
+            events.put({"type": "result", **work(events.put)})
+        except ArborError as error:
+            events.put({"type": "refused", "code": error.code, "message": error.message})
+        except Exception:
+            logger.exception("a long write failed")
+            events.put({"type": "refused", "code": "server_error", "message": "Something went wrong on the server."})
+        finally:
+            connections.close_all()
+            events.put(_DONE)
+
+    threading.Thread(target=run, name="arbor-progress", daemon=True).start()
+
+    async def lines():
+        while (event := await asyncio.to_thread(events.get)) is not _DONE:
+            yield (json.dumps(event, default=str) + "\n").encode()
+
+    response = StreamingHttpResponse(lines(), content_type="application/x-ndjson")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # a proxy in front passes each line on as it comes
+    return response

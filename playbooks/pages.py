@@ -13,12 +13,12 @@ from typing import Any
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import path
+from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from config.api import INT64_MAX, INT64_MIN
 from config.errors import BadInput
-from config.web import off_the_shared_thread, page
+from config.web import off_the_shared_thread, page, progress_response, wants_progress
 from conversations.screen import path_bubbles
 from playbooks import services
 from playbooks.models import PlaybookRun
@@ -95,8 +95,14 @@ def playbook_detail_page(request: HttpRequest, playbook_id: int) -> HttpResponse
 def playbook_convert_page(request: HttpRequest, conversation_id: int) -> HttpResponse:
     """The chat page's "Convert to playbook" (P1, P2): the chat stays where it was.
 
-    Still invalid after the last try (PlaybookInvalid), `page` shows the last errors back on the chat.
+    Still invalid after the last try (PlaybookInvalid), `page` shows the last errors back on the chat. The page's
+    script watches it as it goes (each try, the draft as it is written): `progress_response`.
     """
+    if wants_progress(request):
+        def convert(report) -> dict:
+            made = services.playbook_convert(user=request.user, conversation_id=conversation_id, progress=report)
+            return {"url": reverse("playbook-page-detail", args=[made.pk]), "name": made.name}
+        return progress_response(convert)
     playbook = services.playbook_convert(user=request.user, conversation_id=conversation_id)
     messages.success(request, f"Playbook “{playbook.name}” made from this conversation.")
     return redirect("playbook-page-detail", playbook.pk)
@@ -116,6 +122,11 @@ def playbook_edit_page(request: HttpRequest, playbook_id: int) -> HttpResponse:
 @page
 def playbook_save_page(request: HttpRequest, playbook_id: int) -> HttpResponse:
     """P3: convert the edit conversation into the next version (errors come back as a message, by `page`)."""
+    if wants_progress(request):
+        def save(report) -> dict:
+            saved = services.playbook_save(user=request.user, playbook_id=playbook_id, progress=report)
+            return {"url": reverse("playbook-page-detail", args=[saved.pk]), "name": saved.name}
+        return progress_response(save)
     playbook = services.playbook_save(user=request.user, playbook_id=playbook_id)
     messages.success(request, f"Saved as version {playbook.versions.count()}.")
     return redirect("playbook-page-detail", playbook.pk)
@@ -131,6 +142,13 @@ def playbook_run_page(request: HttpRequest, playbook_id: int) -> HttpResponse:
     if request.method == "POST":
         submitted = form_values(parameters, request.POST)
         errors = form_problems(parameters, request.POST)
+        if not errors and wants_progress(request):
+            def run(report) -> dict:
+                result = services.playbook_run(user=request.user, playbook_id=playbook.pk, values=submitted,
+                                               progress=report)
+                return {"url": reverse("playbook-page-run-detail", args=[playbook.pk, result.run.pk]),
+                        "status": result.status}
+            return progress_response(run)
         if not errors:
             try:
                 result = services.playbook_run(user=request.user, playbook_id=playbook.pk, values=submitted)

@@ -15,6 +15,7 @@ Where the nodes go (DESIGN.md's two questions):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +52,12 @@ class Conversion:
 # --- conversion (P1, P2) ----------------------------------------------------------------------------
 
 
-def _convert(conversation: Conversation) -> Conversion:
+# What a long write reports as it goes (`progress`): {"type": "try", "number", "of"}, {"type": "token", "text"},
+# {"type": "invalid", "errors"} for a conversion; a run's turn events ({"type": "token" | "tool_call" | …}).
+Progress = Callable[[dict[str, Any]], None]
+
+
+def _convert(conversation: Conversation, progress: Progress | None = None) -> Conversion:
     """Draft, validate and retry under the conversation's turn lock; the head stays where it is (P2)."""
     with TurnLock.acquire(conversation) as lock:
         conversation.refresh_from_db(fields=["head", "model", "instructions"])
@@ -63,10 +69,11 @@ def _convert(conversation: Conversation) -> Conversion:
         if path[-1].status == Node.Status.SUCCEEDED and it.tool_calls(path[-1].received):
             # Like a turn (F3): a call waiting for a person has no result yet, so the context is unfinished.
             raise ApprovalPending("A tool call is waiting for approval: approve or refuse it before converting.")
-        return _draft_until_valid(conversation, path, lock)
+        return _draft_until_valid(conversation, path, lock, progress or (lambda event: None))
 
 
-def _draft_until_valid(conversation: Conversation, path: list[PathNode], lock: TurnLock) -> Conversion:
+def _draft_until_valid(conversation: Conversation, path: list[PathNode], lock: TurnLock,
+                       progress: Progress) -> Conversion:
     model = conversation.model or settings.ARBOR_MODEL
     provider = llm.provider_of(model)
     instructions = instructions_for(conversation)
@@ -74,11 +81,14 @@ def _draft_until_valid(conversation: Conversation, path: list[PathNode], lock: T
     sent = [prompts.conversion_request()]
     tries: list[int] = []
     errors: list[str] = []
-    for _ in range(max(1, settings.ARBOR_PLAYBOOK_TRIES)):
+    attempts = max(1, settings.ARBOR_PLAYBOOK_TRIES)
+    for number in range(1, attempts + 1):
         _check_budget(path, sent, model=model, provider=provider, instructions=instructions, tries=tries)
         messages = assemble(path, sent, instructions=instructions, provider=provider)
+        progress({"type": "try", "number": number, "of": attempts})
         call = run_side_call(conversation=conversation, parent=path[-1], kind=Node.Kind.PLAYBOOK, sent=sent,
-                             messages=messages, model=model, instructions=instructions, response_format=json_mode)
+                             messages=messages, model=model, instructions=instructions, response_format=json_mode,
+                             on_token=lambda text: progress({"type": "token", "text": text}))
         node = call.node
         tries.append(node.pk)
         if call.result is None:
@@ -90,6 +100,7 @@ def _draft_until_valid(conversation: Conversation, path: list[PathNode], lock: T
             errors = schema.validate(definition)
         if not errors:
             return Conversion(definition=definition, node=node, head_id=conversation.head_id, nodes=tries)
+        progress({"type": "invalid", "errors": errors})
         path = [*path, call.path_node()]
         sent = [prompts.conversion_retry(errors)]
     raise PlaybookInvalid(f"The playbook is still invalid after {len(tries)} tries: {'; '.join(errors)}",
@@ -123,10 +134,10 @@ def _add_version(playbook: Playbook, conversion: Conversion, conversation: Conve
                                           head_id=conversion.head_id)
 
 
-def playbook_convert(*, user, conversation_id: Any) -> Playbook:
+def playbook_convert(*, user, conversation_id: Any, progress: Progress | None = None) -> Playbook:
     """P1, P2: a new playbook from the conversation's whole context; its head does not move."""
     conversation = conversation_for_user(user=user, conversation_id=conversation_id)
-    conversion = _convert(conversation)
+    conversion = _convert(conversation, progress)
     with transaction.atomic():
         playbook = Playbook.objects.create(
             owner=user, name=conversion.definition["name"], description=conversion.definition["description"],
@@ -137,14 +148,14 @@ def playbook_convert(*, user, conversation_id: Any) -> Playbook:
     return playbook
 
 
-def playbook_save(*, user, playbook_id: Any) -> Playbook:
+def playbook_save(*, user, playbook_id: Any, progress: Progress | None = None) -> Playbook:
     """P3: convert the edit conversation again, into the playbook's next version."""
     playbook = playbook_for_user(user=user, playbook_id=playbook_id)
     conversation = playbook.edit_conversation
     if conversation is None:
         raise BadInput("This playbook has no edit conversation: open one, change the playbook by chatting, "
                        "then save.")
-    conversion = _convert(conversation)
+    conversion = _convert(conversation, progress)
     with transaction.atomic():
         playbook = Playbook.objects.select_for_update().get(pk=playbook.pk)
         playbook.name = conversion.definition["name"]
@@ -193,7 +204,7 @@ class RunResult:
     error: dict[str, Any] | None = None
 
 
-def playbook_run(*, user, playbook_id: Any, values: Any) -> RunResult:
+def playbook_run(*, user, playbook_id: Any, values: Any, progress: Progress | None = None) -> RunResult:
     """Run the current version with `values` in a new conversation, through the one turn runner (R1).
 
     Bad values are refused before anything is created. A tool that needs approval (F3) pauses the run
@@ -224,7 +235,12 @@ def playbook_run(*, user, playbook_id: Any, values: Any) -> RunResult:
             owner=user, title=f"Run: {playbook.name}{f' ({shown})' if shown else ''}"[:200], model=model)
         run = PlaybookRun.objects.create(playbook=playbook, playbook_version=version, version=version.number,
                                          values=bound, conversation=conversation)
-    events = detached.run_here(turn_ask(user=user, conversation_id=conversation.pk, content=question))
+    turn = turn_ask(user=user, conversation_id=conversation.pk, content=question)
+    events = []
+    for _, event in detached.run(turn, detached.start(turn)):  # the one turn runner, its events reported as they come
+        events.append(event)
+        if progress is not None:
+            progress({"type": str(event.type), **event.data})
     return _run_result(run, events)
 
 

@@ -183,18 +183,19 @@ class SideCall:
 
 def run_side_call(*, conversation: Conversation | None, parent: PathNode | None, kind: str, sent: list[it.Item],
                   messages: list[dict], model: str, instructions: str = "", keep_ephemeral: bool = False,
-                  **call_options) -> SideCall:
+                  on_token: Callable[[str], None] | None = None, **call_options) -> SideCall:
     """Record a pending node, make the call (`call_options` go to `llm.stream_call`), record how it ended.
 
     Only the node's own row is written. The node never stays pending: a failure, a bug or a closed turn
-    (cancelled) is recorded before it goes on.
+    (cancelled) is recorded before it goes on. `on_token` sees the answer's text as it streams (a playbook's
+    draft shown as it is written).
     """
     node = start(conversation=conversation, parent=parent, kind=kind, sent=sent, model=model,
                  instructions=instructions, keep_ephemeral=keep_ephemeral)
     release_connection()
     stream = llm.stream_call(model=model, messages=messages, **call_options)
     try:
-        result = _consume(stream)
+        result = _consume(stream, on_token)
     except llm.LLMError as error:
         fail(node, error)
         return SideCall(node=node, result=None)
@@ -206,9 +207,11 @@ def run_side_call(*, conversation: Conversation | None, parent: PathNode | None,
     return SideCall(node=node, result=result)
 
 
-def _consume(stream) -> llm.CallResult:
+def _consume(stream, on_token: Callable[[str], None] | None = None) -> llm.CallResult:
     while True:
         try:
-            next(stream)
+            token = next(stream)
+            if on_token is not None:
+                on_token(token)
         except StopIteration as stop:
             return stop.value
