@@ -38,7 +38,7 @@ class Kept:
     chatgpt_differences: str
 
 
-def _item_paths(conversation: Conversation) -> set[str]:
+def item_paths(conversation: Conversation) -> set[str]:
     """Every turn node as the items on its path from the root, ids and models aside."""
     nodes = {n.pk: n for n in Node.objects.filter(conversation=conversation, kind=Node.Kind.TURN)}
 
@@ -57,7 +57,7 @@ def _screen(conversation: Conversation) -> list[tuple[str, str, int]]:
 
 
 def _differences(original: Conversation, copy: Conversation) -> str:
-    before, after = _item_paths(original), _item_paths(copy)
+    before, after = item_paths(original), item_paths(copy)
     lost, added = len(before - after), len(after - before)
     notes = [f"{lost} paths lost"] * bool(lost) + [f"{added} paths new"] * bool(added)
     if _screen(copy) != _screen(original):

@@ -11,6 +11,7 @@ from conversations.models import Bubble, Conversation, Node
 from conversations.screen import path_bubbles
 from conversations.selectors import node_path
 from conversations.transfer import arbor_tree
+from conversations.transfer.check import item_paths
 from conversations.turns.seen import call_context, next_context
 from conversations.turns.start import turn_compact, turn_decide, turn_edit, turn_regenerate
 from tests.conversations.helpers import ask, head
@@ -226,20 +227,6 @@ def test_the_chatgpt_export_leaves_side_calls_out(api, user, conversation):
     assert all(v.branch.count == 1 for v in path_bubbles(conversation=copy) if v.bubble.role == "user")
 
 
-def _item_paths(conversation) -> set[str]:
-    """Every turn node of the conversation as the items on its path from the root, ids and models aside."""
-    nodes = {n.pk: n for n in Node.objects.filter(conversation=conversation, kind=Node.Kind.TURN)}
-
-    def path(node):
-        out = []
-        while node is not None:
-            out.append({"sent": node.sent, "received": node.received})
-            node = nodes.get(node.parent_id)
-        return json.dumps(out[::-1], sort_keys=True)
-
-    return {path(n) for n in nodes.values()}
-
-
 def test_issue_15_t8_a_chatgpt_round_trip_keeps_every_branch_message_call_result_and_the_instructions(
         api, user, conversation):
     """Issue 15: export to ChatGPT's format and import back: a regenerated answer is one question with two
@@ -263,6 +250,6 @@ def test_issue_15_t8_a_chatgpt_round_trip_keeps_every_branch_message_call_result
 
     conversation.refresh_from_db()
     assert copy.instructions == "Answer in one line."
-    assert _item_paths(copy) == _item_paths(conversation)
+    assert item_paths(copy) == item_paths(conversation)
     assert [(v.bubble.role, v.bubble.content, v.branch.count) for v in path_bubbles(conversation=copy)] == [
         (v.bubble.role, v.bubble.content, v.branch.count) for v in path_bubbles(conversation=conversation)]
