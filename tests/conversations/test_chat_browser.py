@@ -78,8 +78,8 @@ def test_sign_in_send_and_see_tokens_arrive_in_several_steps(browser, asgi_serve
         time.sleep(0.05)
     assert len(seen) >= 3, f"the answer should arrive in several steps, saw {seen!r}"
     # Rendered as Markdown while it streams (issue 16): compared as the words a person reads.
-    words = [" ".join(text.split()) for text in seen]
-    assert all(later.startswith(earlier) for earlier, later in zip(words, words[1:], strict=False))
+    read = [" ".join(text.split()) for text in seen]
+    assert all(later.startswith(earlier) for earlier, later in zip(read, read[1:], strict=False))
     _wait_for_answer_count(browser, 1)
     (answer,) = _answers(browser)
     assert answer.startswith(f"echo: #slow {words}")
