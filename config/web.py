@@ -5,9 +5,9 @@ config.middleware's, on every response). Imports no app."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -126,27 +126,34 @@ def progress_response(work: Callable[[Callable[[dict], None]], dict]) -> Streami
     {"type": "result", …}, or {"type": "refused", "message", "code"} for an ArborError (names no reported event
     uses: a run reports its turn's own "done" and "error").
 
-    The work goes on to its end if the person leaves: a started conversion or run is never cut short by a
-    dropped connection (what it wrote is theirs either way); only the reporting stops.
+    The work starts when the response does, and goes on to its end if the person leaves: a started conversion
+    or run is never cut short by a dropped connection (what it wrote is theirs either way); only the reporting
+    stops. Events reach the response through the event loop (`call_soon_threadsafe`), so a watched job of
+    minutes holds no thread of the loop's small default pool.
     """
-    events: queue.SimpleQueue = queue.SimpleQueue()
-
-    def run() -> None:
-        try:
-            events.put({"type": "result", **work(events.put)})
-        except ArborError as error:
-            events.put({"type": "refused", "code": error.code, "message": error.message})
-        except Exception:
-            logger.exception("a long write failed")
-            events.put({"type": "refused", "code": "server_error", "message": "Something went wrong on the server."})
-        finally:
-            connections.close_all()
-            events.put(_DONE)
-
-    threading.Thread(target=run, name="arbor-progress", daemon=True).start()
 
     async def lines():
-        while (event := await asyncio.to_thread(events.get)) is not _DONE:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def report(event) -> None:
+            with contextlib.suppress(RuntimeError):  # the server's loop is gone: nobody is watching
+                loop.call_soon_threadsafe(events.put_nowait, event)
+
+        def run() -> None:
+            try:
+                report({"type": "result", **work(report)})
+            except ArborError as error:
+                report({"type": "refused", "code": error.code, "message": error.message})
+            except Exception:
+                logger.exception("a long write failed")
+                report({"type": "refused", "code": "server_error", "message": "Something went wrong on the server."})
+            finally:
+                connections.close_all()
+                report(_DONE)
+
+        threading.Thread(target=run, name="arbor-progress", daemon=True).start()
+        while (event := await events.get()) is not _DONE:
             yield (json.dumps(event, default=str) + "\n").encode()
 
     response = StreamingHttpResponse(lines(), content_type="application/x-ndjson")

@@ -9,7 +9,7 @@ from django.db import connection, models, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from config.errors import BadInput, NotFound
+from config.errors import ArborError, BadInput, NotFound
 from config.together import Together, Written, together
 from conversations import jobs
 from conversations.errors import TurnInProgress
@@ -78,8 +78,18 @@ def head_switch(*, conversation: Conversation, node_id: Any) -> None:
 
 
 def branch_mark(*, node: Node, label: str | None = None, starred: bool | None = None) -> Node:
-    """Name or star the branch that ends at `node` (the tree map's marks, issue 16). One star a conversation:
-    starring a branch takes the star off any other. Nothing a call sent or received changes."""
+    """Name or star the branch a turn leads (the tree map's marks, issue 16); the mark is kept on the turn's node.
+    One star a conversation: starring takes it off any other. Nothing a call sent or received changes.
+
+    Refused (BadInput, nothing changed): a side call (a title or summarising call is no branch), a node no longer
+    in any conversation, and a star on a node the head cannot rest on (an overflow, a call under way).
+    """
+    if node.conversation_id is None:
+        raise BadInput(f"Node {node.pk} is no longer part of a conversation.")
+    if node.is_side_call:
+        raise BadInput(f"Node {node.pk} is a side call (a title or a summary), not a branch.")
+    if starred and not Node.objects.can_be_head().filter(pk=node.pk).exists():
+        raise BadInput(f"Node {node.pk} cannot be starred: the conversation could not open on it.")
     with transaction.atomic():
         if starred:
             Node.objects.filter(conversation_id=node.conversation_id, starred=True).exclude(pk=node.pk).update(
@@ -91,8 +101,9 @@ def branch_mark(*, node: Node, label: str | None = None, starred: bool | None = 
 
 
 def open_on_star(*, conversation: Conversation) -> None:
-    """A conversation opens on its starred branch: the head goes to that branch's latest tip (T8), unless it is
-    there already or a turn runs (T9: then it stays where the turn is)."""
+    """A conversation opened afresh opens on its starred branch: the head goes to that branch's latest tip (T8),
+    unless it is there already or a turn runs (T9: then it stays where the turn is). The caller decides what
+    "afresh" is (the chat page: not a page of this conversation reloading itself)."""
     star = Node.objects.filter(conversation=conversation, starred=True).values_list("pk", flat=True).first()
     if star is None or conversation.head_id is None or conversation.turn_running:
         return
@@ -100,8 +111,8 @@ def open_on_star(*, conversation: Conversation) -> None:
         return  # on the starred branch already
     try:
         head_switch(conversation=conversation, node_id=star)
-    except TurnInProgress:
-        return  # a turn began meanwhile: it decides where the head is
+    except ArborError:
+        return  # a turn began meanwhile, or the star's branch has nothing to show: the head stays
 
 
 def conversation_create(*, owner, title: str = "", model: str = "", instructions: str = "", retrieval: bool = False,

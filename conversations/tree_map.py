@@ -1,7 +1,8 @@
 """The conversation's whole tree as a map (issue 16): one mark per turn, for the chat page's map and the API.
 
-A turn is the node that asked (a question, an edit, a retry) with the tool rounds that followed it: a node that
-only sends tool results is folded into the turn above it, so a person sees their questions, not the calls.
+A turn is the node that asked (a question, an edit) with the tool rounds and retries that followed it: a node that
+sends only tool results, or nothing (a retry, F1), is folded into the turn above it, so a person sees their
+questions, not the calls. A turn's label and star are kept on its first node, which new rounds never change.
 Compaction roots hang below the node they compacted (C3), playbook drafts and failures are marks of their own,
 side calls (titles, summarising calls, window roots) are not on the map. One query for the nodes, one for the
 head's path.
@@ -20,7 +21,7 @@ SNIPPET_CHARS = 80
 
 @dataclass
 class Mark:
-    id: int  # the turn's first node: switching there shows this turn's branch (T8)
+    id: int  # the turn's first node: switching there shows this turn's branch (T8); its label and star live here
     parent: int | None  # the mark above; a compaction root's is the mark of the node it compacted
     kind: str
     status: str  # of the turn's last node: how the turn ended
@@ -29,7 +30,7 @@ class Mark:
     label: str
     starred: bool
     on_path: bool
-    last: int  # the turn's last node: where its branch's label and star are kept
+    last: int  # the turn's last node (its outcome)
 
 
 def _question(sent: list[dict[str, Any]]) -> str | None:
@@ -57,12 +58,11 @@ def tree_map(conversation: Conversation) -> dict[str, Any]:
     for node_id, parent, kind, status, reason, compacted_from, sent, label, starred in rows.iterator(chunk_size=2000):
         question = _question(sent)
         above = turn_of.get(parent)
-        if (kind == Node.Kind.TURN and question is None and above is not None and sent
+        if (kind == Node.Kind.TURN and question is None and above is not None
                 and all(i.get("type") == "tool_result" for i in sent)):
-            mark = marks[above]  # a tool round: part of the turn that asked
+            mark = marks[above]  # a tool round or a retry (F1): part of the turn that asked
             turn_of[node_id] = mark.id
             mark.status, mark.failure_reason, mark.last = status, reason, node_id
-            mark.label, mark.starred = label or mark.label, starred or mark.starred
             mark.on_path = mark.on_path or node_id in on_path
             continue
         turn_of[node_id] = node_id

@@ -104,7 +104,7 @@ class TreeMarkOut(serializers.Serializer):
     label = serializers.CharField(allow_blank=True)
     starred = serializers.BooleanField()
     on_path = serializers.BooleanField(help_text="on the head's path")
-    last = serializers.IntegerField(help_text="the turn's last node: its branch's label and star are kept there")
+    last = serializers.IntegerField(help_text="the turn's last node (how it ended); its label and star are on `id`")
 
 
 class TreeOut(serializers.Serializer):

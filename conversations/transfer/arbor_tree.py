@@ -105,6 +105,9 @@ def _tree_plan(document: dict[str, Any]) -> Plan:
         if node.key in nodes:
             raise ImportRefused(f"nodes[{index}]: the id {node.key!r} is used twice.")
         nodes[node.key] = node
+    starred = [key for key, node in nodes.items() if node.fields["starred"]]
+    if len(starred) > 1:
+        raise ImportRefused(f"nodes: {len(starred)} nodes are starred; a conversation has one star at most.")
     _attach_bubbles_and_approvals(document, nodes)
     plan = Plan(title=text_field(meta.get("title", ""), "conversation.title", limit=200),
                 model=allowed_model(text_field(meta.get("model", ""), "conversation.model", limit=200)),
@@ -141,11 +144,22 @@ def _tree_node(raw: Any, where: str) -> PlannedNode:
             "keep_ephemeral": raw.get("keep_ephemeral") is True,
             "window_root": raw.get("window_root") is True,
             "label": text_field(raw.get("label", ""), f"{where}.label", limit=40),
-            "starred": raw.get("starred") is True,
+            "starred": _starred(raw, where),
             "tokens": tokens,
             "finished_at": when_field(raw.get("finished_at"), f"{where}.finished_at"),
         },
     )
+
+
+def _starred(raw: dict[str, Any], where: str) -> bool:
+    """A star only where the conversation could open: a turn, or a compaction root, that did not overflow (F2)."""
+    if raw.get("starred") is not True:
+        return False
+    opens = (raw.get("kind") == Node.Kind.TURN or (raw.get("kind") == Node.Kind.COMPACTION and raw.get("parent") is None
+                                                   and raw.get("window_root") is not True))
+    if not opens or raw.get("failure_reason") == Node.FailureReason.CONTEXT_OVERFLOW:
+        raise ImportRefused(f"{where}.starred: only a turn the conversation can open on is starred.")
+    return True
 
 
 def _entries(document: dict[str, Any], name: str) -> list[Any]:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 from django.conf import settings
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.urls import path
+from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
@@ -109,7 +110,11 @@ def chat_new(request: HttpRequest) -> HttpResponse:
 @page
 def chat_conversation(request: HttpRequest, conversation_id: int) -> HttpResponse:
     conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-    services.open_on_star(conversation=conversation)  # a conversation opens on its starred branch
+    # Opened afresh (from the sidebar, a link, a bookmark), a conversation opens on its starred branch; the page
+    # reloading itself (after a rename, a no-script ◀ / ▶) stays where the person put it.
+    own = reverse("chat-conversation", args=[conversation.pk])
+    if not urlparse(request.headers.get("Referer", "")).path.startswith(own):
+        services.open_on_star(conversation=conversation)
     labelled = Node.objects.filter(conversation=conversation).exclude(label="").exists()  # the arrows name them
     context = {"conversation": conversation, "labelled": labelled, **_bubbles_context(conversation)}
     return render(request, "chat/conversation.html", context)
@@ -230,12 +235,16 @@ def chat_import(request: HttpRequest) -> HttpResponse:
     return render(request, "chat/import.html", {"conversation": None})
 
 
+LIVE_RENDER_MAX_BYTES = 100_000  # past this an answer streams as plain text; it is rendered once it ends
+
+
 @require_POST
 @page
 def chat_render(request: HttpRequest) -> HttpResponse:
     """A streaming answer's text so far, as sanitised HTML: the very rendering of a finished answer, so Markdown
-    shows while the answer is written and nothing unsafe slips through on the way (issue 16)."""
-    if len(request.body) > settings.ARBOR_NODE_MAX_BYTES // 2:  # the most an answer may be (llm.stream_call)
+    shows while the answer is written and nothing unsafe slips through on the way (issue 16). Off the shared
+    thread (`urlpatterns`): a long answer's rendering must not hold up other pages."""
+    if len(request.body) > LIVE_RENDER_MAX_BYTES:
         return HttpResponse("Too long to render while streaming.", status=413, content_type="text/plain")
     return HttpResponse(render_markdown(request.body.decode("utf-8", errors="replace")),
                         content_type="text/html; charset=utf-8")
@@ -364,7 +373,7 @@ urlpatterns = [
     path("chat/<int:conversation_id>/delete/", chat_delete, name="chat-delete"),
     path("chat/<int:conversation_id>/compare/", chat_compare, name="chat-compare"),
     path("chat/nodes/<int:node_id>/seen/", chat_seen, name="chat-seen"),
-    path("chat/render/", chat_render, name="chat-render"),
+    path("chat/render/", off_the_shared_thread(chat_render), name="chat-render"),
     path("settings/", preferences, name="preferences"),
     path("settings/theme/", theme, name="theme"),
 ]

@@ -203,6 +203,7 @@
     say("Waiting for the model…");
     if (question !== undefined) appendBubble("user", question);
     streaming = appendBubble("assistant streaming", "");
+    toLatest();  // the person just acted: show them the answer coming
     return true;
   }
 
@@ -215,7 +216,7 @@
     article.append(body);
     list().querySelector(".empty-chat")?.remove();
     list().append(article);
-    toLatest();  // the person just asked: show them the answer coming
+    follow();  // a new round's bubble: followed only if the person is at the bottom
     return article;
   }
 
@@ -251,10 +252,16 @@
     if (!bubble.isConnected) return;
     state.busy = true;
     const text = state.text;
+    const started = performance.now();
     try {
       const response = await fetch(chat.dataset.renderUrl, { method: "POST", body: text,
         headers: { "X-CSRFToken": csrfToken, "Content-Type": "text/plain; charset=utf-8" } });
-      if (response.status === 413) state.rendered = -1;  // too long to render live: plain text from here on
+      if (response.status === 413 || response.redirected) {  // too long to render live: plain text from here on
+        state.rendered = -1;
+        bubble.querySelector(".body .rendered")?.replaceChildren();
+        showTail(bubble, state);
+        return;
+      }
       if (!response.ok || !bubble.isConnected) return;
       const html = await response.text();
       const body = bubble.querySelector(".body");
@@ -268,8 +275,10 @@
       /* the next tokens try again */
     } finally {
       state.busy = false;
+      // Twice as long as the last rendering took, at least 250 ms: a long answer is rendered less often.
+      const pause = Math.max(250, 2 * (performance.now() - started));
       if (state.rendered !== -1 && state.text.length > state.rendered && bubble.isConnected && !state.timer) {
-        state.timer = setTimeout(() => renderSoFar(bubble), 250);
+        state.timer = setTimeout(() => renderSoFar(bubble), pause);
       }
     }
   }
@@ -280,10 +289,14 @@
     element.remove();
   }
 
+  let redraws = 0;  // the latest redraw asked for wins: an older one answering late is dropped
+
   async function redraw({ unlessStreaming = false } = {}) {
+    const mine = ++redraws;
     const response = await fetch(chat.dataset.messagesUrl, { headers: { "X-Fragment": "1" } });
-    if (!response.ok) throw new Error(`${response.status}`);
+    if (!response.ok || response.redirected) throw new Error(`${response.status}`);  // signed out: not a list
     const html = await response.text();
+    if (mine !== redraws) return list().dataset.turnRunning === "1";
     if (unlessStreaming && streaming) return true;  // a joined answer streams in meanwhile: keep it
     showList(html);
     return list().dataset.turnRunning === "1";
@@ -464,6 +477,10 @@
   });
 
   document.addEventListener("keydown", (event) => {
+    // Esc stops the answer, from the page or the message box; not while an input method composes a word, nor
+    // from another field (the search box clears itself with Esc).
+    const field = event.target.closest?.("input, textarea, select, [contenteditable]");
+    if (event.isComposing || (field && field !== input)) return;
     if (event.key === "Escape" && running && !stopButton.hidden && !document.querySelector("dialog[open]")) {
       event.preventDefault();
       stopButton.click();
@@ -482,10 +499,16 @@
     body.append("node", node);
     body.append("csrfmiddlewaretoken", csrfToken);
     const response = await fetch(chat.dataset.switchUrl, { method: "POST", body, headers: { "X-Fragment": "1" } });
-    if (!response.ok) {
-      say(await response.text() || "That version could not be shown.");
+    if (response.redirected) {
+      say("You are signed out: reload the page to sign in again.");
       return false;
     }
+    if (!response.ok) {
+      const plain = (response.headers.get("Content-Type") || "").startsWith("text/plain");
+      say((plain && await response.text()) || "That version could not be shown.");
+      return false;
+    }
+    ++redraws;  // a redraw asked for before the switch must not land after it
     showList(await response.text(), anchor ? { article: anchor, node } : null);
     if (!anchor) {
       const question = list().querySelector(`article.msg.user[data-node="${node}"]`);
@@ -504,8 +527,8 @@
     if (running || button.disabled) return;
     const label = button.getAttribute("aria-label");
     if (!await switchBranch(button.value, form.closest("article"))) return;
-    const target = list().querySelector(`article.msg.user[data-node="${button.value}"]`);
-    const same = target?.querySelector(`button[aria-label="${label}"]:not([disabled])`);
+    const target = list().querySelector(`article.msg.user[data-node="${CSS.escape(button.value)}"]`);
+    const same = target?.querySelector(`button[aria-label="${CSS.escape(label)}"]:not([disabled])`);
     (same || target?.querySelector(".branch button:not([disabled])") || input).focus();
   });
 
@@ -587,6 +610,7 @@
         say("Waiting for the model…");
         appendBubble("user", content);
         streaming = appendBubble("assistant streaming", "");
+        toLatest();
       });
     },
 
@@ -599,6 +623,7 @@
       setRunning(true);
       say("Waiting for the model…");
       streaming = appendBubble("assistant streaming", "");
+      toLatest();
     },
 
     retry() {
@@ -657,7 +682,12 @@
   toLatest();  // the latest message first; earlier ones load on scrolling up
   watchEarlier();
   try {
-    if (!input.value) input.value = localStorage.getItem(draftKey) || "";
+    // A draft the server already took (the page closed before it said so) is the last question on screen.
+    const draft = localStorage.getItem(draftKey) || "";
+    const questions = list().querySelectorAll("article.msg.user .body");
+    const sent = questions.length && questions[questions.length - 1].textContent === draft;
+    if (sent) localStorage.removeItem(draftKey);
+    else if (!input.value) input.value = draft;
   } catch (error) { /* storage off: nothing was kept */ }
   if (chat.dataset.fresh === "1" || input.value) input.focus();
   connect();

@@ -259,7 +259,7 @@
   async function mark(fields) {
     const current = marks.get(headMark);
     if (!current) return false;
-    const response = await fetch(`/api/nodes/${current.last}/`, {
+    const response = await fetch(`/api/nodes/${current.id}/`, {
       method: "PATCH", body: JSON.stringify(fields),
       headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken, Accept: "application/json" },
     });

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
@@ -76,8 +77,8 @@ def test_issue_16_the_view_follows_a_stream_until_the_person_scrolls_up_then_off
     screenshot(browser, "chat-jump-to-latest")
     jump.click()
     assert _at_bottom(browser) and not _on_top(browser, jump)
-    WebDriverWait(browser, 180).until(lambda d: len(_answers(d)) == 21 and not d.find_elements(
-        By.CSS_SELECTOR, ".msg.streaming"))
+    finished = WebDriverWait(browser, 180, ignored_exceptions=(StaleElementReferenceException,))
+    finished.until(lambda d: len(_answers(d)) == 21 and not d.find_elements(By.CSS_SELECTOR, ".msg.streaming"))
     _wait_idle(browser)
     assert _at_bottom(browser), "the finished answer is in view"
 

@@ -326,7 +326,7 @@ def test_issue_16_every_page_has_a_favicon(page, conversation):
     assert '<link rel="icon" href="/static/arbor/favicon.svg" type="image/svg+xml">' in html
 
 
-def test_issue_16_a_streaming_answer_is_rendered_by_the_finished_answers_renderer(page, settings, user):
+def test_issue_16_a_streaming_answer_is_rendered_by_the_finished_answers_renderer(page, user):
     """The chat page posts the text streamed so far to /chat/render/ and shows what comes back: the same
     sanitised Markdown as a finished answer, highlighting included. Too long: 413 (the page shows plain text).
     Only for a signed-in person, and only with the CSRF token."""
@@ -334,8 +334,10 @@ def test_issue_16_a_streaming_answer_is_rendered_by_the_finished_answers_rendere
     response = page.post(reverse("chat-render"), data=text, content_type="text/plain")
     assert response.status_code == 200 and response.content.decode() == str(render_markdown(text))
     assert "<script>" not in response.content.decode() and '<span class="n">x</span>' in response.content.decode()
-    settings.ARBOR_NODE_MAX_BYTES = 20
-    assert page.post(reverse("chat-render"), data="x" * 11, content_type="text/plain").status_code == 413
+    from conversations.web.pages import LIVE_RENDER_MAX_BYTES
+
+    assert page.post(reverse("chat-render"), data="x" * (LIVE_RENDER_MAX_BYTES + 1),
+                     content_type="text/plain").status_code == 413
     assert Client().post(reverse("chat-render"), data=text, content_type="text/plain").status_code == 302
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(user)

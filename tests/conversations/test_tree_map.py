@@ -116,3 +116,71 @@ def test_issue_16_labels_and_the_star_survive_the_tree_export(api, conversation)
                        content_type="application/json").json()["conversations"][0]
     copy = Node.objects.get(conversation_id=created["id"])
     assert (copy.label, copy.starred) == ("kept", True)
+
+
+def test_issue_16_a_star_goes_only_where_the_conversation_can_open_and_one_a_file(api, user, conversation):
+    """A title call or an overflowed question starred would leave a conversation that cannot open on its star: both
+    are refused over the API, and so is a file with such a star or with two stars; nothing changes."""
+    services.conversation_update(conversation=conversation, title="")
+    ask(conversation, "first")
+    worker.run_due()
+    ask(conversation, "#overflow")
+    for node in (Node.objects.get(kind=Node.Kind.TITLE), Node.objects.get(failure_reason="context_overflow")):
+        response = api.patch(f"/api/nodes/{node.pk}/", {"starred": True}, format="json")
+        assert response.status_code == 400, response.json()
+    assert not Node.objects.filter(starred=True).exists()
+    title = Node.objects.get(kind=Node.Kind.TITLE)
+    assert api.patch(f"/api/nodes/{title.pk}/", {"label": "x"}, format="json").status_code == 400
+
+    ask(conversation, "second")
+    document = json.loads(b"".join(api.get(f"/api/conversations/{conversation.pk}/export/",
+                                           {"format": "json"}).streaming_content))
+    overflow = next(n for n in document["nodes"] if n["failure_reason"] == "context_overflow")
+    turns = [n for n in document["nodes"] if n["kind"] == "turn" and not n["failure_reason"]]
+    for starred, needle in (([overflow], "only a turn the conversation can open on is starred"),
+                            (turns[:2], "2 nodes are starred; a conversation has one star at most")):
+        copy = json.loads(json.dumps(document))
+        for node in copy["nodes"]:
+            node["starred"] = any(node["id"] == s["id"] for s in starred)
+        response = api.post("/api/conversations/import/", data=json.dumps(copy), content_type="application/json")
+        assert response.status_code == 400 and needle in response.json()["error"]["message"], response.json()
+
+
+def test_issue_16_a_page_reloading_itself_keeps_the_head_where_the_person_put_it(page, user, conversation):
+    """The star decides where a conversation opens afresh, not where a page of it lands after a rename or a
+    no-script ◀ / ▶ (its Referer is the conversation's own page)."""
+    ask(conversation, "apples")
+    apples = head(conversation)
+    turn_edit(user=user, conversation_id=conversation.pk, node_id=apples.pk, content="pears").run()
+    pears = head(conversation)
+    services.branch_mark(node=apples, starred=True)
+    own = reverse("chat-conversation", args=[conversation.pk])
+    page.post(reverse("chat-switch", args=[conversation.pk]), {"node": pears.pk}, HTTP_REFERER=f"http://testserver{own}")
+    page.get(own, HTTP_REFERER=f"http://testserver{own}")
+    conversation.refresh_from_db()
+    assert conversation.head_id == pears.pk
+    page.get(own, HTTP_REFERER="http://testserver/chat/")
+    conversation.refresh_from_db()
+    assert conversation.head_id == apples.pk
+
+
+def test_issue_16_a_turns_label_stays_on_it_as_rounds_are_added_and_clears(api, user, conversation):
+    """A turn waiting for an approval is named and starred; the approval adds its result round (a new last node):
+    the mark keeps its name and star, and clearing them clears them. A retry (F1) is folded into its turn."""
+    from conversations.turns.start import turn_decide, turn_retry
+
+    ask(conversation, '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"}')
+    (mark,) = _tree(api, conversation)["nodes"]
+    api.patch(f"/api/nodes/{mark['id']}/", {"label": "Mail", "starred": True}, format="json")
+    (call,) = head(conversation).received
+    turn_decide(user=user, conversation_id=conversation.pk, call_id=call["id"], approve=True).run()
+    (after,) = _tree(api, conversation)["nodes"]
+    assert after["last"] != mark["last"] and (after["label"], after["starred"]) == ("Mail", True)
+    api.patch(f"/api/nodes/{mark['id']}/", {"label": "", "starred": False}, format="json")
+    (cleared,) = _tree(api, conversation)["nodes"]
+    assert (cleared["label"], cleared["starred"]) == ("", False)
+
+    ask(conversation, "#fail")
+    turn_retry(user=user, conversation_id=conversation.pk).run()
+    marks = _tree(api, conversation)["nodes"]
+    assert [m["snippet"] for m in marks] == [mark["snippet"], "#fail"], "the retry is part of its turn"
