@@ -45,14 +45,19 @@ class Turn:
     """A turn whose lock is held and whose starting point is decided. Run it with `events()`, once."""
 
     def __init__(self, *, conversation: Conversation, lock: TurnLock, path: list[PathNode],
-                 new_items: list[it.Item]):
+                 new_items: list[it.Item], instructions: str | None = None, tools: list[dict] | None = None,
+                 model: str | None = None):
         self.conversation = conversation
         self.lock = lock
         self.new_items = new_items
         self.nodes: list[int] = []
-        self.model = conversation.model or settings.ARBOR_MODEL
+        self.model = model or conversation.model or settings.ARBOR_MODEL  # a gateway call names its own
         self.provider = llm.provider_of(self.model)
-        self.instructions = instructions_for(conversation, owner_instructions=lock.owner_instructions)
+        # A caller of the OpenAI-compatible surface sends its own instructions and tools with each call (and
+        # Arbor's own tools stay out of it); everyone else's turns use the conversation's and Arbor's.
+        self.instructions = (instructions if instructions is not None
+                             else instructions_for(conversation, owner_instructions=lock.owner_instructions))
+        self.tools = tools
         question = it.question_of(new_items)
         if conversation.retrieval and question:  # R2: for this call; later ones drop them unless kept
             self.new_items = [*retrieved_items(conversation, question), *new_items]
@@ -123,7 +128,8 @@ class Turn:
         sent = [*(calls.resolve(self._open, run=True, stop_requested=self.stop_requested) if self._open else []),
                 *self.new_items]
         self.new_items = []
-        tools = None if last_round else [t.spec() for t in all_tools()]  # the last round must answer
+        # The last round must answer.
+        tools = None if last_round else self.tools if self.tools is not None else [t.spec() for t in all_tools()]
         path, compacted = self._compact_if_needed(path, sent, tools)
         parent = path[-1] if path else None
         messages = assemble(path, sent, instructions=self.instructions, provider=self.provider,

@@ -64,11 +64,13 @@ def _under_lock(user, conversation_id: int, begin: Callable[[Conversation, TurnL
         raise
 
 
-def _turn(conversation: Conversation, lock: TurnLock, path: list[PathNode], new_items: list[it.Item]) -> Turn:
-    """A turn whose first node hangs below the last node of `path`; refused while a call waits for a person."""
+def _turn(conversation: Conversation, lock: TurnLock, path: list[PathNode], new_items: list[it.Item],
+          **options) -> Turn:
+    """A turn whose first node hangs below the last node of `path`; refused while a call waits for a person.
+    `options`: the call's own instructions and tools (`Turn`)."""
     if calls.undecided(path[-1] if path else None):
         raise ApprovalPending("A tool call is waiting for approval: approve or refuse it first.")
-    return Turn(conversation=conversation, lock=lock, path=path, new_items=new_items)
+    return Turn(conversation=conversation, lock=lock, path=path, new_items=new_items, **options)
 
 
 def turn_ask(*, user, conversation_id: int, content: str) -> Turn:
@@ -77,6 +79,23 @@ def turn_ask(*, user, conversation_id: int, content: str) -> Turn:
 
     def begin(conversation: Conversation, lock: TurnLock) -> Turn:
         return _turn(conversation, lock, node_path(conversation.head_id), [it.user(content)])
+
+    return _under_lock(user, conversation_id, begin)
+
+
+def turn_below(*, user, conversation_id: int, parent_id: int | None, items: list[it.Item], **options) -> Turn:
+    """A call hung below `parent_id` (None: a conversation's first), whatever the head: the OpenAI-compatible
+    surface's `previous_response_id`. An older parent forks a branch (T7, T8); the head moves to the new node
+    when the turn ends, as for any turn. `options`: the call's own model, instructions and tools (`Turn`)."""
+
+    def begin(conversation: Conversation, lock: TurnLock) -> Turn:
+        if parent_id is None:
+            if conversation.head_id is not None:
+                raise BadInput("This conversation has messages already: name the response to continue from.")
+            return _turn(conversation, lock, [], items, **options)
+        if not Node.objects.can_be_head().filter(pk=parent_id, conversation=conversation).exists():
+            raise NotFound(f"No response {parent_id} to continue from in this conversation.")
+        return _turn(conversation, lock, node_path(parent_id), items, **options)
 
     return _under_lock(user, conversation_id, begin)
 

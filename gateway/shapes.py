@@ -1,0 +1,122 @@
+"""OpenAI's Responses shapes, read from and written to Arbor's nodes. A response id is a node: `resp_<node id>`.
+
+What a caller sends (`input`) becomes the new node's sent items; what the model answered (the node's received
+items) becomes the response's `output`. Field sets follow the official SDK's models (openai 3.57,
+types/responses/), which the tests parse with strict validation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from config.errors import BadInput, NotFound
+from conversations import items as it
+from conversations.models import Node
+
+RESPONSE_PREFIX = "resp_"
+
+
+def response_id(node_id: int) -> str:
+    return f"{RESPONSE_PREFIX}{node_id}"
+
+
+def node_id_of(value: Any, *, field: str) -> int:
+    """The node a `resp_…` id names; a NotFound (404, as OpenAI answers an unknown id) for anything else."""
+    if isinstance(value, str) and value.startswith(RESPONSE_PREFIX) and value[len(RESPONSE_PREFIX):].isdigit():
+        number = int(value[len(RESPONSE_PREFIX):])
+        if number < 2**63:
+            return number
+    raise NotFound(f"No response with id {value!r} ({field}).")
+
+
+# --- what a caller sends -------------------------------------------------------------------------------------
+
+_ROLES = {"user": it.user, "system": it.system, "developer": it.system}
+
+
+def _message_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for index, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") not in ("input_text", "text") or not isinstance(
+                    part.get("text"), str):
+                raise BadInput(f"{where}.content[{index}]: only text parts (`input_text`) are read by this server.")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise BadInput(f"{where}.content: expected text or a list of `input_text` parts.")
+
+
+def input_items(value: Any) -> list[it.Item]:
+    """The request's `input` as the new node's sent items: a text, or a list of messages."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise BadInput("`input` is empty.")
+        return [it.user(value)]
+    if not isinstance(value, list) or not value:
+        raise BadInput("`input` must be a text or a non-empty list of input items.")
+    items = []
+    for index, entry in enumerate(value):
+        where = f"input[{index}]"
+        if not isinstance(entry, dict) or entry.get("type", "message") != "message":
+            kind = entry.get("type") if isinstance(entry, dict) else type(entry).__name__
+            raise BadInput(f"{where}: this server reads messages only (got {kind!r}).")
+        make = _ROLES.get(entry.get("role"))
+        if make is None:
+            raise BadInput(f"{where}.role: expected user, system or developer; earlier turns are named with "
+                           "`previous_response_id`, not sent again.")
+        text = _message_text(entry.get("content"), where)
+        if len(text) > settings.ARBOR_MAX_CONTENT_CHARS:
+            raise BadInput(f"{where}: longer than {settings.ARBOR_MAX_CONTENT_CHARS} characters.")
+        items.append(make(text))
+    if not any(item["type"] == "user" for item in items):
+        raise BadInput("`input` holds no user message.")
+    return items
+
+
+# --- what a response is ----------------------------------------------------------------------------------------
+
+
+def _usage(node: Node) -> dict[str, Any] | None:
+    usage = node.usage or {}
+    if not usage:
+        return None
+    return {"input_tokens": usage.get("prompt_tokens", 0),
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": usage.get("completion_tokens", 0),
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.get("total_tokens", 0)}
+
+
+def message_item(node: Node, text: str, *, status: str = "completed") -> dict[str, Any]:
+    return {"id": f"msg_{node.pk}", "type": "message", "role": "assistant", "status": status,
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def response_of(node: Node, *, status: str | None = None) -> dict[str, Any]:
+    """The Responses object of the call `node` made."""
+    failed = node.status == Node.Status.FAILED
+    status = status or ("failed" if failed else "in_progress" if node.status == Node.Status.PENDING else "completed")
+    text = it.answer_text(node.received)
+    output = [message_item(node, text)] if text else []
+    return {
+        "id": response_id(node.pk), "object": "response", "created_at": int(node.created_at.timestamp()),
+        "model": node.model, "status": status, "output": output if status != "in_progress" else [],
+        "error": {"code": "server_error", "message": node.failure_message} if failed else None,
+        "incomplete_details": None, "instructions": node.instructions or None,
+        "previous_response_id": response_id(node.parent_id) if node.parent_id else None,
+        "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "metadata": {},
+        "temperature": None, "top_p": None, "max_output_tokens": None, "text": {"format": {"type": "text"}},
+        "usage": _usage(node) if status == "completed" else None,
+    }
+
+
+def input_items_of(node: Node) -> list[dict[str, Any]]:
+    """What the call of `node` added: its sent messages, as the Responses input items list shows them."""
+    roles = {"user": "user", "system": "system"}
+    return [{"id": f"msg_in_{node.pk}_{index}", "type": "message", "role": roles[item["type"]], "status": "completed",
+             "content": [{"type": "input_text", "text": item["text"]}]}
+            for index, item in enumerate(node.sent) if item.get("type") in roles and not item.get("ephemeral")]
