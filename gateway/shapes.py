@@ -50,20 +50,58 @@ def _message_text(content: Any, where: str) -> str:
     raise BadInput(f"{where}.content: expected text or a list of `input_text` parts.")
 
 
-def input_items(value: Any) -> list[it.Item]:
-    """The request's `input` as the new node's sent items: a text, or a list of messages."""
+def tools_of(value: Any) -> list[dict[str, Any]] | None:
+    """The caller's function tools, in the Chat Completions shape the model seam takes; None for none."""
+    if value in (None, []):
+        return None
+    if not isinstance(value, list):
+        raise BadInput("`tools` must be a list of function tools.")
+    tools = []
+    for index, tool in enumerate(value):
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+            raise BadInput(f"tools[{index}]: only function tools (type function, with a name) are served here.")
+        parameters = tool.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise BadInput(f"tools[{index}].parameters: expected a JSON schema object.")
+        tools.append({"type": "function", "function": {"name": tool["name"], "description": tool.get("description")
+                                                        or "", "parameters": parameters}})
+    return tools
+
+
+def _function_output(entry: dict, where: str, open_calls: dict[str, it.Item]) -> it.Item:
+    """A caller's `function_call_output`: the result of one of the previous response's calls (T4)."""
+    call = open_calls.get(entry.get("call_id"))
+    if call is None:
+        raise BadInput(f"{where}.call_id: {entry.get('call_id')!r} is no function call of the previous response.")
+    output = entry.get("output")
+    if isinstance(output, list):  # a list of text parts
+        output = "".join(part.get("text", "") for part in output if isinstance(part, dict))
+    if not isinstance(output, str):
+        raise BadInput(f"{where}.output: expected text.")
+    return it.tool_result(call["id"], call["name"], output)
+
+
+def input_items(value: Any, *, open_calls: dict[str, it.Item] | None = None) -> list[it.Item]:
+    """The request's `input` as the new node's sent items: a text, or a list of messages and the outputs of the
+    previous response's function calls (`open_calls`, by call id): each of those must have its output (C4)."""
+    open_calls = open_calls or {}
     if isinstance(value, str):
         if not value.strip():
             raise BadInput("`input` is empty.")
-        return [it.user(value)]
+        value = [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise BadInput("`input` must be a text or a non-empty list of input items.")
     items = []
     for index, entry in enumerate(value):
         where = f"input[{index}]"
+        if isinstance(entry, dict) and entry.get("type") == "function_call_output":
+            items.append(_function_output(entry, where, open_calls))
+            continue
+        if isinstance(entry, dict) and entry.get("type") == "function_call":
+            continue  # the previous response's own call, sent back as some clients do: already stored
         if not isinstance(entry, dict) or entry.get("type", "message") != "message":
             kind = entry.get("type") if isinstance(entry, dict) else type(entry).__name__
-            raise BadInput(f"{where}: this server reads messages only (got {kind!r}).")
+            raise BadInput(f"{where}: this server reads messages and function call outputs (got {kind!r}).")
         make = _ROLES.get(entry.get("role"))
         if make is None:
             raise BadInput(f"{where}.role: expected user, system or developer; earlier turns are named with "
@@ -72,9 +110,14 @@ def input_items(value: Any) -> list[it.Item]:
         if len(text) > settings.ARBOR_MAX_CONTENT_CHARS:
             raise BadInput(f"{where}: longer than {settings.ARBOR_MAX_CONTENT_CHARS} characters.")
         items.append(make(text))
-    if not any(item["type"] == "user" for item in items):
+    answered = {item["call_id"] for item in items if item["type"] == "tool_result"}
+    if missing := [call_id for call_id in open_calls if call_id not in answered]:
+        raise BadInput(f"`input` has no function_call_output for the previous response's call(s) {missing}: "
+                       "every call gets its output.")
+    if not any(item["type"] in ("user", "tool_result") for item in items):
         raise BadInput("`input` holds no user message.")
-    return items
+    # Results go first, as the model reads them: after the calls they answer, before a new question.
+    return sorted(items, key=lambda item: item["type"] != "tool_result")
 
 
 # --- what a response is ----------------------------------------------------------------------------------------
@@ -96,27 +139,44 @@ def message_item(node: Node, text: str, *, status: str = "completed") -> dict[st
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
 
 
-def response_of(node: Node, *, status: str | None = None) -> dict[str, Any]:
+def function_call_item(node: Node, call: it.Item) -> dict[str, Any]:
+    return {"id": f"fc_{node.pk}_{call['id']}", "type": "function_call", "call_id": call["id"], "name": call["name"],
+            "arguments": call["arguments"], "status": "completed"}
+
+
+def output_of(node: Node) -> list[dict[str, Any]]:
+    """The answer's text as one message, then each function call, in the order the model wrote them."""
+    text = it.answer_text(node.received)
+    return [*([message_item(node, text)] if text else []),
+            *(function_call_item(node, call) for call in it.tool_calls(node.received))]
+
+
+def response_of(node: Node, *, status: str | None = None, tools: list[dict] | None = None) -> dict[str, Any]:
     """The Responses object of the call `node` made."""
     failed = node.status == Node.Status.FAILED
     status = status or ("failed" if failed else "in_progress" if node.status == Node.Status.PENDING else "completed")
-    text = it.answer_text(node.received)
-    output = [message_item(node, text)] if text else []
+    output = output_of(node)
     return {
         "id": response_id(node.pk), "object": "response", "created_at": int(node.created_at.timestamp()),
         "model": node.model, "status": status, "output": output if status != "in_progress" else [],
         "error": {"code": "server_error", "message": node.failure_message} if failed else None,
         "incomplete_details": None, "instructions": node.instructions or None,
         "previous_response_id": response_id(node.parent_id) if node.parent_id else None,
-        "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "metadata": {},
+        "parallel_tool_calls": True, "tool_choice": "auto", "tools": tools or [], "metadata": {},
         "temperature": None, "top_p": None, "max_output_tokens": None, "text": {"format": {"type": "text"}},
         "usage": _usage(node) if status == "completed" else None,
     }
 
 
 def input_items_of(node: Node) -> list[dict[str, Any]]:
-    """What the call of `node` added: its sent messages, as the Responses input items list shows them."""
+    """What the call of `node` added: its sent messages and function call outputs, as Responses input items."""
     roles = {"user": "user", "system": "system"}
-    return [{"id": f"msg_in_{node.pk}_{index}", "type": "message", "role": roles[item["type"]], "status": "completed",
-             "content": [{"type": "input_text", "text": item["text"]}]}
-            for index, item in enumerate(node.sent) if item.get("type") in roles and not item.get("ephemeral")]
+    items = []
+    for index, item in enumerate(node.sent):
+        if item.get("type") == "tool_result":
+            items.append({"id": f"fco_{node.pk}_{index}", "type": "function_call_output", "call_id": item["call_id"],
+                          "output": item["content"], "status": "completed"})
+        elif item.get("type") in roles and not item.get("ephemeral"):
+            items.append({"id": f"msg_in_{node.pk}_{index}", "type": "message", "role": roles[item["type"]],
+                          "status": "completed", "content": [{"type": "input_text", "text": item["text"]}]})
+    return items

@@ -21,6 +21,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.errors import ArborError, BadInput, NotFound
+from conversations import items as it
 from conversations import services
 from conversations.models import Conversation, Node
 from conversations.selectors import node_for_user
@@ -30,7 +31,15 @@ from conversations.turns.start import turn_below
 from conversations.turns.streaming import follow_log_batches
 from gateway import errors, shapes
 from gateway.auth import BearerTokenAuthentication
-from gateway.shapes import input_items, input_items_of, message_item, node_id_of, response_of
+from gateway.shapes import (
+    function_call_item,
+    input_items,
+    input_items_of,
+    message_item,
+    node_id_of,
+    response_of,
+    tools_of,
+)
 
 logger = logging.getLogger("arbor.gateway")
 
@@ -74,28 +83,28 @@ class Responses(GatewayView):
         if model not in settings.ARBOR_MODELS:
             raise ArborError(f"The model {model!r} does not exist here; GET /v1/models lists the ones that do.",
                              code="model_not_found")
-        items = input_items(body.get("input"))
         instructions = _text_field(body, "instructions")
-        if body.get("tools"):
-            raise BadInput("Function tools are not served by this server yet.", code="unsupported_parameter")
+        tools = tools_of(body.get("tools"))  # the caller's: it runs them itself (T4); Arbor's stay out
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise BadInput("`stream` must be true or false.")
         previous = body.get("previous_response_id")
-        if previous is None:  # a new conversation, named by the worker after its first answer (R4)
+        parent = None if previous is None else _response_node(request.user, previous, field="previous_response_id")
+        open_calls = {call["id"]: call for call in it.tool_calls(parent.received)} if parent else {}
+        items = input_items(body.get("input"), open_calls=open_calls)
+        if parent is None:  # a new conversation, named by the worker after its first answer (R4)
             conversation = services.conversation_create(owner=request.user, model=model)
-            parent_id = None
         else:
-            parent = _response_node(request.user, previous, field="previous_response_id")
-            conversation, parent_id = Conversation.objects.get(pk=parent.conversation_id), parent.pk
-        turn = turn_below(user=request.user, conversation_id=conversation.pk, parent_id=parent_id, items=items,
-                          model=model, instructions=instructions, tools=[])
+            conversation = Conversation.objects.get(pk=parent.conversation_id)
+        turn = turn_below(user=request.user, conversation_id=conversation.pk, parent_id=parent and parent.pk,
+                          items=items, model=model, instructions=instructions, tools=tools or [])
+        echoed = body.get("tools") or []
         if stream:
-            return ResponseStream(detached.launch(turn))
+            return ResponseStream(detached.launch(turn), tools=echoed)
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
-        return Response(response_of(Node.objects.get(pk=outcome.head)))
+        return Response(response_of(Node.objects.get(pk=outcome.head), tools=echoed))
 
 
 class ResponseDetail(GatewayView):
@@ -117,13 +126,15 @@ def _event(kind: str, number: int, **fields) -> bytes:
 
 
 class _ResponsesEvents:
-    """One turn's events as OpenAI's Responses events: created, the message and its text part opened, text
-    deltas, then closed and `response.completed` (or `response.failed`). The response (the call's node) is
-    named once its node exists: the first token, or the turn's end."""
+    """One turn's events as OpenAI's Responses events: `response.created` once the call's node exists, the message
+    item opened at the first token and its text deltas, each function call as an item with its arguments, then
+    every item closed and `response.completed` with the response as stored (or `response.failed`)."""
 
-    def __init__(self):
+    def __init__(self, tools: list):
         self.number = 0
+        self.tools = tools
         self.node: Node | None = None
+        self.items: list[dict] = []  # the output items opened, in output_index order
         self.ended = False
 
     def _event(self, kind: str, **fields) -> bytes:
@@ -134,22 +145,42 @@ class _ResponsesEvents:
         if self.node is not None:
             return b""
         self.node = await sync_to_async(Node.objects.get)(pk=node_id)
-        started = response_of(self.node, status="in_progress")
+        started = response_of(self.node, status="in_progress", tools=self.tools)
+        return self._event("response.created", response=started) + self._event("response.in_progress",
+                                                                                response=started)
+
+    def _open_message(self) -> bytes:
+        if self.items and self.items[0]["type"] == "message":
+            return b""
         item = {**message_item(self.node, "", status="in_progress"), "content": []}
+        self.items.append(item)
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return (self._event("response.output_item.added", output_index=0, item=item)
+                + self._event("response.content_part.added", item_id=item["id"], output_index=0, content_index=0,
+                              part=part))
+
+    def _function_call(self, data: dict) -> bytes:
+        call = function_call_item(self.node, {"id": data["call_id"], "name": data["name"],
+                                              "arguments": data["arguments"]})
+        index = len(self.items)
+        self.items.append(call)
         return b"".join([
-            self._event("response.created", response=started),
-            self._event("response.in_progress", response=started),
-            self._event("response.output_item.added", output_index=0, item=item),
-            self._event("response.content_part.added", item_id=item["id"], output_index=0, content_index=0,
-                        part=part),
+            self._event("response.output_item.added", output_index=index,
+                        item={**call, "arguments": "", "status": "in_progress"}),
+            self._event("response.function_call_arguments.delta", item_id=call["id"], output_index=index,
+                        delta=call["arguments"]),
+            self._event("response.function_call_arguments.done", item_id=call["id"], output_index=index,
+                        name=call["name"], arguments=call["arguments"]),
+            self._event("response.output_item.done", output_index=index, item=call),
         ])
 
     async def translate(self, event) -> bytes:
         if event.type == EventType.TOKEN:
-            opened = await self._open(event.data["node"])
+            opened = await self._open(event.data["node"]) + self._open_message()
             return opened + self._event("response.output_text.delta", item_id=f"msg_{self.node.pk}", output_index=0,
                                         content_index=0, delta=event.data["text"], logprobs=[])
+        if event.type == EventType.TOOL_CALL:
+            return await self._open(event.data["node"]) + self._function_call(event.data)
         if event.type == EventType.DONE:
             self.ended = True
             opened = await self._open(event.data["head"])
@@ -162,35 +193,38 @@ class _ResponsesEvents:
                                    param=None)
             opened = await self._open(event.data["node"])
             failed = await sync_to_async(Node.objects.get)(pk=event.data["node"])
-            return opened + self._event("response.failed", response=response_of(failed))
+            return opened + self._event("response.failed", response=response_of(failed, tools=self.tools))
         return b""  # compaction and the like: not part of OpenAI's stream
 
     def _closed(self, done: Node) -> bytes:
-        final = response_of(done)
-        item = final["output"][0] if final["output"] else message_item(done, "")
-        part = item["content"][0]
-        return b"".join([
-            self._event("response.output_text.done", item_id=item["id"], output_index=0, content_index=0,
-                        text=part["text"], logprobs=[]),
-            self._event("response.content_part.done", item_id=item["id"], output_index=0, content_index=0,
-                        part=part),
-            self._event("response.output_item.done", output_index=0, item=item),
-            self._event("response.completed", response={**final, "output": [item]}),
-        ])
+        final = response_of(done, tools=self.tools)
+        parts = []
+        message = next((item for item in final["output"] if item["type"] == "message"), None)
+        if message is not None:
+            part = message["content"][0]
+            parts += [
+                self._open_message(),  # an answer whose text came in no token event is opened here
+                self._event("response.output_text.done", item_id=message["id"], output_index=0, content_index=0,
+                            text=part["text"], logprobs=[]),
+                self._event("response.content_part.done", item_id=message["id"], output_index=0, content_index=0,
+                            part=part),
+                self._event("response.output_item.done", output_index=0, item=message),
+            ]
+        return b"".join([*parts, self._event("response.completed", response=final)])
 
 
 class ResponseStream(StreamingHttpResponse):
     """A turn's log as a Responses event stream (`_ResponsesEvents`). A client that leaves only stops reading:
     the call goes on, and `GET /v1/responses/{id}` shows it."""
 
-    def __init__(self, run_id):
-        super().__init__(self._events(run_id), content_type="text/event-stream")
+    def __init__(self, run_id, *, tools: list):
+        super().__init__(self._events(run_id, tools), content_type="text/event-stream")
         self["Cache-Control"] = "no-cache"
         self["X-Accel-Buffering"] = "no"
 
     @staticmethod
-    async def _events(run_id):
-        events = _ResponsesEvents()
+    async def _events(run_id, tools: list):
+        events = _ResponsesEvents(tools)
         try:
             async for batch in follow_log_batches(run_id):
                 for _, event in batch:

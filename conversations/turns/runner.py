@@ -63,7 +63,9 @@ class Turn:
             self.new_items = [*retrieved_items(conversation, question), *new_items]
         self._path = path  # up to the first node's parent; each round's node is appended
         tip = path[-1] if path else None
-        self._open: PathNode | None = tip if calls.open_calls(tip) else None  # calls still needing results
+        # Calls still needing results; a caller that runs its own tools sends their results itself (T4).
+        answered = any(item.get("type") == "tool_result" for item in new_items)
+        self._open: PathNode | None = tip if calls.open_calls(tip) and not answered else None
         self._pending: Node | None = None  # the node whose call is under way
         self._started = False
         self._start_lock = threading.Lock()  # `events` (a worker thread) and `abandon` may race
@@ -128,8 +130,9 @@ class Turn:
         sent = [*(calls.resolve(self._open, run=True, stop_requested=self.stop_requested) if self._open else []),
                 *self.new_items]
         self.new_items = []
-        # The last round must answer.
-        tools = None if last_round else self.tools if self.tools is not None else [t.spec() for t in all_tools()]
+        # A caller's own tools are always offered (their calls end the turn); Arbor's not in the last round,
+        # which must answer.
+        tools = self.tools if self.tools is not None else None if last_round else [t.spec() for t in all_tools()]
         path, compacted = self._compact_if_needed(path, sent, tools)
         parent = path[-1] if path else None
         messages = assemble(path, sent, instructions=self.instructions, provider=self.provider,
@@ -146,17 +149,21 @@ class Turn:
         if result is None:
             return path, True
         asked = it.tool_calls(result.received)
-        waiting = [c for c in asked if calls.needs_approval(c)] if not last_round else []
-        if not self._succeed(node, result, head_moves=not asked or bool(waiting), waiting=bool(waiting)):
+        # The caller's own tools (the OpenAI-compatible surface): it runs them and sends their results as the
+        # next call's sent items (T4); the turn ends at this node.
+        handed_back = bool(asked) and self.tools is not None
+        waiting = [c for c in asked if calls.needs_approval(c)] if not (last_round or handed_back) else []
+        if not self._succeed(node, result, head_moves=not asked or bool(waiting) or handed_back,
+                             waiting=bool(waiting)):
             yield self._superseded(node)
             return path, True
-        if asked and not waiting:
+        if asked and not waiting and not handed_back:
             # From here, a stop gives these calls 'not run' results. Shifted like its parent (C3).
             self._open = path_node(node, shift=parent.shift if parent else 0)
             path = [*path, self._open]
         for call in asked:
             yield TurnEvent(EventType.TOOL_CALL, {**records.tool_bubble_data(call), "node": node.pk})
-        if not asked:
+        if not asked or handed_back:
             yield TurnEvent(EventType.DONE, {"answer": it.answer_text(result.received), "head": node.pk,
                                              "nodes": list(self.nodes)})
             return path, True

@@ -5,6 +5,8 @@ ask again)."""
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 from rest_framework.authtoken.models import Token
@@ -91,3 +93,42 @@ def test_issue_17_errors_are_the_sdks_own_exceptions_and_change_nothing(client, 
     assert failed.value.body["code"] == "provider_error"
     (node,) = Node.objects.filter(status=Node.Status.FAILED)
     assert node.parent_id == int(mine.id[5:]), "F1: the failed call is recorded"
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def test_issue_17_t4_function_tools_are_the_callers_their_outputs_are_the_next_calls_sent_items(client):
+    """The model calls the caller's tool: the response returns the call (Arbor runs nothing); the caller sends
+    `function_call_output` with `previous_response_id`, which becomes the next node's sent items (T4), and the
+    model answers having seen the result. An output for a call that was not made, or a call left without its
+    output, is a 400 that records nothing."""
+    asked = client.responses.create(model=MODEL, input='#tool get_weather {"city": "Paris"}', tools=[WEATHER])
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Paris"}') and asked.output_text == ""
+    with pytest.raises(openai.BadRequestError, match="every call gets its output"):
+        client.responses.create(model=MODEL, input="and?", previous_response_id=asked.id, tools=[WEATHER])
+    with pytest.raises(openai.BadRequestError, match="no function call of the previous response"):
+        client.responses.create(model=MODEL, previous_response_id=asked.id, tools=[WEATHER], input=[
+            {"type": "function_call_output", "call_id": "call_nope", "output": "x"}])
+    before = Node.objects.count()
+
+    answered = client.responses.create(model=MODEL, previous_response_id=asked.id, tools=[WEATHER], input=[
+        {"type": "function_call_output", "call_id": call.call_id, "output": "18C and rain"}])
+    assert Node.objects.count() == before + 1
+    node = Node.objects.get(pk=int(answered.id[5:]))
+    assert node.sent == [{"type": "tool_result", "call_id": call.call_id, "name": "get_weather",
+                          "content": "18C and rain", "is_error": False}]
+    assert "tool:18C and rain" in answered.output_text
+    (item,) = client.responses.input_items.list(answered.id).data
+    assert (item.type, item.output) == ("function_call_output", "18C and rain")
+
+
+def test_issue_17_a_streamed_function_call_comes_as_an_item_with_its_arguments(client):
+    with client.responses.stream(model=MODEL, input='#tool get_weather {"city": "Seoul"}', tools=[WEATHER]) as s:
+        kinds = [event.type for event in s]
+        final = s.get_final_response()
+    assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
+    (call,) = [item for item in final.output if item.type == "function_call"]
+    assert json.loads(call.arguments) == {"city": "Seoul"}
