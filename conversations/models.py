@@ -124,8 +124,9 @@ class Node(TreeNode):
     window_root = models.BooleanField(default=False)
     # A person's name for the branch that ends here, and their star: the conversation opens on its starred branch
     # (issue 16's tree map). What a person says about a node, never what was sent or received.
-    label = models.CharField(max_length=40, blank=True, default="")
-    starred = models.BooleanField(default=False)
+    # Defaults in the database too: rows written in bulk by raw SQL (a benchmark's COPY) need not name them.
+    label = models.CharField(max_length=40, blank=True, default="", db_default="")
+    starred = models.BooleanField(default=False, db_default=False)
     # C3: a compaction node points at the head it replaced; assembly never follows it by default.
     compacted_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="compactions"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from rest_framework import serializers
 
 from conversations.models import Conversation, Node
@@ -76,21 +77,13 @@ class NodeOut(serializers.ModelSerializer):
 
 
 class NodeMarkIn(serializers.Serializer):
-    """A person's name for the branch ending at a node, and their star (one a conversation)."""
+    """A person's name for the branch a turn leads, and their star (one a conversation). An empty body changes
+    nothing."""
 
-    label = StrictCharField(required=False, allow_blank=True, max_length=40,
-                            help_text="a short name for the branch that ends here; empty removes it")
+    label = StrictCharField(required=False, allow_blank=True, max_length=40, validators=[RegexValidator(
+        r"^[^\x00-\x1f\x7f]*$", "A label is one line of text, without control characters.")],
+        help_text="a short name for the branch; empty removes it")
     starred = StrictBooleanField(required=False, help_text="the conversation opens on its starred branch")
-
-    def validate_label(self, value: str) -> str:
-        if any(ord(c) < 32 or c == "\x7f" for c in value):
-            raise serializers.ValidationError("A label is one line of text, without control characters.")
-        return value
-
-    def validate(self, attrs):
-        if not attrs:
-            raise serializers.ValidationError("Send `label`, `starred` or both.")
-        return attrs
 
 
 class TreeMarkOut(serializers.Serializer):

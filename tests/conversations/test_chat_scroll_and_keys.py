@@ -125,7 +125,7 @@ def test_issue_16_typed_text_survives_a_refused_send_and_a_reload(browser, asgi_
     _send(browser, "Is it sent yet?")
     box = browser.find_element(By.ID, "composer-input")
     wait(browser).until(lambda d: box.get_attribute("value") == "Is it sent yet?")
-    assert "approv" in browser.find_element(By.ID, "composer-status").text.lower()
+    wait(browser).until(lambda d: "approv" in d.find_element(By.ID, "composer-status").text.lower())
     assert Node.objects.filter(conversation=conversation).count() == 1, "nothing was written"
 
     box.send_keys(" Please check.")

@@ -82,7 +82,6 @@ def test_issue_16_a_branch_is_named_and_starred_and_the_conversation_opens_on_th
 
 
 @pytest.mark.parametrize(("body", "needle"), [
-    ({}, "Send `label`, `starred` or both."),
     ({"label": "x" * 41}, "no more than 40 characters"),
     ({"label": "two\nlines"}, "one line of text"),
     ({"label": 7}, "Not a valid string."),
@@ -95,6 +94,13 @@ def test_issue_16_a_bad_mark_is_refused_and_changes_nothing(api, conversation, b
     assert response.status_code == 400 and needle in json.dumps(response.json()), response.json()
     node.refresh_from_db()
     assert (node.label, node.starred) == ("", False)
+
+
+def test_issue_16_an_empty_mark_changes_nothing(api, conversation):
+    ask(conversation, "q")
+    node = head(conversation)
+    response = api.patch(f"/api/nodes/{node.pk}/", {}, format="json")
+    assert response.status_code == 200 and (response.json()["label"], response.json()["starred"]) == ("", False)
 
 
 def test_issue_16_someone_elses_tree_and_nodes_are_not_found(api, other_api, conversation):
