@@ -5,6 +5,7 @@ from gateway import views as v
 
 urlpatterns = [
     path("models", v.Models.as_view(), name="openai-models"),
+    path("chat/completions", v.ChatCompletions.as_view(), name="openai-chat-completions"),
     path("responses", v.Responses.as_view(), name="openai-responses"),
     path("responses/<str:response_id>", v.ResponseDetail.as_view(), name="openai-response"),
     path("responses/<str:response_id>/input_items", v.ResponseInputItems.as_view(), name="openai-input-items"),

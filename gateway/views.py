@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -29,7 +30,7 @@ from conversations.turns import detached
 from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.start import turn_below
 from conversations.turns.streaming import follow_log_batches
-from gateway import errors, shapes
+from gateway import chat, errors, shapes
 from gateway.auth import BearerTokenAuthentication
 from gateway.shapes import (
     function_call_item,
@@ -105,6 +106,105 @@ class Responses(GatewayView):
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
         return Response(response_of(Node.objects.get(pk=outcome.head), tools=echoed))
+
+
+def _chat_tools(value: Any) -> list[dict] | None:
+    """Chat Completions' function tools, as the model seam takes them."""
+    if value in (None, []):
+        return None
+    if not isinstance(value, list) or not all(
+            isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str) for t in value):
+        raise BadInput("`tools` must be a list of function tools ({type: function, function: {name, …}}).")
+    return [{"type": "function", "function": {"name": t["function"]["name"],
+                                              "description": t["function"].get("description") or "",
+                                              "parameters": t["function"].get("parameters")
+                                              or {"type": "object", "properties": {}}}} for t in value]
+
+
+class ChatCompletions(GatewayView):
+    def post(self, request: Request):
+        body = request.data
+        if not isinstance(body, dict):
+            raise BadInput("The body must be a JSON object.")
+        model = _text_field(body, "model")
+        if model not in settings.ARBOR_MODELS:
+            raise ArborError(f"The model {model!r} does not exist here; GET /v1/models lists the ones that do.",
+                             code="model_not_found")
+        instructions, turns = chat.read_messages(body.get("messages"))
+        tools = _chat_tools(body.get("tools"))
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise BadInput("`stream` must be true or false.")
+        named = chat.named_conversation(user=request.user, request=request, body=body)
+        match = chat.longest_match(user=request.user, turns=turns, conversation=named)
+        conversation = match.conversation or services.conversation_create(owner=request.user, model=model)
+        supplied = [(listed.sent, listed.received) for listed in turns[match.matched:-1]]
+        parent = match.node
+        if parent is not None and not supplied and (open_calls := it.tool_calls(parent.received)):
+            answered = {i["call_id"] for i in turns[-1].sent if i["type"] == "tool_result"}
+            if missing := [c["id"] for c in open_calls if c["id"] not in answered]:
+                raise BadInput(f"The tool call(s) {missing} have no tool message: every call gets its result.")
+        turn = turn_below(user=request.user, conversation_id=conversation.pk, parent_id=parent and parent.pk,
+                          items=turns[-1].sent, supplied=supplied, model=model, instructions=instructions,
+                          tools=tools or [])
+        if stream:
+            options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+            return ChatStream(detached.launch(turn), model=model, usage=options.get("include_usage") is True)
+        outcome = TurnOutcome.of(detached.run_here(turn))
+        if outcome.ending == EventType.ERROR:
+            raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
+        return Response(chat.completion_of(Node.objects.get(pk=outcome.head), model=model))
+
+
+class ChatStream(StreamingHttpResponse):
+    """A turn's log as Chat Completions chunks, then `data: [DONE]`. A client that leaves only stops reading."""
+
+    def __init__(self, run_id, *, model: str, usage: bool):
+        super().__init__(self._chunks(run_id, model, usage), content_type="text/event-stream")
+        self["Cache-Control"] = "no-cache"
+        self["X-Accel-Buffering"] = "no"
+
+    @staticmethod
+    async def _chunks(run_id, model: str, usage: bool):
+        created = int(time.time())
+        chunk_id = f"chatcmpl-run-{run_id}"
+
+        def chunk(delta: dict | None, finish: str | None = None, **extra) -> bytes:
+            body = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
+                                                         "finish_reason": finish}], **extra}
+            return f"data: {json.dumps(body)}\n\n".encode()
+
+        yield chunk({"role": "assistant", "content": ""})
+        calls = 0
+        try:
+            async for batch in follow_log_batches(run_id):
+                for _, event in batch:
+                    if event.type == EventType.TOKEN:
+                        yield chunk({"content": event.data["text"]})
+                    elif event.type == EventType.TOOL_CALL:
+                        yield chunk({"tool_calls": [{"index": calls, "id": event.data["call_id"], "type": "function",
+                                                     "function": {"name": event.data["name"],
+                                                                  "arguments": event.data["arguments"]}}]})
+                        calls += 1
+                    elif event.type == EventType.DONE:
+                        yield chunk({}, "tool_calls" if calls else "stop")
+                        if usage:
+                            node = await sync_to_async(Node.objects.get)(pk=event.data["head"])
+                            used = node.usage or {}
+                            yield chunk(None, usage={k: used.get(k, 0) for k in ("prompt_tokens",
+                                                                                 "completion_tokens",
+                                                                                 "total_tokens")})
+                        yield b"data: [DONE]\n\n"
+                        return
+                    elif event.type == EventType.ERROR:
+                        failed = errors.openai_error_body(502, event.data.get("message", ""), event.data.get("code"))
+                        yield f"data: {json.dumps(failed)}\n\n".encode()
+                        return
+        except Exception as error:  # the status is sent: say it in the stream; the call goes on regardless
+            logger.exception("chat stream %s failed", run_id)
+            yield f"data: {json.dumps(errors.openai_error_body(500, repr(error), 'server_error'))}\n\n".encode()
 
 
 class ResponseDetail(GatewayView):

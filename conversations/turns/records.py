@@ -53,6 +53,21 @@ def succeed(node: Node, result: llm.CallResult, *, writes: Together | None = Non
                    tokens=node.tokens + received_tokens, path_tokens=node.path_tokens + received_tokens)
 
 
+def record_supplied(*, conversation: Conversation, parent: PathNode | None, sent: list[it.Item],
+                    received: list[it.Item], model: str) -> Node:
+    """A call a client made elsewhere and now sends as history (the OpenAI-compatible Chat Completions: an edited
+    list's earlier answers): stored as the succeeded node it was, with its bubbles, counted for `model` (C1).
+    `provider` "client" says Arbor did not make it."""
+    with together() as writes:
+        node = start(conversation=conversation, parent=parent, kind=Node.Kind.TURN, sent=sent, model=model,
+                     writes=writes)
+        question_bubble(node, sent, writes=writes)
+    done = succeed(node, llm.CallResult(received=received, usage={}, provider="client", model=model))
+    node.refresh_from_db()
+    answer_bubbles(node, needs_approval=lambda call: False, when=done)
+    return node
+
+
 def save_partial(node: Node, text: str) -> None:
     """Keep the text streamed so far on the pending node, where a crash cannot take it (a sweep fails the
     node with it: `turns.recovery`); the connection goes back, as the model goes on talking."""

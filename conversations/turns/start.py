@@ -32,6 +32,7 @@ from conversations.selectors import (
     instructions_for,
     node_path,
     opens_turn,
+    path_node,
     turn_start,
 )
 from conversations.turns import calls, records, recovery
@@ -83,19 +84,24 @@ def turn_ask(*, user, conversation_id: int, content: str) -> Turn:
     return _under_lock(user, conversation_id, begin)
 
 
-def turn_below(*, user, conversation_id: int, parent_id: int | None, items: list[it.Item], **options) -> Turn:
-    """A call hung below `parent_id` (None: a conversation's first), whatever the head: the OpenAI-compatible
-    surface's `previous_response_id`. An older parent forks a branch (T7, T8); the head moves to the new node
-    when the turn ends, as for any turn. `options`: the call's own model, instructions and tools (`Turn`)."""
+def turn_below(*, user, conversation_id: int, parent_id: int | None, items: list[it.Item],
+               supplied: list[tuple[list[it.Item], list[it.Item]]] = (), **options) -> Turn:
+    """A call hung below `parent_id` (None: a new root, the conversation's first call or a sibling of it), whatever
+    the head: the OpenAI-compatible surface's `previous_response_id`, or the end of the stored path a Chat
+    Completions list extends. An older parent forks a branch (T7, T8); the head moves to the new node when the
+    turn ends, as for any turn. `supplied`: (sent, received) calls the client made elsewhere, recorded under the
+    lock between the parent and the new call. `options`: the call's own model, instructions and tools (`Turn`)."""
 
     def begin(conversation: Conversation, lock: TurnLock) -> Turn:
-        if parent_id is None:
-            if conversation.head_id is not None:
-                raise BadInput("This conversation has messages already: name the response to continue from.")
-            return _turn(conversation, lock, [], items, **options)
-        if not Node.objects.can_be_head().filter(pk=parent_id, conversation=conversation).exists():
+        if parent_id is not None and not Node.objects.can_be_head().filter(pk=parent_id,
+                                                                            conversation=conversation).exists():
             raise NotFound(f"No response {parent_id} to continue from in this conversation.")
-        return _turn(conversation, lock, node_path(parent_id), items, **options)
+        path = node_path(parent_id) if parent_id is not None else []
+        for sent, received in supplied:
+            node = records.record_supplied(conversation=conversation, parent=path[-1] if path else None, sent=sent,
+                                           received=received, model=options.get("model") or conversation.model)
+            path = [*path, path_node(node)]
+        return _turn(conversation, lock, path, items, **options)
 
     return _under_lock(user, conversation_id, begin)
 

@@ -1,0 +1,173 @@
+"""Chat Completions on the tree (issue 17): a request carries the whole message list; Arbor finds the longest
+stored path of the caller's conversations that the list extends, hangs the new call below it, and records only
+what is new. Resending a list with an earlier message edited therefore makes a branch where the edit is, not a
+copy of the conversation.
+
+The list is read as turns: the messages a call sent (user and tool messages) and the assistant message it got
+back. The last turn has no answer yet: it is the new call. Turns past the longest match that already have their
+answer are calls the client made elsewhere (an edited list's later answers): they are recorded as they were
+(`records.record_supplied`) before the new call hangs below them. System and developer messages are the call's
+instructions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from config.errors import BadInput, NotFound
+from conversations import items as it
+from conversations.models import Conversation, Node
+
+
+@dataclass
+class ListedTurn:
+    sent: list[it.Item] = field(default_factory=list)
+    received: list[it.Item] | None = None  # None: the new call
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for index, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise BadInput(f"{where}.content[{index}]: only text parts are read by this server.")
+            parts.append(part["text"])
+        return "\n".join(parts)
+    raise BadInput(f"{where}.content: expected text or a list of text parts.")
+
+
+def _answer(message: dict, where: str) -> list[it.Item]:
+    received = [it.text(text)] if (text := _text(message.get("content"), where)) else []
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(call.get("id"), str) or not isinstance(
+                function.get("name"), str):
+            raise BadInput(f"{where}.tool_calls[{index}]: expected an id and a function with a name.")
+        arguments = function.get("arguments")
+        received.append(it.tool_call(call["id"], function["name"], arguments if isinstance(arguments, str)
+                                     else json.dumps(arguments or {})))
+    return received
+
+
+def read_messages(messages: Any) -> tuple[str | None, list[ListedTurn]]:
+    """The call's instructions (system and developer messages) and the list's turns, the last one new."""
+    if not isinstance(messages, list) or not messages:
+        raise BadInput("`messages` must be a non-empty list.", param="messages")
+    instructions: list[str] = []
+    turns = [ListedTurn()]
+    calls: dict[str, str] = {}  # call id -> tool name, for the tool messages that answer them
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        role = message.get("role") if isinstance(message, dict) else None
+        if role in ("system", "developer"):
+            instructions.append(_text(message.get("content"), where))
+        elif role == "user":
+            if turns[-1].received is not None:
+                turns.append(ListedTurn())
+            turns[-1].sent.append(it.user(_text(message.get("content"), where)))
+        elif role == "tool":
+            if turns[-1].received is not None:
+                turns.append(ListedTurn())
+            call_id = message.get("tool_call_id")
+            if call_id not in calls:
+                raise BadInput(f"{where}.tool_call_id: {call_id!r} answers no tool call before it.")
+            turns[-1].sent.append(it.tool_result(call_id, calls[call_id], _text(message.get("content"), where)))
+        elif role == "assistant":
+            if not turns[-1].sent or turns[-1].received is not None:
+                raise BadInput(f"{where}: an assistant message answers the messages before it; two in a row, or "
+                               "one first, is not a call this server can store.")
+            turns[-1].received = _answer(message, where)
+            calls.update({c["id"]: c["name"] for c in it.tool_calls(turns[-1].received)})
+        else:
+            raise BadInput(f"{where}.role: expected system, developer, user, assistant or tool.")
+    if turns[-1].received is not None or not turns[-1].sent:
+        raise BadInput("The last message must be the user's (or the results of the tools called): it is what "
+                       "the model answers.", param="messages")
+    return "\n\n".join(instructions) or None, turns
+
+
+def _same_sent(stored: list[it.Item], listed: list[it.Item]) -> bool:
+    def key(items):
+        return [(i["type"], i.get("text"), i.get("call_id"), i.get("content")) for i in items
+                if i.get("type") in ("user", "system", "tool_result") and not i.get("ephemeral")]
+    return key(stored) == key(listed)
+
+
+def _same_received(stored: list[it.Item], listed: list[it.Item]) -> bool:
+    def key(items):
+        return (it.answer_text(items).strip(), [(c["id"], c["name"], c["arguments"]) for c in it.tool_calls(items)])
+    return key(stored) == key(listed)
+
+
+@dataclass
+class Match:
+    conversation: Conversation | None
+    node: Node | None  # the deepest stored call the list extends; None: none (a new root)
+    matched: int  # how many of the list's turns it covers
+
+
+def longest_match(*, user, turns: list[ListedTurn], conversation: Conversation | None) -> Match:
+    """The stored path of the caller's conversations (or of `conversation`) that the list's answered turns
+    extend furthest: one query for the roots, one a level below."""
+    answered = [t for t in turns if t.received is not None]
+    roots = Node.objects.filter(conversation__owner=user, parent__isnull=True, kind=Node.Kind.TURN,
+                                status=Node.Status.SUCCEEDED).select_related("conversation").order_by("-id")
+    if conversation is not None:
+        roots = roots.filter(conversation=conversation)
+    best = Match(conversation=conversation, node=None, matched=0)
+    if not answered:
+        return best
+    for root in roots.iterator(chunk_size=200):
+        if not (_same_sent(root.sent, answered[0].sent) and _same_received(root.received, answered[0].received)):
+            continue
+        node, depth = root, 1
+        while depth < len(answered):
+            below = next((child for child in Node.objects.filter(parent=node, kind=Node.Kind.TURN,
+                                                                  status=Node.Status.SUCCEEDED).order_by("-id")
+                          if _same_sent(child.sent, answered[depth].sent)
+                          and _same_received(child.received, answered[depth].received)), None)
+            if below is None:
+                break
+            node, depth = below, depth + 1
+        if depth > best.matched:
+            best = Match(conversation=root.conversation, node=node, matched=depth)
+        if depth == len(answered):
+            break
+    return best
+
+
+def named_conversation(*, user, request, body: dict) -> Conversation | None:
+    """The conversation a caller names (`X-Arbor-Conversation` or `metadata.conversation`), if it does."""
+    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    name = request.headers.get("X-Arbor-Conversation") or metadata.get("conversation")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.isdigit():
+        raise BadInput("The conversation is named by its id (digits).", param="metadata.conversation")
+    found = Conversation.objects.filter(pk=int(name), owner=user).first() if len(name) < 19 else None
+    if found is None:
+        raise NotFound(f"No conversation {name}.")
+    return found
+
+
+def completion_of(node: Node, *, model: str) -> dict[str, Any]:
+    """The ChatCompletion of the call `node` made."""
+    calls = it.tool_calls(node.received)
+    message: dict[str, Any] = {"role": "assistant", "content": it.answer_text(node.received) or None,
+                               "refusal": None}
+    if calls:
+        message["tool_calls"] = [{"id": c["id"], "type": "function",
+                                  "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
+    usage = node.usage or {}
+    return {"id": f"chatcmpl-{node.pk}", "object": "chat.completion", "created": int(node.created_at.timestamp()),
+            "model": model, "choices": [{"index": 0, "message": message, "logprobs": None,
+                                         "finish_reason": "tool_calls" if calls else "stop"}],
+            "usage": {"prompt_tokens": usage.get("prompt_tokens", 0),
+                      "completion_tokens": usage.get("completion_tokens", 0),
+                      "total_tokens": usage.get("total_tokens", 0)}}
