@@ -123,6 +123,9 @@ def longest_match(*, user, turns: list[ListedTurn], conversation: Conversation |
     best = Match(conversation=conversation, node=None, matched=0)
     if not answered:
         return best
+    first = answered[0].sent[0]
+    if first["type"] == "user":  # only roots that asked the same first question are read, however many there are
+        roots = roots.filter(sent__0__text=first["text"])
     for root in roots.iterator(chunk_size=200):
         if not (_same_sent(root.sent, answered[0].sent) and _same_received(root.received, answered[0].received)):
             continue

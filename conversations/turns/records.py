@@ -62,9 +62,8 @@ def record_supplied(*, conversation: Conversation, parent: PathNode | None, sent
         node = start(conversation=conversation, parent=parent, kind=Node.Kind.TURN, sent=sent, model=model,
                      writes=writes)
         question_bubble(node, sent, writes=writes)
-    done = succeed(node, llm.CallResult(received=received, usage={}, provider="client", model=model))
-    node.refresh_from_db()
-    answer_bubbles(node, needs_approval=lambda call: False, when=done)
+    succeed(node, llm.CallResult(received=received, usage={}, provider="client", model=model))
+    answer_bubbles(node, needs_approval=lambda call: False)  # written under the turn lock: no sweep races it
     return node
 
 

@@ -65,6 +65,8 @@ def test_issue_17_an_edit_with_later_answers_records_them_as_the_client_made_the
     assert (supplied.provider, supplied.received) == ("client", [{"type": "text",
                                                                   "text": "an answer from another model"}])
     assert "assistant:an answer from another model" in reply.content
+    assert list(supplied.bubbles.order_by("id").values_list("role", "content")) == [
+        ("user", "two (asked elsewhere)"), ("assistant", "an answer from another model")], "shown in the chat"
 
 
 def test_issue_17_tool_calls_and_their_results_in_the_list(client):
