@@ -90,8 +90,12 @@ def text(value: str) -> Item:
     return {"type": "text", "text": value}
 
 
-def tool_call(call_id: str, name: str, arguments: str) -> Item:
-    return {"type": "tool_call", "id": call_id, "name": name, "arguments": arguments}
+def tool_call(call_id: str, name: str, arguments: str, *, client: bool = False) -> Item:
+    """`client`: a call to the client's own tool (the OpenAI-compatible surface), which only the client runs."""
+    item: Item = {"type": "tool_call", "id": call_id, "name": name, "arguments": arguments}
+    if client:
+        item["client"] = True
+    return item
 
 
 def summary(value: str, *, provider: str | None = None, data: Any = None) -> Item:

@@ -16,9 +16,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.errors import BadInput, NotFound
+from django.conf import settings
+from django.db.models import Q
+
+from config.errors import BadInput, NotFound, TooLarge
 from conversations import items as it
 from conversations.models import Conversation, Node
+from gateway.shapes import instructions_text
 
 
 @dataclass
@@ -28,6 +32,13 @@ class ListedTurn:
 
 
 def _text(content: Any, where: str) -> str:
+    text = _parts_text(content, where)
+    if len(text) > settings.ARBOR_MAX_CONTENT_CHARS:
+        raise TooLarge(f"{where}: longer than {settings.ARBOR_MAX_CONTENT_CHARS} characters.")
+    return text
+
+
+def _parts_text(content: Any, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -44,14 +55,19 @@ def _text(content: Any, where: str) -> str:
 
 def _answer(message: dict, where: str) -> list[it.Item]:
     received = [it.text(text)] if (text := _text(message.get("content"), where)) else []
-    for index, call in enumerate(message.get("tool_calls") or []):
+    tool_calls = message.get("tool_calls") or []
+    if not isinstance(tool_calls, list):
+        raise BadInput(f"{where}.tool_calls: expected a list.")
+    for index, call in enumerate(tool_calls):
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(call.get("id"), str) or not isinstance(
                 function.get("name"), str):
             raise BadInput(f"{where}.tool_calls[{index}]: expected an id and a function with a name.")
         arguments = function.get("arguments")
-        received.append(it.tool_call(call["id"], function["name"], arguments if isinstance(arguments, str)
-                                     else json.dumps(arguments or {})))
+        arguments = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+        if len(arguments) > settings.ARBOR_MAX_CONTENT_CHARS:
+            raise TooLarge(f"{where}.tool_calls[{index}]: arguments longer than {settings.ARBOR_MAX_CONTENT_CHARS}.")
+        received.append(it.tool_call(call["id"], function["name"], arguments, client=True))
     return received
 
 
@@ -75,7 +91,7 @@ def read_messages(messages: Any) -> tuple[str | None, list[ListedTurn]]:
             if turns[-1].received is not None:
                 turns.append(ListedTurn())
             call_id = message.get("tool_call_id")
-            if call_id not in calls:
+            if not isinstance(call_id, str) or call_id not in calls:
                 raise BadInput(f"{where}.tool_call_id: {call_id!r} answers no tool call before it.")
             turns[-1].sent.append(it.tool_result(call_id, calls[call_id], _text(message.get("content"), where)))
         elif role == "assistant":
@@ -89,7 +105,7 @@ def read_messages(messages: Any) -> tuple[str | None, list[ListedTurn]]:
     if turns[-1].received is not None or not turns[-1].sent:
         raise BadInput("The last message must be the user's (or the results of the tools called): it is what "
                        "the model answers.", param="messages")
-    return "\n\n".join(instructions) or None, turns
+    return instructions_text("\n\n".join(instructions), "messages (system)"), turns
 
 
 def _same_sent(stored: list[it.Item], listed: list[it.Item]) -> bool:
@@ -103,6 +119,15 @@ def _same_received(stored: list[it.Item], listed: list[it.Item]) -> bool:
     def key(items):
         return (it.answer_text(items).strip(), [(c["id"], c["name"], c["arguments"]) for c in it.tool_calls(items)])
     return key(stored) == key(listed)
+
+
+def _next_calls(node: Node):
+    """The calls that followed `node` in its conversation: its children, and the first calls below a compaction
+    root that replaced it (C3: the list goes on through a compaction, the stored path does too)."""
+    below_root = Q(parent__kind=Node.Kind.COMPACTION, parent__compacted_from=node, parent__parent__isnull=True,
+                   parent__window_root=False)
+    return Node.objects.filter(Q(parent=node) | below_root, conversation_id=node.conversation_id,
+                               kind=Node.Kind.TURN, status=Node.Status.SUCCEEDED).order_by("-id")
 
 
 @dataclass
@@ -124,15 +149,15 @@ def longest_match(*, user, turns: list[ListedTurn], conversation: Conversation |
     if not answered:
         return best
     first = answered[0].sent[0]
-    if first["type"] == "user":  # only roots that asked the same first question are read, however many there are
-        roots = roots.filter(sent__0__text=first["text"])
+    if first["type"] == "user":  # only roots that asked the same first question are read, however many there
+        # are; a conversation with retrieval (R2) puts its found items first, so its roots are all read
+        roots = roots.filter(Q(sent__0__text=first["text"]) | Q(conversation__retrieval=True))
     for root in roots.iterator(chunk_size=200):
         if not (_same_sent(root.sent, answered[0].sent) and _same_received(root.received, answered[0].received)):
             continue
         node, depth = root, 1
         while depth < len(answered):
-            below = next((child for child in Node.objects.filter(parent=node, kind=Node.Kind.TURN,
-                                                                  status=Node.Status.SUCCEEDED).order_by("-id")
+            below = next((child for child in _next_calls(node)
                           if _same_sent(child.sent, answered[depth].sent)
                           and _same_received(child.received, answered[depth].received)), None)
             if below is None:

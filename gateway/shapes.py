@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-from config.errors import BadInput, NotFound
+from config.errors import BadInput, NotFound, TooLarge
 from conversations import items as it
 from conversations.models import Node
 
@@ -34,6 +34,20 @@ def node_id_of(value: Any, *, field: str) -> int:
 # --- what a caller sends -------------------------------------------------------------------------------------
 
 _ROLES = {"user": it.user, "system": it.system, "developer": it.system}
+
+
+MAX_INSTRUCTIONS_CHARS = 20000  # as a conversation's own instructions
+
+
+def instructions_text(value: Any, where: str = "instructions") -> str:
+    """A call's own instructions: text, at most MAX_INSTRUCTIONS_CHARS; none is "" (never the account's)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadInput(f"`{where}` must be text.")
+    if len(value) > MAX_INSTRUCTIONS_CHARS:
+        raise TooLarge(f"`{where}` is longer than {MAX_INSTRUCTIONS_CHARS} characters.")
+    return value
 
 
 def _message_text(content: Any, where: str) -> str:
@@ -61,6 +75,8 @@ def tools_of(value: Any) -> list[dict[str, Any]] | None:
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             raise BadInput(f"tools[{index}]: only function tools (type function, with a name) are served here.")
         parameters = tool.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(tool.get("description") or "", str):
+            raise BadInput(f"tools[{index}].description: expected text.")
         if not isinstance(parameters, dict):
             raise BadInput(f"tools[{index}].parameters: expected a JSON schema object.")
         tools.append({"type": "function", "function": {"name": tool["name"], "description": tool.get("description")
@@ -70,20 +86,24 @@ def tools_of(value: Any) -> list[dict[str, Any]] | None:
 
 def _function_output(entry: dict, where: str, open_calls: dict[str, it.Item]) -> it.Item:
     """A caller's `function_call_output`: the result of one of the previous response's calls (T4)."""
-    call = open_calls.get(entry.get("call_id"))
+    call_id = entry.get("call_id")
+    call = open_calls.get(call_id) if isinstance(call_id, str) else None
     if call is None:
         raise BadInput(f"{where}.call_id: {entry.get('call_id')!r} is no function call of the previous response.")
     output = entry.get("output")
     if isinstance(output, list):  # a list of text parts
-        output = "".join(part.get("text", "") for part in output if isinstance(part, dict))
+        texts = [part.get("text") for part in output if isinstance(part, dict)]
+        output = "".join(texts) if all(isinstance(t, str) for t in texts) else None
     if not isinstance(output, str):
         raise BadInput(f"{where}.output: expected text.")
+    if len(output) > settings.ARBOR_MAX_CONTENT_CHARS:
+        raise TooLarge(f"{where}.output: longer than {settings.ARBOR_MAX_CONTENT_CHARS} characters.")
     return it.tool_result(call["id"], call["name"], output)
 
 
 def input_items(value: Any, *, open_calls: dict[str, it.Item] | None = None) -> list[it.Item]:
     """The request's `input` as the new node's sent items: a text, or a list of messages and the outputs of the
-    previous response's function calls (`open_calls`, by call id): each of those must have its output (C4)."""
+    previous response's function calls (`open_calls`, by call id; that each has its output, `turn_below` checks)."""
     open_calls = open_calls or {}
     if isinstance(value, str):
         if not value.strip():
@@ -108,12 +128,8 @@ def input_items(value: Any, *, open_calls: dict[str, it.Item] | None = None) -> 
                            "`previous_response_id`, not sent again.")
         text = _message_text(entry.get("content"), where)
         if len(text) > settings.ARBOR_MAX_CONTENT_CHARS:
-            raise BadInput(f"{where}: longer than {settings.ARBOR_MAX_CONTENT_CHARS} characters.")
+            raise TooLarge(f"{where}: longer than {settings.ARBOR_MAX_CONTENT_CHARS} characters.")
         items.append(make(text))
-    answered = {item["call_id"] for item in items if item["type"] == "tool_result"}
-    if missing := [call_id for call_id in open_calls if call_id not in answered]:
-        raise BadInput(f"`input` has no function_call_output for the previous response's call(s) {missing}: "
-                       "every call gets its output.")
     if not any(item["type"] in ("user", "tool_result") for item in items):
         raise BadInput("`input` holds no user message.")
     # Results go first, as the model reads them: after the calls they answer, before a new question.

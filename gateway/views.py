@@ -36,6 +36,7 @@ from gateway.shapes import (
     function_call_item,
     input_items,
     input_items_of,
+    instructions_text,
     message_item,
     node_id_of,
     response_of,
@@ -84,7 +85,7 @@ class Responses(GatewayView):
         if model not in settings.ARBOR_MODELS:
             raise ArborError(f"The model {model!r} does not exist here; GET /v1/models lists the ones that do.",
                              code="model_not_found")
-        instructions = _text_field(body, "instructions")
+        instructions = instructions_text(body.get("instructions"))  # the call's own, never the account's
         tools = tools_of(body.get("tools"))  # the caller's: it runs them itself (T4); Arbor's stay out
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
@@ -93,12 +94,9 @@ class Responses(GatewayView):
         parent = None if previous is None else _response_node(request.user, previous, field="previous_response_id")
         open_calls = {call["id"]: call for call in it.tool_calls(parent.received)} if parent else {}
         items = input_items(body.get("input"), open_calls=open_calls)
-        if parent is None:  # a new conversation, named by the worker after its first answer (R4)
-            conversation = services.conversation_create(owner=request.user, model=model)
-        else:
-            conversation = Conversation.objects.get(pk=parent.conversation_id)
-        turn = turn_below(user=request.user, conversation_id=conversation.pk, parent_id=parent and parent.pk,
-                          items=items, model=model, instructions=instructions, tools=tools or [])
+        conversation = Conversation.objects.get(pk=parent.conversation_id) if parent else None
+        turn = _turn_in(request.user, conversation, model, parent_id=parent and parent.pk, items=items,
+                        instructions=instructions, tools=tools or [])
         echoed = body.get("tools") or []
         if stream:
             return ResponseStream(detached.launch(turn), tools=echoed)
@@ -114,7 +112,9 @@ def _chat_tools(value: Any) -> list[dict] | None:
         return None
     if not isinstance(value, list) or not all(
             isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
-            and isinstance(t["function"].get("name"), str) for t in value):
+            and isinstance(t["function"].get("name"), str)
+            and isinstance(t["function"].get("parameters") or {}, dict)
+            and isinstance(t["function"].get("description") or "", str) for t in value):
         raise BadInput("`tools` must be a list of function tools ({type: function, function: {name, …}}).")
     return [{"type": "function", "function": {"name": t["function"]["name"],
                                               "description": t["function"].get("description") or "",
@@ -138,16 +138,9 @@ class ChatCompletions(GatewayView):
             raise BadInput("`stream` must be true or false.")
         named = chat.named_conversation(user=request.user, request=request, body=body)
         match = chat.longest_match(user=request.user, turns=turns, conversation=named)
-        conversation = match.conversation or services.conversation_create(owner=request.user, model=model)
         supplied = [(listed.sent, listed.received) for listed in turns[match.matched:-1]]
-        parent = match.node
-        if parent is not None and not supplied and (open_calls := it.tool_calls(parent.received)):
-            answered = {i["call_id"] for i in turns[-1].sent if i["type"] == "tool_result"}
-            if missing := [c["id"] for c in open_calls if c["id"] not in answered]:
-                raise BadInput(f"The tool call(s) {missing} have no tool message: every call gets its result.")
-        turn = turn_below(user=request.user, conversation_id=conversation.pk, parent_id=parent and parent.pk,
-                          items=turns[-1].sent, supplied=supplied, model=model, instructions=instructions,
-                          tools=tools or [])
+        turn = _turn_in(request.user, match.conversation, model, parent_id=match.node and match.node.pk,
+                        items=turns[-1].sent, supplied=supplied, instructions=instructions, tools=tools or [])
         if stream:
             options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
             return ChatStream(detached.launch(turn), model=model, usage=options.get("include_usage") is True)
@@ -205,6 +198,20 @@ class ChatStream(StreamingHttpResponse):
         except Exception as error:  # the status is sent: say it in the stream; the call goes on regardless
             logger.exception("chat stream %s failed", run_id)
             yield f"data: {json.dumps(errors.openai_error_body(500, repr(error), 'server_error'))}\n\n".encode()
+
+
+def _turn_in(user, conversation: Conversation | None, model: str, **start):
+    """The call's turn (`turn_below`) in `conversation`, or in a new one (named by the worker after its first
+    answer, R4) that goes again if the turn is refused: a refused request leaves nothing behind."""
+    created = conversation is None
+    if created:
+        conversation = services.conversation_create(owner=user, model=model)
+    try:
+        return turn_below(user=user, conversation_id=conversation.pk, model=model, **start)
+    except Exception:
+        if created:
+            services.conversation_delete(conversation=conversation)
+        raise
 
 
 class ResponseDetail(GatewayView):
@@ -288,9 +295,10 @@ class _ResponsesEvents:
             return opened + self._closed(done)
         if event.type == EventType.ERROR:
             self.ended = True
-            if event.data.get("node") is None:  # refused before a call was made
+            if event.data.get("node") is None:  # refused before a call was made: the SDK raises its APIError
                 return self._event("error", code=event.data.get("code"), message=event.data.get("message", ""),
-                                   param=None)
+                                   param=None, error=errors.openai_error_body(
+                                       502, event.data.get("message", ""), event.data.get("code"))["error"])
             opened = await self._open(event.data["node"])
             failed = await sync_to_async(Node.objects.get)(pk=event.data["node"])
             return opened + self._event("response.failed", response=response_of(failed, tools=self.tools))
@@ -334,6 +342,6 @@ class ResponseStream(StreamingHttpResponse):
         except Exception as error:  # the status is sent: say it as an event; the call goes on regardless
             logger.exception("response stream %s failed", run_id)
             where = shapes.response_id(events.node.pk) if events.node else "…"
-            yield events._event("error", code="server_error", param=None,
-                                message=f"Reading the call's events failed ({error!r}); it goes on: "
-                                        f"GET /v1/responses/{where} shows it when done.")
+            message = f"Reading the call's events failed ({error!r}); it goes on: GET /v1/responses/{where} shows it."
+            yield events._event("error", code="server_error", param=None, message=message,
+                                error=errors.openai_error_body(500, message, "server_error")["error"])

@@ -27,7 +27,18 @@ def open_calls(tip: PathNode | None) -> list[it.Item]:
     return it.tool_calls(tip.received)
 
 
+CLIENT_RESULT = "not run here: the client that offered this tool runs it, and sent no output for this call"
+
+
+def is_clients(call: it.Item) -> bool:
+    """A call to a tool of the client's own (the OpenAI-compatible surface): never run or approved here, whatever
+    its name, not even by a later turn from the chat page or the API."""
+    return call.get("client") is True
+
+
 def needs_approval(call: it.Item) -> bool:
+    if is_clients(call):
+        return False
     tool = get_tool(call["name"])
     return bool(tool and tool.needs_approval)
 
@@ -56,6 +67,8 @@ def resolve(node: PathNode, *, run: bool, note: str = "",
         decision = decisions.get(call["id"])
         if decision is not None and decision.result:
             results.append(decision.result)
+        elif is_clients(call):
+            results.append(it.tool_result(call["id"], call["name"], CLIENT_RESULT, is_error=True))
         elif not run:
             results.append(it.tool_result(call["id"], call["name"], note, is_error=True))
         elif decision is not None:

@@ -18,6 +18,7 @@ recorder (`records.py`); the head moves only through `services.head_move`.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -63,9 +64,9 @@ class Turn:
             self.new_items = [*retrieved_items(conversation, question), *new_items]
         self._path = path  # up to the first node's parent; each round's node is appended
         tip = path[-1] if path else None
-        # Calls still needing results; a caller that runs its own tools sends their results itself (T4).
-        answered = any(item.get("type") == "tool_result" for item in new_items)
-        self._open: PathNode | None = tip if calls.open_calls(tip) and not answered else None
+        # Calls still needing results. A caller of the OpenAI-compatible surface (its own `tools`) sends every
+        # result itself (T4; `turn_below` checks each call has one): nothing is run here for it.
+        self._open: PathNode | None = tip if calls.open_calls(tip) and tools is None else None
         self._pending: Node | None = None  # the node whose call is under way
         self._started = False
         self._start_lock = threading.Lock()  # `events` (a worker thread) and `abandon` may race
@@ -148,9 +149,13 @@ class Turn:
         result = yield from self._call_model(node, messages, tools)
         if result is None:
             return path, True
-        asked = it.tool_calls(result.received)
         # The caller's own tools (the OpenAI-compatible surface): it runs them and sends their results as the
-        # next call's sent items (T4); the turn ends at this node.
+        # next call's sent items (T4); the turn ends at this node. Its calls are marked the client's, so no later
+        # turn runs or asks approval for them, whatever their names.
+        if self.tools is not None:
+            result = dataclasses.replace(result, received=[
+                {**item, "client": True} if item.get("type") == "tool_call" else item for item in result.received])
+        asked = it.tool_calls(result.received)
         handed_back = bool(asked) and self.tools is not None
         waiting = [c for c in asked if calls.needs_approval(c)] if not (last_round or handed_back) else []
         if not self._succeed(node, result, head_moves=not asked or bool(waiting) or handed_back,

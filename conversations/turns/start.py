@@ -84,19 +84,36 @@ def turn_ask(*, user, conversation_id: int, content: str) -> Turn:
     return _under_lock(user, conversation_id, begin)
 
 
+MAX_SUPPLIED_TURNS = 100  # calls a client made elsewhere, recorded in one request (under the turn lock)
+
+
 def turn_below(*, user, conversation_id: int, parent_id: int | None, items: list[it.Item],
                supplied: list[tuple[list[it.Item], list[it.Item]]] = (), **options) -> Turn:
-    """A call hung below `parent_id` (None: a new root, the conversation's first call or a sibling of it), whatever
-    the head: the OpenAI-compatible surface's `previous_response_id`, or the end of the stored path a Chat
+    """A call of the OpenAI-compatible surface, hung below `parent_id` (None: a new root, the conversation's first
+    call or a sibling of it), whatever the head: its `previous_response_id`, or the end of the stored path a Chat
     Completions list extends. An older parent forks a branch (T7, T8); the head moves to the new node when the
     turn ends, as for any turn. `supplied`: (sent, received) calls the client made elsewhere, recorded under the
-    lock between the parent and the new call. `options`: the call's own model, instructions and tools (`Turn`)."""
+    lock between the parent and the new call; their tool calls are the client's. `options`: the call's own model,
+    instructions and tools (`Turn`).
+
+    Everything is checked before anything is written: the parent, a person's pending approval on it (F3), and a
+    result in `items` for every open call the new call follows (C4, T4) and for no other.
+    """
+    if len(supplied) > MAX_SUPPLIED_TURNS:
+        raise BadInput(f"The list holds {len(supplied)} answered turns this server has not seen; send at most "
+                       f"{MAX_SUPPLIED_TURNS} at a time.")
+    supplied = [(sent, [{**i, "client": True} if i.get("type") == "tool_call" else i for i in received])
+                for sent, received in supplied]
 
     def begin(conversation: Conversation, lock: TurnLock) -> Turn:
         if parent_id is not None and not Node.objects.can_be_head().filter(pk=parent_id,
                                                                             conversation=conversation).exists():
             raise NotFound(f"No response {parent_id} to continue from in this conversation.")
         path = node_path(parent_id) if parent_id is not None else []
+        if calls.undecided(path[-1] if path else None):
+            raise ApprovalPending("A tool call is waiting for a person's approval on that response: decide it first.")
+        follows = supplied[-1][1] if supplied else (path[-1].received if path else [])
+        _check_results(it.tool_calls(follows), items)
         for sent, received in supplied:
             node = records.record_supplied(conversation=conversation, parent=path[-1] if path else None, sent=sent,
                                            received=received, model=options.get("model") or conversation.model)
@@ -104,6 +121,16 @@ def turn_below(*, user, conversation_id: int, parent_id: int | None, items: list
         return _turn(conversation, lock, path, items, **options)
 
     return _under_lock(user, conversation_id, begin)
+
+
+def _check_results(open_calls: list[it.Item], items: list[it.Item]) -> None:
+    """C4: every open call gets its result, and a result answers an open call."""
+    answered = {item["call_id"] for item in items if item.get("type") == "tool_result"}
+    expected = {call["id"] for call in open_calls}
+    if missing := sorted(expected - answered):
+        raise BadInput(f"No output for the function call(s) {missing}: every call gets its output.")
+    if extra := sorted(answered - expected):
+        raise BadInput(f"The output(s) for {extra} answer no function call of the previous response.")
 
 
 def turn_edit(*, user, conversation_id: int, node_id: int, content: str) -> Turn:
