@@ -62,13 +62,6 @@ class Models(GatewayView):
             for name in settings.ARBOR_MODELS]})
 
 
-def _text_field(body: dict, name: str) -> str | None:
-    value = body.get(name)
-    if value is not None and not isinstance(value, str):
-        raise BadInput(f"`{name}` must be text.")
-    return value
-
-
 def _response_node(user, value: Any, *, field: str) -> Node:
     node = node_for_user(user=user, node_id=node_id_of(value, field=field))
     if node.conversation_id is None or node.kind != Node.Kind.TURN:
@@ -76,20 +69,26 @@ def _response_node(user, value: Any, *, field: str) -> Node:
     return node
 
 
+def _call(request: Request) -> tuple[dict, str, bool]:
+    """What every create shares: a JSON object, a model this server offers, and whether to stream."""
+    body = request.data
+    if not isinstance(body, dict):
+        raise BadInput("The body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or model not in settings.ARBOR_MODELS:
+        raise ArborError(f"The model {model!r} does not exist here; GET /v1/models lists the ones that do.",
+                         code="model_not_found")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadInput("`stream` must be true or false.")
+    return body, model, stream
+
+
 class Responses(GatewayView):
     def post(self, request: Request):
-        body = request.data
-        if not isinstance(body, dict):
-            raise BadInput("The body must be a JSON object.")
-        model = _text_field(body, "model")
-        if model not in settings.ARBOR_MODELS:
-            raise ArborError(f"The model {model!r} does not exist here; GET /v1/models lists the ones that do.",
-                             code="model_not_found")
+        body, model, stream = _call(request)
         instructions = instructions_text(body.get("instructions"))  # the call's own, never the account's
         tools = tools_of(body.get("tools"))  # the caller's: it runs them itself (T4); Arbor's stay out
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise BadInput("`stream` must be true or false.")
         previous = body.get("previous_response_id")
         parent = None if previous is None else _response_node(request.user, previous, field="previous_response_id")
         open_calls = {call["id"]: call for call in it.tool_calls(parent.received)} if parent else {}
@@ -124,18 +123,9 @@ def _chat_tools(value: Any) -> list[dict] | None:
 
 class ChatCompletions(GatewayView):
     def post(self, request: Request):
-        body = request.data
-        if not isinstance(body, dict):
-            raise BadInput("The body must be a JSON object.")
-        model = _text_field(body, "model")
-        if model not in settings.ARBOR_MODELS:
-            raise ArborError(f"The model {model!r} does not exist here; GET /v1/models lists the ones that do.",
-                             code="model_not_found")
+        body, model, stream = _call(request)
         instructions, turns = chat.read_messages(body.get("messages"))
         tools = _chat_tools(body.get("tools"))
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise BadInput("`stream` must be true or false.")
         named = chat.named_conversation(user=request.user, request=request, body=body)
         match = chat.longest_match(user=request.user, turns=turns, conversation=named)
         supplied = [(listed.sent, listed.received) for listed in turns[match.matched:-1]]
