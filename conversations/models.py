@@ -151,6 +151,8 @@ class Node(TreeNode):
             # A conversation's parentless nodes (its first questions and compaction roots): the screen's branch
             # places read them without touching every conversation's roots (issue 13).
             models.Index(fields=["conversation"], condition=Q(parent__isnull=True), name="node_conversation_roots"),
+            # The few nodes a person named or starred: a chat page reads them on every load (issue 16).
+            models.Index(fields=["conversation"], condition=Q(starred=True) | ~Q(label=""), name="node_marked"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(kind__in=NodeKind.values),

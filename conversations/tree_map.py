@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from conversations import items as it
 from conversations.models import SIDE_CALL, Conversation, Node
 from conversations.selectors import history_ids, tree_scope
 
@@ -31,10 +32,6 @@ class Mark:
     starred: bool
     on_path: bool
     last: int  # the turn's last node (its outcome)
-
-
-def _question(sent: list[dict[str, Any]]) -> str | None:
-    return next((i.get("text") or "" for i in sent if i.get("type") == "user" and not i.get("ephemeral")), None)
 
 
 def _snippet(kind: str, sent: list[dict[str, Any]], question: str | None) -> str:
@@ -56,7 +53,7 @@ def tree_map(conversation: Conversation) -> dict[str, Any]:
     marks: dict[int, Mark] = {}
     turn_of: dict[int, int] = {}  # node id -> the id of the mark it belongs to
     for node_id, parent, kind, status, reason, compacted_from, sent, label, starred in rows.iterator(chunk_size=2000):
-        question = _question(sent)
+        question = it.question_of(sent)
         above = turn_of.get(parent)
         if (kind == Node.Kind.TURN and question is None and above is not None
                 and all(i.get("type") == "tool_result" for i in sent)):

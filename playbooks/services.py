@@ -236,12 +236,8 @@ def playbook_run(*, user, playbook_id: Any, values: Any, progress: Progress | No
         run = PlaybookRun.objects.create(playbook=playbook, playbook_version=version, version=version.number,
                                          values=bound, conversation=conversation)
     turn = turn_ask(user=user, conversation_id=conversation.pk, content=question)
-    events = []
-    for _, event in detached.run(turn, detached.start(turn)):  # the one turn runner, its events reported as they come
-        events.append(event)
-        if progress is not None:
-            progress({"type": str(event.type), **event.data})
-    return _run_result(run, events)
+    report = (lambda event: progress({"type": str(event.type), **event.data})) if progress else None
+    return _run_result(run, detached.run_here(turn, report))
 
 
 def _run_result(run: PlaybookRun, events: list[TurnEvent]) -> RunResult:

@@ -53,9 +53,15 @@ def launch(turn: Turn) -> uuid.UUID:
     return run_id
 
 
-def run_here(turn: Turn) -> list[TurnEvent]:
-    """Run `turn` in this thread, logged like any other; return its events."""
-    return [event for _, event in run(turn, start(turn))]
+def run_here(turn: Turn, report: Callable[[TurnEvent], None] | None = None) -> list[TurnEvent]:
+    """Run `turn` in this thread, logged like any other; return its events, each given to `report` as it comes
+    (a playbook run's page watches them)."""
+    events = []
+    for _, event in run(turn, start(turn)):
+        events.append(event)
+        if report is not None:
+            report(event)
+    return events
 
 
 def run(turn: Turn, run_id: uuid.UUID, *, log: TurnLog | None = None) -> Iterator[Entry]:
