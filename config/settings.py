@@ -280,6 +280,15 @@ ARBOR_SCREEN_NODES = int(os.environ.get("ARBOR_SCREEN_NODES", "400"))  # a chat 
 # and memory follow it, not the conversation's size.
 ARBOR_PAGE_NODES = int(os.environ.get("ARBOR_PAGE_NODES", "200"))
 ARBOR_RETRIEVAL_RESULTS = int(os.environ.get("ARBOR_RETRIEVAL_RESULTS", "3"))
+# Semantic memory (issue 18): the worker embeds every question and answer with this litellm embedding model
+# (empty: words only). Vectors are kept with the model that made them; a new model re-embeds in the background.
+ARBOR_EMBEDDING_MODEL = os.environ.get("ARBOR_EMBEDDING_MODEL", "arbor/echo-embed")
+ARBOR_EMBEDDING_BATCH = int(os.environ.get("ARBOR_EMBEDDING_BATCH", "64"))  # texts an embedding call
+ARBOR_EMBEDDING_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_EMBEDDING_TIMEOUT_SECONDS", "10"))
+# A vector hit is attached to a question only this close (cosine); the scale is the model's own.
+ARBOR_RETRIEVAL_MIN_SIMILARITY = float(os.environ.get("ARBOR_RETRIEVAL_MIN_SIMILARITY", "0.3"))
+# Exact scoring keeps each owner's vectors in memory, per process; beyond this the least used owner goes.
+ARBOR_VECTOR_CACHE_MB = int(os.environ.get("ARBOR_VECTOR_CACHE_MB", "512"))
 ARBOR_WORKER_MAX_ATTEMPTS = int(os.environ.get("ARBOR_WORKER_MAX_ATTEMPTS", "5"))
 ARBOR_WORKER_LEASE_SECONDS = int(os.environ.get("ARBOR_WORKER_LEASE_SECONDS", "300"))
 ARBOR_IMPORT_MAX_BYTES = int(os.environ.get("ARBOR_IMPORT_MAX_BYTES", str(50 * 1024 * 1024)))

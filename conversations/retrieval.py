@@ -27,6 +27,7 @@ class Hit(NamedTuple):
     conversation: int
     conversation_title: str
     role: str
+    start: int = 0  # where in the bubble's text the found part starts (a long bubble's chunk)
 
 
 Retriever = Callable[[Conversation, str, int], list[Hit]]
@@ -55,7 +56,7 @@ def retrieved_items(conversation: Conversation, question: str) -> list[it.Item]:
     contents = dict(Bubble.objects.filter(pk__in=[h.bubble for h in hits]).values_list("pk", "content"))
     items = []
     for hit in hits:
-        text = contents.get(hit.bubble, "")[:RETRIEVED_CHARS]
+        text = contents.get(hit.bubble, "")[hit.start:hit.start + RETRIEVED_CHARS]
         who = "the person asked" if hit.role == "user" else "the answer was"
         item = it.system(f"From the person's conversation “{hit.conversation_title}”, {who}: {text}")
         items.append({**item, "ephemeral": True, "source": {"conversation": hit.conversation, "bubble": hit.bubble}})

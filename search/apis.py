@@ -6,11 +6,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.errors import ArborError, BadInput
+from conversations.llm import LLMError
 from search.query import MAX_QUERY_CHARS, search_bubbles
+from search.similar import similar_bubbles
 
 # What search_bubbles reads: no control character, and something besides white space (str.isspace()).
 QUERY_PATTERN = ("^[^\\x00-\\x1f]*[^\\x00-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
                  "[^\\x00-\\x1f]*$")
+
+
+MODES = ("words", "similar")
 
 
 class HitOut(serializers.Serializer):
@@ -19,8 +25,8 @@ class HitOut(serializers.Serializer):
     role = serializers.CharField()
     conversation = serializers.IntegerField()
     conversation_title = serializers.CharField()
-    rank = serializers.FloatField()
-    snippet = serializers.CharField(help_text="escaped text; matched words inside <mark>")
+    rank = serializers.FloatField(help_text="words: the database's text rank; similar: cosine similarity")
+    snippet = serializers.CharField(help_text="escaped text; matched words inside <mark> (words)")
     on_current_path = serializers.BooleanField(help_text="false: on another branch; POST switch with `node` opens it")
 
 
@@ -31,9 +37,24 @@ class SearchOut(serializers.Serializer):
 class Search(APIView):
     @extend_schema(parameters=[OpenApiParameter(
                        "q", {"type": "string", "maxLength": MAX_QUERY_CHARS, "pattern": QUERY_PATTERN}, required=True,
-                       description="words to find")],
+                       description="words to find"),
+                               OpenApiParameter("mode", {"type": "string", "enum": list(MODES), "default": "words"},
+                                                description="words: full-text matches; similar: messages nearest "
+                                                            "in meaning (the embedding model's vectors)")],
                    responses=SearchOut,
-                   description="Full-text search over the caller's own conversations, every branch.")
+                   description="Search over the caller's own conversations, every branch: word matches, or "
+                               "similar messages. 503 when the embedding model fails (similar only).")
     def get(self, request: Request) -> Response:
-        hits = search_bubbles(user=request.user, query=request.query_params.get("q", ""))
+        mode = request.query_params.get("mode", "words")
+        if mode not in MODES:
+            raise BadInput(f"`mode` must be one of {', '.join(MODES)}.")
+        query = request.query_params.get("q", "")
+        if mode == "words":
+            hits = search_bubbles(user=request.user, query=query)
+        else:
+            try:
+                hits = similar_bubbles(user=request.user, query=query)
+            except LLMError as error:
+                raise ArborError(f"the embedding model failed: {error.message}", code="embedding_unavailable",
+                                 status=503) from error
         return Response({"results": HitOut(hits, many=True).data})

@@ -9,8 +9,11 @@ class SearchConfig(AppConfig):
         # Imported here, not at the top: they import models, which exist only once the registry is ready.
         from conversations import jobs
         from conversations.retrieval import register_retriever
+        from search import embedding
         from search import jobs as search_jobs
         from search.retrieval import find_hits
 
         jobs.register("index", search_jobs.run, after_turn=True)
+        jobs.register("embed", embedding.run, after_turn=True)
+        jobs.register_sweep("embed-backfill", embedding.backfill, every_seconds=600)
         register_retriever(find_hits)

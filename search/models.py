@@ -7,10 +7,13 @@ worker's job is idempotent. Rows are written by the post-commit worker (R4), nev
 
 from __future__ import annotations
 
+import secrets
+
+from django.conf import settings
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 
-from conversations.models import Bubble
+from conversations.models import Bubble, Conversation
 
 
 class BubbleDocument(models.Model):
@@ -20,3 +23,48 @@ class BubbleDocument(models.Model):
 
     def __str__(self) -> str:
         return f"index of bubble {self.bubble_id}"
+
+
+def _nonce() -> int:
+    return secrets.randbits(62)
+
+
+class ChunkVector(models.Model):
+    """One piece of a bubble's text as an embedding model saw it (issue 18, R4): a row a chunk and model.
+
+    `vector` is float32, little-endian, length 1 (empty for a text with no word: the row still says "embedded").
+    `owner` and `conversation` are copied from the bubble so one owner's vectors load with one indexed read;
+    deleting the conversation deletes them. A vector is only ever compared with vectors of its own `model`.
+    """
+
+    bubble = models.ForeignKey(Bubble, on_delete=models.CASCADE, related_name="vectors")
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="+")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False)
+    model = models.CharField(max_length=200)
+    chunk = models.PositiveIntegerField()  # its place in the bubble
+    start = models.PositiveIntegerField()  # where in the bubble's text it starts and ends (characters)
+    end = models.PositiveIntegerField()
+    vector = models.BinaryField()
+    # Drawn anew for every row: SQLite gives a deleted row's id to the next one, and a process's copy of the
+    # vectors must not take the new row for the old (search.vectors).
+    nonce = models.BigIntegerField(default=_nonce)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["bubble", "model", "chunk"], name="chunk_vector_unique")]
+        indexes = [models.Index(fields=["owner", "model", "id"], name="chunk_vector_owner_model")]
+
+    def __str__(self) -> str:
+        return f"{self.model} vector of bubble {self.bubble_id} chunk {self.chunk}"
+
+
+class VectorVersion(models.Model):
+    """Drawn anew in the transaction that writes an owner's vectors: a process's in-memory copy of them is
+    current while this has not changed (search.vectors). Random, not a count, so a version row made again
+    (a test's rolled-back transaction, an owner's id given again) never repeats an old one."""
+
+    owner = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True,
+                                 related_name="+")
+    version = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"vectors of user {self.owner_id}: version {self.version}"

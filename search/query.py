@@ -39,6 +39,7 @@ class Hit:
     rank: float
     snippet: SafeString  # escaped text with <mark> around the matched words
     on_current_path: bool  # False: the hit is on another branch; opening it switches there (T8)
+    start: int = 0  # where in the bubble's text the hit starts (a similar message's chunk)
 
 
 def _snippet(raw: str) -> SafeString:
@@ -96,18 +97,23 @@ LIMIT %s
 """
 
 
-def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False,
-                   exclude_conversation: int | None = None) -> list[Hit]:
-    """The caller's bubbles that match `query`, best first, each marked with whether it is on the current branch.
-
-    `match_any` finds bubbles with any of the words instead of all of them.
-    """
+def check_query(query: object) -> None:
+    """What a person may search for (400 otherwise): words, at most MAX_QUERY_CHARS, no control character."""
     if not isinstance(query, str) or not query.strip():
         raise BadInput("`q` must be a non-empty search query.")
     if len(query) > MAX_QUERY_CHARS:
         raise BadInput(f"`q` is longer than {MAX_QUERY_CHARS} characters.")
     if any(ord(char) < 32 for char in query):
         raise BadInput("`q` may not hold control characters.")
+
+
+def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False,
+                   exclude_conversation: int | None = None) -> list[Hit]:
+    """The caller's bubbles that match `query`, best first, each marked with whether it is on the current branch.
+
+    `match_any` finds bubbles with any of the words instead of all of them.
+    """
+    check_query(query)
     terms = _terms(query)
     if not terms:
         return []  # punctuation alone: no word to look for
@@ -124,13 +130,13 @@ def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False
             cursor.execute(_SQLITE_RANKED, [_fts5_query(terms, match_any=match_any), user.pk, exclude_conversation,
                                             limit])
             rows = cursor.fetchall()
-    on_path = _current_paths({row[3] for row in rows})
+    on_path = current_paths({row[3] for row in rows})
     return [Hit(bubble=b, node=n, role=role, conversation=c, conversation_title=title or f"Conversation {c}",
                 rank=float(rank), snippet=_snippet(snippet), on_current_path=n in on_path.get(c, ()))
             for b, n, role, c, title, rank, snippet in rows]
 
 
-def _current_paths(conversation_ids: set[int]) -> dict[int, set[int]]:
+def current_paths(conversation_ids: set[int]) -> dict[int, set[int]]:
     """The node ids each conversation shows now (its head's path, history behind compactions included)."""
     heads = Conversation.objects.filter(pk__in=conversation_ids).values_list("pk", "head_id")
     return {pk: set(history_ids(head)) for pk, head in heads}

@@ -2,7 +2,10 @@
 
 An app adds a kind with `register`; a kind registered `after_turn` is queued by every committed turn (and
 import) through `enqueue_after_turn`. This app registers `title` (`title.py`); the search app registers
-`index`. The worker (`worker.py`) runs them at least once, so every handler is idempotent.
+`index` and `embed`. The worker (`worker.py`) runs them at least once, so every handler is idempotent.
+
+A sweep (`register_sweep`) is background work no turn queues (embedding what a new embedding model has not
+seen): the worker calls it when it starts and every `every_seconds`, and again at once while it finds work.
 """
 
 from __future__ import annotations
@@ -17,12 +20,22 @@ Handler = Callable[[dict[str, Any]], None]
 
 _handlers: dict[str, Handler] = {}
 _after_turn: list[str] = []
+_sweeps: dict[str, tuple[Callable[[], bool], float]] = {}
 
 
 def register(kind: str, handler: Handler, *, after_turn: bool = False) -> None:
     _handlers[kind] = handler
     if after_turn and kind not in _after_turn:
         _after_turn.append(kind)
+
+
+def register_sweep(name: str, sweep: Callable[[], bool], *, every_seconds: float) -> None:
+    """`sweep()` does a share of background work and says whether there was any."""
+    _sweeps[name] = (sweep, every_seconds)
+
+
+def sweeps() -> dict[str, tuple[Callable[[], bool], float]]:
+    return dict(_sweeps)
 
 
 def handler_for(kind: str) -> Handler | None:

@@ -100,17 +100,44 @@ def run_due(*, batch: int = 50) -> RunStats:
     return stats
 
 
+class Sweeper:
+    """Runs the registered sweeps when they are due. A failing sweep is logged and tried again when next due:
+    it is background work, never the end of the worker."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.due: dict[str, float] = {}
+
+    def run(self) -> bool:
+        busy = False
+        for name, (sweep, every) in jobs.sweeps().items():
+            if self.clock() < self.due.get(name, 0.0):
+                continue
+            try:
+                found = sweep()
+            except DatabaseError:
+                raise  # the loop waits out an outage
+            except Exception as error:
+                logger.warning("sweep %s failed, next try in %.0f s: %r", name, every, error)
+                found = False
+            self.due[name] = 0.0 if found else self.clock() + every
+            busy = busy or found
+        return busy
+
+
 def run_forever(*, batch: int = 50, idle_seconds: float = 1.0, stop: Callable[[], bool] = lambda: False,
                 sleep: Callable[[float], None] = time.sleep) -> None:
-    """Run jobs, sweep interrupted calls and forget old turn logs until `stop()`. A database error or outage
-    is logged and waited out (backing off up to MAX_OUTAGE_WAIT_SECONDS), never the end of the worker: a
-    claimed job whose run was cut by it is claimed again when its lease runs out."""
+    """Run jobs and the registered sweeps, sweep interrupted calls and forget old turn logs until `stop()`.
+    A database error or outage is logged and waited out (backing off up to MAX_OUTAGE_WAIT_SECONDS), never the
+    end of the worker: a claimed job whose run was cut by it is claimed again when its lease runs out."""
     failures = 0
+    sweeper = Sweeper()
     while not stop():
         try:
             recovery.sweep()
             log.forget_old()
             busy = run_due(batch=batch).total > 0
+            busy = sweeper.run() or busy
             failures = 0
         except DatabaseError as error:
             failures += 1

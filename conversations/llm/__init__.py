@@ -35,6 +35,9 @@ litellm.telemetry = False
 litellm.disable_streaming_logging = True
 litellm.suppress_debug_info = True
 litellm.disable_hf_tokenizer_download = True  # count with the bundled tiktoken files, never the network
+# Arbor retries itself (the worker's backoff; a person's Retry). litellm's OpenAI embedding path reads
+# `max_retries or DEFAULT_MAX_RETRIES`, so an explicit 0 there still retried twice.
+litellm.DEFAULT_MAX_RETRIES = 0
 
 
 @dataclass(frozen=True)
@@ -379,3 +382,25 @@ def supports_json_mode(model: str) -> bool:
     except Exception:  # an unknown model: ask for JSON in words only
         return False
     return "response_format" in (params or [])
+
+
+def embed(model: str, texts: list[str]) -> list[list[float]]:
+    """One embedding call through litellm: a vector a text, in order. Failures come out as `LLMError`.
+
+    Provider options (keys, bases) come from ARBOR_PROVIDERS like a chat call's; no retries here: the worker
+    retries a failed job, and retrieval falls back to words at once.
+    """
+    if not texts:
+        return []
+    try:
+        response = litellm.embedding(model=model, input=texts, **provider_options(model),
+                                     timeout=settings.ARBOR_EMBEDDING_TIMEOUT_SECONDS, num_retries=0,
+                                     max_retries=0)
+        rows = sorted(response.data, key=lambda row: row["index"] if isinstance(row, dict) else row.index)
+        vectors = [list(row["embedding"] if isinstance(row, dict) else row.embedding) for row in rows]
+    except Exception as error:  # every provider failure is the caller's to handle: retry, or fall back
+        raise LLMError(classify(error), _message(error)) from error
+    if len(vectors) != len(texts) or len({len(v) for v in vectors}) != 1:
+        raise LLMError("provider_error", f"{model} returned {len(vectors)} vectors of sizes "
+                       f"{sorted({len(v) for v in vectors})} for {len(texts)} texts")
+    return vectors

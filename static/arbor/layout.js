@@ -31,6 +31,8 @@
     if (typed) {
       const url = `/search/?q=${encodeURIComponent(typed)}`;
       shown.push({ label: `Search messages for “${typed}”`, kind: "command", run: () => { location.href = url; } });
+      shown.push({ label: `Similar messages to “${typed}”`, kind: "command",
+                   run: () => { location.href = `${url}#similar`; } });
     }
     active = Math.min(active, Math.max(0, shown.length - 1));
     paletteList.replaceChildren(...shown.map((entry, index) => {

@@ -7,14 +7,22 @@ Usage::
         litellm.completion(model="openai/stub-model", api_base=stub.base_url, api_key="sk-test", ...)
         assert stub.requests[0]["messages"] == [...]
 
-Serves ``POST /v1/chat/completions`` (streaming and non-streaming) and ``GET /v1/models``.
+Serves ``POST /v1/chat/completions`` (streaming and non-streaming), ``POST /v1/embeddings`` and ``GET /v1/models``.
+An embeddings request takes the next scripted reply too: an error reply is sent as it is, anything else gets
+``stub_embedding`` vectors (a word-hashing embedder of its own, not arbor/echo-embed's), as a list of floats or,
+with ``encoding_format: "base64"`` (what the openai SDK asks for), as base64 of little-endian float32s, the
+way OpenAI's API answers (https://platform.openai.com/docs/api-reference/embeddings/create).
 Every response is sent with ``Connection: close`` so no keep-alive state leaks between requests.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
+import math
+import struct
 import threading
 import time
 import uuid
@@ -174,6 +182,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        if self.path.rstrip("/") in ("/v1/embeddings", "/embeddings"):
+            self._embeddings(raw)
+            return
         if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
             self._send_json(404, {"error": {"message": f"not found: {self.path}", "type": "not_found"}})
             return
@@ -186,6 +197,24 @@ class _Handler(BaseHTTPRequestHandler):
         reply = stub._record_and_pop(body, self.headers.get("Authorization"))
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # client gave up (e.g. timeout)
             self._answer(body, reply)
+
+    def _embeddings(self, raw: bytes) -> None:
+        body = json.loads(raw or b"{}")
+        reply = self.server.stub._record_and_pop(body, self.headers.get("Authorization"))
+        if reply.kind == "error":
+            self._send_json(reply.status, reply.body or {})
+            return
+        texts = body.get("input")
+        texts = [texts] if isinstance(texts, str) else list(texts or [])
+        data = []
+        for index, text in enumerate(texts):
+            vector = stub_embedding(str(text))
+            if body.get("encoding_format") == "base64":
+                vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": vector})
+        tokens = sum(_count_tokens(str(t)) for t in texts)
+        self._send_json(200, {"object": "list", "data": data, "model": body.get("model", ""),
+                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     # ---- replies -----------------------------------------------------------------------------
     def _answer(self, body: dict[str, Any], reply: Reply) -> None:
@@ -264,6 +293,18 @@ class _Handler(BaseHTTPRequestHandler):
                 last["usage"] = usage
             self._sse(last)
         self._sse("[DONE]")
+
+
+STUB_DIMENSIONS = 64
+
+
+def stub_embedding(text: str) -> list[float]:
+    """The stub's vectors: each lower-cased word hashed (md5) into STUB_DIMENSIONS, scaled to length 1."""
+    vector = [0.0] * STUB_DIMENSIONS
+    for word in text.lower().split():
+        vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % STUB_DIMENSIONS] += 1.0
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector]
 
 
 def _split_words(text: str) -> list[str]:

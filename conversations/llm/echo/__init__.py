@@ -7,7 +7,7 @@ per round), `#fail` (provider error), `#overflow` (context-window error), `#slow
 conversation's first question's first six words). Asked to summarise (a compaction), it answers
 `summary of N messages: <digest>` and also streams an opaque compaction item that only it can read back
 (its digest shows it as `user:summary of N messages...`). Other apps may add answers of their own
-(`register_answerer`): the playbooks app drafts playbooks.
+(`register_answerer`): the playbooks app drafts playbooks. `arbor/echo-embed` is its embedding model (embed.py).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from typing import Any
 import litellm
 from django.conf import settings
 from litellm import CustomLLM
-from litellm.types.utils import GenericStreamingChunk, ModelResponse
+from litellm.types.utils import EmbeddingResponse, GenericStreamingChunk, ModelResponse, Usage
 
 from conversations import llm
 from conversations.llm import estimate_tokens
+from conversations.llm.echo import embed
 
 PROVIDER = "arbor"
 _OPAQUE = "<arbor-compaction:"
@@ -166,6 +167,22 @@ class EchoLLM(CustomLLM):
 
     async def acompletion(self, *args, **kwargs):
         return self.completion(*args, **kwargs)
+
+    def embedding(self, model, input, model_response: EmbeddingResponse, *args, **kwargs):
+        """`arbor/echo-embed` (embed.py): a vector a text; any other model of this provider is refused."""
+        if model != embed.MODEL:
+            raise litellm.BadRequestError(message=f"arbor/{model} is not an embedding model; use arbor/{embed.MODEL}",
+                                          model=model, llm_provider=PROVIDER)
+        texts = [input] if isinstance(input, str) else list(input)
+        model_response.model = f"{PROVIDER}/{model}"
+        model_response.data = [{"object": "embedding", "index": n, "embedding": embed.embed_text(str(text))}
+                               for n, text in enumerate(texts)]
+        tokens = sum(estimate_tokens([{"text": str(text)}]) for text in texts)
+        model_response.usage = Usage(prompt_tokens=tokens, completion_tokens=0, total_tokens=tokens)
+        return model_response
+
+    async def aembedding(self, *args, **kwargs):
+        return self.embedding(*args, **kwargs)
 
     async def astreaming(self, *args, **kwargs):
         for chunk in self.streaming(*args, **kwargs):

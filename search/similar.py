@@ -1,0 +1,42 @@
+"""Similar messages (issue 18): the caller's bubbles nearest in meaning to a text, by the embedding model's
+vectors, across every branch of the caller's own conversations. The search page shows them beside word
+matches, and retrieval (R2) fuses them with the full-text rank.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from django.conf import settings
+from django.utils.safestring import mark_safe
+
+from conversations import llm
+from search.chunks import CHUNK_CHARS
+from search.query import Hit, check_query, current_paths
+from search.vectors import nearest
+
+
+def similar_bubbles(*, user, query: str, limit: int = 20) -> list[Hit]:
+    """What the search page and API show for a person's query (checked like a word search)."""
+    check_query(query)
+    return nearest_bubbles(user=user, text=query, limit=limit)
+
+
+def nearest_bubbles(*, user, text: str, limit: int, min_similarity: float | None = None,
+                    exclude_conversation: int | None = None) -> list[Hit]:
+    """The bubbles nearest to `text` (its first CHUNK_CHARS characters), best first, `rank` the cosine
+    similarity, at least `min_similarity` (ARBOR_RETRIEVAL_MIN_SIMILARITY by default). Raises `llm.LLMError` when
+    the embedding call fails; finds nothing when no embedding model is set."""
+    model = settings.ARBOR_EMBEDDING_MODEL
+    if not model or not text.strip():
+        return []
+    (vector,) = llm.embed(model, [text[:CHUNK_CHARS]])
+    floor = settings.ARBOR_RETRIEVAL_MIN_SIMILARITY if min_similarity is None else min_similarity
+    found = nearest(owner_id=user.pk, model=model, query=vector, limit=limit, min_similarity=floor,
+                    exclude_conversation=exclude_conversation)
+    on_path = current_paths({near.conversation for near in found})
+    return [Hit(bubble=near.bubble, node=near.node, role=near.role, conversation=near.conversation,
+                conversation_title=near.conversation_title, rank=near.similarity,
+                snippet=mark_safe(escape(near.text)),  # noqa: S308 - escaped
+                on_current_path=near.node in on_path.get(near.conversation, ()), start=near.start)
+            for near in found]
