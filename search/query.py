@@ -108,10 +108,11 @@ def check_query(query: object) -> None:
 
 
 def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False,
-                   exclude_conversation: int | None = None) -> list[Hit]:
+                   exclude_conversation: int | None = None, shown: bool = True) -> list[Hit]:
     """The caller's bubbles that match `query`, best first, each marked with whether it is on the current branch.
 
-    `match_any` finds bubbles with any of the words instead of all of them.
+    `match_any` finds bubbles with any of the words instead of all of them. Hits that are not `shown` to a
+    person (retrieval's) get no snippet and no branch mark, which cost a query a conversation.
     """
     check_query(query)
     terms = _terms(query)
@@ -123,14 +124,16 @@ def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False
             query = _tsquery(terms, match_any=match_any)
             cursor.execute(_POSTGRES_RANKED, [config, query, user.pk, exclude_conversation, limit])
             rows = cursor.fetchall()
-            cursor.execute(_POSTGRES_SNIPPETS, [config, config, query, [r[0] for r in rows]])
-            snippets = dict(cursor.fetchall())
-            rows = [(*row, snippets[row[0]]) for row in rows]
+            snippets: dict[int, str] = {}
+            if shown:
+                cursor.execute(_POSTGRES_SNIPPETS, [config, config, query, [r[0] for r in rows]])
+                snippets = dict(cursor.fetchall())
+            rows = [(*row, snippets.get(row[0], "")) for row in rows]
         else:
             cursor.execute(_SQLITE_RANKED, [_fts5_query(terms, match_any=match_any), user.pk, exclude_conversation,
                                             limit])
             rows = cursor.fetchall()
-    on_path = current_paths({row[3] for row in rows})
+    on_path = current_paths({row[3] for row in rows}) if shown else {}
     return [Hit(bubble=b, node=n, role=role, conversation=c, conversation_title=title or f"Conversation {c}",
                 rank=float(rank), snippet=_snippet(snippet), on_current_path=n in on_path.get(c, ()))
             for b, n, role, c, title, rank, snippet in rows]

@@ -23,10 +23,11 @@ def similar_bubbles(*, user, query: str, limit: int = 20) -> list[Hit]:
 
 
 def nearest_bubbles(*, user, text: str, limit: int, min_similarity: float | None = None,
-                    exclude_conversation: int | None = None) -> list[Hit]:
+                    exclude_conversation: int | None = None, shown: bool = True) -> list[Hit]:
     """The bubbles nearest to `text` (its first CHUNK_CHARS characters), best first, `rank` the cosine
     similarity, at least `min_similarity` (ARBOR_RETRIEVAL_MIN_SIMILARITY by default). Raises `llm.LLMError` when
-    the embedding call fails; finds nothing when no embedding model is set."""
+    the embedding call fails; finds nothing when no embedding model is set. Hits not `shown` to a person get no
+    branch mark (a query a conversation)."""
     model = settings.ARBOR_EMBEDDING_MODEL
     if not model or not text.strip():
         return []
@@ -34,7 +35,7 @@ def nearest_bubbles(*, user, text: str, limit: int, min_similarity: float | None
     floor = settings.ARBOR_RETRIEVAL_MIN_SIMILARITY if min_similarity is None else min_similarity
     found = nearest(owner_id=user.pk, model=model, query=vector, limit=limit, min_similarity=floor,
                     exclude_conversation=exclude_conversation)
-    on_path = current_paths({near.conversation for near in found})
+    on_path = current_paths({near.conversation for near in found}) if shown else {}
     return [Hit(bubble=near.bubble, node=near.node, role=near.role, conversation=near.conversation,
                 conversation_title=near.conversation_title, rank=near.similarity,
                 snippet=mark_safe(escape(near.text)),  # noqa: S308 - escaped
