@@ -5,7 +5,7 @@ At least once and idempotent: a bubble counts as embedded for a model once it ha
 rows are replaced, never added twice. A failed embedding call fails the job, which the worker retries.
 `backfill` (a worker sweep) embeds whatever has no vector of the current model — bubbles written before
 embedding was on, jobs that ran out of attempts, everything after a change of model — and then drops the
-vectors of other models, which nothing compares any more.
+vectors of other models, which nothing compares any more, and those of bubbles a cleared conversation let go.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef, Q
 
-from conversations import llm
+from conversations import jobs, llm
 from conversations.models import Bubble
 from search.chunks import chunk_spans
 from search.index import INDEXED_ROLES
@@ -23,6 +23,7 @@ from search.models import ChunkVector
 from search.vectors import replace, to_bytes
 
 BACKFILL_BUBBLES = 512  # a sweep's share of work before the worker looks at its queue again
+JOB_BUBBLES = 1024  # a job's share: a big import goes on in a follow-up job, well inside the worker's lease
 
 
 def _unembedded(model: str):
@@ -54,17 +55,26 @@ def _batch(bubbles) -> list[tuple[int, str, int, int]]:
                 [:settings.ARBOR_EMBEDDING_BATCH])
 
 
-def embed_conversation(conversation_id: int) -> int:
-    """Embed every bubble of the conversation that has no vector of the current model; return the chunks."""
+def embed_conversation(conversation_id: int, *, most: int | None = None) -> int:
+    """Embed the bubbles of the conversation that have no vector of the current model (at most `most` of
+    them); return how many bubbles were embedded."""
     model = settings.ARBOR_EMBEDDING_MODEL
-    total = 0
-    while model and (batch := _batch(_unembedded(model).filter(conversation_id=conversation_id))):
-        total += embed_bubbles(batch, model)
-    return total
+    done = 0
+    while model and (most is None or done < most) and (
+            batch := _batch(_unembedded(model).filter(conversation_id=conversation_id))):
+        embed_bubbles(batch, model)
+        done += len(batch)
+    return done
 
 
 def run(payload: dict[str, Any]) -> None:
-    embed_conversation(int(payload["conversation"]))
+    """The `embed` job. A conversation with more to embed than a job's share (a large import) gets a follow-up
+    job, so no job outlives its lease and is run twice at once."""
+    conversation = int(payload["conversation"])
+    model = settings.ARBOR_EMBEDDING_MODEL
+    if embed_conversation(conversation, most=JOB_BUBBLES) >= JOB_BUBBLES and \
+            _unembedded(model).filter(conversation_id=conversation).exists():
+        jobs.enqueue(kind="embed", payload=payload)
 
 
 def backfill() -> bool:
@@ -78,7 +88,11 @@ def backfill() -> bool:
         done += len(batch)
     if done:
         return True
+    # Every bubble has the current model's vectors: the old model's are never read again; nor are those of a
+    # bubble a cleared conversation let go (T11; kept for another conversation's screen, P3).
     stale = list(ChunkVector.objects.exclude(model=model).values_list("pk", flat=True)[:5000])
-    if stale:  # every bubble has the current model's vectors: the old model's are never read again
+    stale += ChunkVector.objects.filter(Q(bubble__conversation__isnull=True) | ~Q(
+        bubble__conversation_id=F("conversation_id"))).values_list("pk", flat=True)[:5000]
+    if stale:
         ChunkVector.objects.filter(pk__in=stale).delete()
     return bool(stale)

@@ -23,6 +23,8 @@ from search.similar import nearest_bubbles
 
 QUERY_WORDS = 30  # the question's first distinct words make the query: a long question stays one cheap search
 CANDIDATES = 20  # from each ranking, before fusion
+# A question waits for its retrieval: an embedding provider that hangs costs it this much at most, then words.
+EMBEDDING_TIMEOUT_SECONDS = 3.0
 # Of the fused score; the words' is the rest. bench_retrieval's recall@5 is flat from 0.65 to 0.8 (three seeds).
 VECTOR_WEIGHT = 0.7
 
@@ -52,7 +54,7 @@ def word_hits(*, user, question: str, limit: int, exclude_conversation: int | No
 
 def vector_hits(*, user, question: str, limit: int, exclude_conversation: int | None) -> list[words.Hit]:
     return nearest_bubbles(user=user, text=question, limit=limit, exclude_conversation=exclude_conversation,
-                           shown=False)
+                           shown=False, timeout=EMBEDDING_TIMEOUT_SECONDS)
 
 
 def fuse(rankings: Sequence[tuple[Sequence[words.Hit], float]]) -> list[words.Hit]:

@@ -23,7 +23,8 @@ def similar_bubbles(*, user, query: str, limit: int = 20) -> list[Hit]:
 
 
 def nearest_bubbles(*, user, text: str, limit: int, min_similarity: float | None = None,
-                    exclude_conversation: int | None = None, shown: bool = True) -> list[Hit]:
+                    exclude_conversation: int | None = None, shown: bool = True,
+                    timeout: float | None = None) -> list[Hit]:
     """The bubbles nearest to `text` (its first CHUNK_CHARS characters), best first, `rank` the cosine
     similarity, at least `min_similarity` (ARBOR_RETRIEVAL_MIN_SIMILARITY by default). Raises `llm.LLMError` when
     the embedding call fails; finds nothing when no embedding model is set. Hits not `shown` to a person get no
@@ -31,7 +32,7 @@ def nearest_bubbles(*, user, text: str, limit: int, min_similarity: float | None
     model = settings.ARBOR_EMBEDDING_MODEL
     if not model or not text.strip():
         return []
-    (vector,) = llm.embed(model, [text[:CHUNK_CHARS]])
+    (vector,) = llm.embed(model, [text[:CHUNK_CHARS]], timeout=timeout)
     floor = settings.ARBOR_RETRIEVAL_MIN_SIMILARITY if min_similarity is None else min_similarity
     found = nearest(owner_id=user.pk, model=model, query=vector, limit=limit, min_similarity=floor,
                     exclude_conversation=exclude_conversation)

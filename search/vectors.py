@@ -38,11 +38,13 @@ def replace(*, bubble_ids: list[int], model: str, rows: list[ChunkVector]) -> No
         for size in {len(row.vector) // _DTYPE.itemsize for row in rows if row.vector}:
             scoring_pgvector.ensure_index(model, size)
     with transaction.atomic():
+        # First: the version rows' locks make two workers embedding one owner's bubbles take turns, so the
+        # second replaces the first's rows instead of colliding with them.
+        bump(sorted({row.owner_id for row in rows}))
         ChunkVector.objects.filter(bubble_id__in=bubble_ids, model=model).delete()
         ChunkVector.objects.bulk_create(rows, batch_size=1000)
         if pgvector:
             scoring_pgvector.write(rows)
-        bump(sorted({row.owner_id for row in rows}))
 
 
 def bump(owner_ids: list[int]) -> None:

@@ -384,7 +384,7 @@ def supports_json_mode(model: str) -> bool:
     return "response_format" in (params or [])
 
 
-def embed(model: str, texts: list[str]) -> list[list[float]]:
+def embed(model: str, texts: list[str], *, timeout: float | None = None) -> list[list[float]]:
     """One embedding call through litellm: a vector a text, in order. Failures come out as `LLMError`.
 
     Provider options (keys, bases) come from ARBOR_PROVIDERS like a chat call's; no retries here: the worker
@@ -394,7 +394,7 @@ def embed(model: str, texts: list[str]) -> list[list[float]]:
         return []
     try:
         response = litellm.embedding(model=model, input=texts, **provider_options(model),
-                                     timeout=settings.ARBOR_EMBEDDING_TIMEOUT_SECONDS, num_retries=0,
+                                     timeout=timeout or settings.ARBOR_EMBEDDING_TIMEOUT_SECONDS, num_retries=0,
                                      max_retries=0)
         rows = sorted(response.data, key=lambda row: row["index"] if isinstance(row, dict) else row.index)
         vectors = [list(row["embedding"] if isinstance(row, dict) else row.embedding) for row in rows]

@@ -147,8 +147,8 @@ def test_r1_each_step_commits_node_head_bubbles_and_an_outbox_job(conversation):
     node = head(conversation)
     assert list(Bubble.objects.filter(node=node).values_list("role", flat=True)) == ["user", "assistant"]
     assert sorted((j.kind, j.payload["conversation"], j.payload["head"]) for j in OutboxJob.objects.all()) == [
-        ("embed", conversation.pk, node.pk), ("index", conversation.pk, node.pk), ("title", conversation.pk, node.pk)],
-        "one job per kind, one commit"
+        ("embed", conversation.pk, node.pk), ("index", conversation.pk, node.pk),
+        ("title", conversation.pk, node.pk)], "one job per kind, one commit"
 
 
 def test_t9_r3_a_second_turn_is_refused_while_one_runs(conversation):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 from django.urls import reverse
@@ -255,3 +256,42 @@ def test_the_search_page_and_api_offer_similar_messages(client, api, user, stub,
     assert failed.status_code == 503 and failed.json()["error"]["code"] == "embedding_unavailable"
     html = client.get(reverse("search"), {"q": "subscripton"}).content.decode()
     assert "the embedding model did not answer" in html and "<mark>subscripton</mark>" in html.lower()
+
+
+def test_r4_a_large_import_is_embedded_by_follow_up_jobs_each_within_its_share(user, settings, monkeypatch):
+    monkeypatch.setattr(embedding, "JOB_BUBBLES", 4)
+    settings.ARBOR_EMBEDDING_BATCH = 2
+    conversation = _conversation(user, "Many", *[f"Question number {n} about renewals" for n in range(5)])
+    embedding.run({"conversation": conversation.pk, "head": None})
+    assert ChunkVector.objects.filter(conversation=conversation).values("bubble").distinct().count() == 4
+    follow_up = OutboxJob.objects.filter(kind="embed", payload__conversation=conversation.pk, status="pending")
+    assert follow_up.count() == 5 + 1, "the turns' own jobs and one follow-up"
+    worker.run_due()
+    assert ChunkVector.objects.filter(conversation=conversation).count() == 10, "every question and answer"
+    assert not OutboxJob.objects.filter(kind="embed", status__in=["pending", "failed"]).exists()
+
+
+def test_t11_the_sweep_drops_vectors_of_bubbles_a_cleared_conversation_let_go(user):
+    """A bubble kept for another conversation's screen (P3) leaves its cleared conversation: its vectors go."""
+    conversation = _conversation(user, "Cleared", "Renew the enterprise contract")
+    worker.run_due()
+    (question,) = Bubble.objects.filter(conversation=conversation, role="user")
+    Bubble.objects.filter(pk=question.pk).update(conversation=None)  # what conversation_clear does for P3 nodes
+    assert ChunkVector.objects.filter(bubble=question).exists()
+    assert question.pk not in [h.bubble for h in similar_bubbles(user=user, query="renew enterprise contract")]
+    assert embedding.backfill() is True
+    assert not ChunkVector.objects.filter(bubble=question).exists()
+
+
+def test_r2_a_hanging_embedding_provider_costs_a_question_the_retrieval_timeout_then_words(
+        user, stub, settings, monkeypatch):
+    from search import retrieval
+
+    _conversation(user, "Pricing notes", "Our enterprise tier costs 900 dollars per seat")
+    worker.run_due()
+    settings.ARBOR_EMBEDDING_MODEL = STUB_MODEL
+    monkeypatch.setattr(retrieval, "EMBEDDING_TIMEOUT_SECONDS", 0.5)
+    stub.script(Reply.hang(5))
+    started = time.monotonic()
+    found = retrieval.hybrid_hits(user=user, question="What does the enterprise tier cost?", limit=3)
+    assert time.monotonic() - started < 3 and found, "words answered once the embedding call timed out"

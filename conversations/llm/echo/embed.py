@@ -1,9 +1,10 @@
 """arbor/echo-embed: the offline embedding model, for the embedded default and the tests.
 
-What it is: feature hashing of a text's crude word stems, word pairs and the character trigrams of each word into DIMENSIONS signed buckets, normalised to length 1. It is deterministic (blake2b, not Python's salted
+What it is: feature hashing of a text's crude word stems, word pairs and the character trigrams of each word
+into DIMENSIONS signed buckets, normalised to length 1. It is deterministic (blake2b, not Python's salted
 `hash`), needs no network and no model file, and costs microseconds a word. Texts that share words, word forms
 ("cancel", "cancelled", "cancellation") or most of a misspelt word ("subscripton") come out close; texts that
-share nothing come out near 0.
+share nothing come out near 0 (hash collisions: within about ±0.2).
 
 What it is not: a language model. It knows no synonym ("end" and "cancel" are as far apart as any two words),
 no other language's meaning, no word order beyond neighbouring pairs. Paraphrases that share no word form
