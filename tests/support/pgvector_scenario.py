@@ -28,7 +28,8 @@ for fact in facts:
     ask(conversation, fact)
     mine.append(conversation)
 # Another owner with many near texts: an HNSW scan's candidates are mostly theirs.
-words = ["subscription", "contract", "database", "password", "renewal", "migration", "cancel", "Seoul", "Berlin", "office", "team", "desk"]
+words = ("subscription contract database password renewal migration cancel Seoul Berlin office team "
+         "desk").split()  # noqa: SIM905
 rng = np.random.default_rng(18)
 for n in range(150):
     conversation = services.conversation_create(owner=large, title=f"noise {n}")
@@ -54,7 +55,7 @@ for query in queries:
                                       exclude_conversation=None)
         same_order.append({"query": query, "owner": owner.username, "pgvector": [pk for pk, _ in by_index],
                            "exact": [pk for pk, _ in exact],
-                           "largest_difference": max((abs(a[1] - b[1]) for a, b in zip(by_index, exact)),
+                           "largest_difference": max((abs(a[1] - b[1]) for a, b in zip(by_index, exact, strict=False)),
                                                      default=0.0)})
     top.append([hit.conversation for hit in similar_bubbles(user=small, query=query)][:1])
 
