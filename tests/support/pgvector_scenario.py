@@ -28,8 +28,8 @@ for fact in facts:
     ask(conversation, fact)
     mine.append(conversation)
 # Another owner with many near texts: an HNSW scan's candidates are mostly theirs.
-words = ("subscription contract database password renewal migration cancel Seoul Berlin office team "
-         "desk").split()  # noqa: SIM905
+words = ["subscription", "contract", "database", "password", "renewal", "migration", "cancel", "Seoul", "Berlin",
+         "office", "team", "desk"]
 rng = np.random.default_rng(18)
 for n in range(150):
     conversation = services.conversation_create(owner=large, title=f"noise {n}")
