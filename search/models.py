@@ -7,8 +7,6 @@ worker's job is idempotent. Rows are written by the post-commit worker (R4), nev
 
 from __future__ import annotations
 
-import secrets
-
 from django.conf import settings
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
@@ -23,10 +21,6 @@ class BubbleDocument(models.Model):
 
     def __str__(self) -> str:
         return f"index of bubble {self.bubble_id}"
-
-
-def _nonce() -> int:
-    return secrets.randbits(62)
 
 
 class ChunkVector(models.Model):
@@ -45,9 +39,6 @@ class ChunkVector(models.Model):
     start = models.PositiveIntegerField()  # where in the bubble's text it starts and ends (characters)
     end = models.PositiveIntegerField()
     vector = models.BinaryField()
-    # Drawn anew for every row: SQLite gives a deleted row's id to the next one, and a process's copy of the
-    # vectors must not take the new row for the old (search.vectors).
-    nonce = models.BigIntegerField(default=_nonce)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["bubble", "model", "chunk"], name="chunk_vector_unique")]
@@ -58,13 +49,22 @@ class ChunkVector(models.Model):
 
 
 class VectorVersion(models.Model):
-    """Drawn anew in the transaction that writes an owner's vectors: a process's in-memory copy of them is
-    current while this has not changed (search.vectors). Random, not a count, so a version row made again
-    (a test's rolled-back transaction, an owner's id given again) never repeats an old one."""
+    """What has been written of an owner's vectors of one model, changed in the transaction that writes them
+    (whose lock on this row makes writers of one owner and model take turns). `version` is drawn anew each
+    time, so a row made again (a rolled-back test, an owner's id given again) never repeats an old one;
+    `inserted` counts every row inserted since the row was made (`epoch`). A process's in-memory copy is
+    current while `version` has not changed, and reads only the rows after its last one while the count adds
+    up (search.scoring_memory)."""
 
-    owner = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True,
-                                 related_name="+")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+",
+                              db_index=False)
+    model = models.CharField(max_length=200)
     version = models.BigIntegerField(default=0)
+    inserted = models.BigIntegerField(default=0)
+    epoch = models.BigIntegerField(default=0)  # drawn when the row is made, never changed
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "model"], name="vector_version_unique")]
 
     def __str__(self) -> str:
-        return f"vectors of user {self.owner_id}: version {self.version}"
+        return f"{self.model} vectors of user {self.owner_id}: version {self.version}"

@@ -3,8 +3,8 @@ without pgvector).
 
 Each process keeps an owner's vectors of one model as one float32 matrix and scores a query against all of them
 with one matrix product (100,000 chunks of 384 dimensions: 154 MB, milliseconds; `manage.py bench_retrieval`).
-The copy is current while the owner's `VectorVersion` has not changed; when it has, only the rows that came or
-went are read. Copies beyond ARBOR_VECTOR_CACHE_MB are dropped, least recently used first, and read again
+The copy is current while the owner's `VectorVersion` has not changed; when it has, only the rows written since
+are read (see `_load`). Copies beyond ARBOR_VECTOR_CACHE_MB are dropped, least recently used first, and read again
 when asked.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
-from search.models import ChunkVector
+from search.models import ChunkVector, VectorVersion
 
 _DTYPE = np.dtype("<f4")
 _LOAD_BATCH = 5000
@@ -26,72 +26,78 @@ _LOAD_BATCH = 5000
 
 @dataclass
 class _Matrix:
-    """One owner's vectors of one model, as loaded at `version`."""
+    """One owner's vectors of one model as read at `version`, when `inserted` rows had ever been written."""
 
     version: int
-    keys: list[tuple[int, int]]  # (chunk id, nonce) a row
+    epoch: int
+    inserted: int
+    last_id: int  # the highest row id read: rows written later have higher ones (see _load)
+    ids: np.ndarray  # chunk ids
     conversations: np.ndarray
-    vectors: np.ndarray  # len(keys) x dimensions
+    vectors: np.ndarray  # len(ids) x dimensions
 
     @property
     def nbytes(self) -> int:
-        return self.vectors.nbytes + self.conversations.nbytes + len(self.keys) * 100
+        return self.vectors.nbytes + self.ids.nbytes + self.conversations.nbytes
 
 
 _cache: OrderedDict[tuple[int, str], _Matrix] = OrderedDict()
 _lock = threading.Lock()
 
 
-def _version(owner_id: int) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT version FROM search_vectorversion WHERE owner_id = %s", [owner_id])
-        row = cursor.fetchone()
-    return row[0] if row else 0
-
-
-def _rows(keys: list[tuple[int, int]], dimensions: int | None) -> tuple[list[tuple[int, int]], list[int],
-                                                                         list[bytes]]:
-    """The rows' conversations and vectors (of `dimensions`; the first row's when None), in `keys`' order."""
-    found: dict[int, tuple[int, int, bytes]] = {}
-    for start in range(0, len(keys), _LOAD_BATCH):
-        batch = [pk for pk, _ in keys[start:start + _LOAD_BATCH]]
-        for pk, nonce, conversation, blob in ChunkVector.objects.filter(pk__in=batch).values_list(
-                "pk", "nonce", "conversation_id", "vector"):
-            found[pk] = (nonce, conversation, bytes(blob))
-    kept, conversations, blobs = [], [], []
-    for pk, nonce in keys:
-        row = found.get(pk)
-        if row is None or row[0] != nonce or not row[2]:
-            continue  # gone since the keys were read, or a text with no word (an empty vector)
-        dimensions = dimensions or len(row[2]) // _DTYPE.itemsize
-        if len(row[2]) == dimensions * _DTYPE.itemsize:
-            kept.append((pk, nonce))
-            conversations.append(row[1])
-            blobs.append(row[2])
-    return kept, conversations, blobs
+def _read(owner_id: int, model: str, after: int, dimensions: int | None) -> tuple[int, int, list, list, list]:
+    """(rows read, highest id, ids, conversations, vectors) of the owner's rows of `model` after id `after`;
+    rows with no vector, or of another size than `dimensions` (the first vector's when None), are not kept."""
+    count, last, ids, conversations, blobs = 0, after, [], [], []
+    rows = (ChunkVector.objects.filter(owner_id=owner_id, model=model, pk__gt=after).order_by("pk")
+            .values_list("pk", "conversation_id", "vector").iterator(chunk_size=_LOAD_BATCH))
+    for pk, conversation, blob in rows:
+        count, last, blob = count + 1, pk, bytes(blob)
+        dimensions = dimensions or len(blob) // _DTYPE.itemsize
+        if blob and len(blob) == dimensions * _DTYPE.itemsize:
+            ids.append(pk)
+            conversations.append(conversation)
+            blobs.append(blob)
+    return count, last, ids, conversations, blobs
 
 
 def _load(owner_id: int, model: str, cached: _Matrix | None) -> _Matrix:
-    """The owner's vectors now: the cached copy, less the rows gone and with the rows new since, or all anew."""
-    version = _version(owner_id)  # read before the rows: a write after it shows as a newer version next time
-    if cached is not None and cached.version == version:
-        return cached
-    present = set(ChunkVector.objects.filter(owner_id=owner_id, model=model).values_list("pk", "nonce")
-                  .iterator(chunk_size=_LOAD_BATCH))
-    if cached is not None and cached.keys:
-        keep = np.fromiter((key in present for key in cached.keys), dtype=bool, count=len(cached.keys))
-        known = set(cached.keys)
-        dimensions = cached.vectors.shape[1]
-    else:
-        keep, known, dimensions = None, set(), None
-    keys, conversations, blobs = _rows(sorted(present - known), dimensions)
-    dimensions = dimensions or (len(blobs[0]) // _DTYPE.itemsize if blobs else 0)
-    fresh = np.frombuffer(b"".join(blobs), dtype=_DTYPE).reshape(len(blobs), dimensions)
-    if keep is None:
-        return _Matrix(version, keys, np.asarray(conversations, dtype=np.int64), fresh)
-    return _Matrix(version, [key for key, kept in zip(cached.keys, keep, strict=True) if kept] + keys,
-                   np.concatenate([cached.conversations[keep], np.asarray(conversations, dtype=np.int64)]),
-                   np.concatenate([cached.vectors[keep], fresh]))
+    """The owner's vectors now: the cached copy, with the rows written since if that is all that changed, or
+    all of them read anew.
+
+    Writers of one owner's vectors take turns on the version row and take their ids after they have it, so
+    rows written since a copy was read have higher ids than any it read (PostgreSQL's sequence; SQLite's
+    max + 1). When the rows after the copy's last one are fewer than the count says were written since, ids
+    were given again (SQLite, after its highest rows were deleted) or new rows are gone already: read anew; so
+    too when the version row was made anew (its `epoch`).
+    Rows deleted from under a copy stay in it and are dropped by `vectors._live`; a reading anew forgets them.
+    """
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:  # the version and the rows as of one moment
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        version, epoch, inserted = VectorVersion.objects.filter(owner_id=owner_id, model=model).values_list(
+            "version", "epoch", "inserted").first() or (0, 0, 0)
+        if cached is not None and cached.version == version:
+            return cached
+        if cached is not None and cached.epoch == epoch:
+            dimensions = cached.vectors.shape[1] if len(cached.ids) else None
+            count, last, ids, conversations, blobs = _read(owner_id, model, cached.last_id, dimensions)
+            if cached.inserted + count == inserted:
+                fresh = _matrix_of(blobs, dimensions)
+                return _Matrix(version, epoch, inserted, last,
+                               np.concatenate([cached.ids, np.asarray(ids, dtype=np.int64)]),
+                               np.concatenate([cached.conversations, np.asarray(conversations, dtype=np.int64)]),
+                               np.concatenate([cached.vectors, fresh]) if len(cached.ids) else fresh)
+        _, last, ids, conversations, blobs = _read(owner_id, model, 0, None)
+        return _Matrix(version, epoch, inserted, last, np.asarray(ids, dtype=np.int64),
+                       np.asarray(conversations, dtype=np.int64), _matrix_of(blobs, None))
+
+
+def _matrix_of(blobs: list[bytes], dimensions: int | None) -> np.ndarray:
+    size = dimensions or (len(blobs[0]) // _DTYPE.itemsize if blobs else 0)
+    return np.frombuffer(b"".join(blobs), dtype=_DTYPE).reshape(len(blobs), size)
 
 
 def _matrix(owner_id: int, model: str) -> _Matrix:
@@ -115,7 +121,7 @@ def ranked(*, owner_id: int, model: str, target: np.ndarray, take: int,
            exclude_conversation: int | None) -> list[tuple[int, float]]:
     """The `take` chunks nearest to `target` (length 1), best first, as (chunk id, cosine similarity)."""
     matrix = _matrix(owner_id, model)
-    if not matrix.keys or matrix.vectors.shape[1] != len(target):
+    if not len(matrix.ids) or matrix.vectors.shape[1] != len(target):
         return []
     scores = matrix.vectors @ target
     if exclude_conversation is not None:
@@ -124,4 +130,4 @@ def ranked(*, owner_id: int, model: str, target: np.ndarray, take: int,
     best = np.argpartition(-scores, take - 1)[:take] if take < len(scores) else np.arange(len(scores))
     best = best[np.argsort(-scores[best], kind="stable")]
     best = best[np.isfinite(scores[best])]
-    return [(matrix.keys[i][0], float(scores[i])) for i in best.tolist()]
+    return [(int(matrix.ids[i]), float(scores[i])) for i in best.tolist()]

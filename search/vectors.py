@@ -40,22 +40,26 @@ def replace(*, bubble_ids: list[int], model: str, rows: list[ChunkVector]) -> No
     with transaction.atomic():
         # First: the version rows' locks make two workers embedding one owner's bubbles take turns, so the
         # second replaces the first's rows instead of colliding with them.
-        bump(sorted({row.owner_id for row in rows}))
+        owners: dict[int, int] = {}
+        for row in rows:
+            owners[row.owner_id] = owners.get(row.owner_id, 0) + 1
+        bump(model, owners)
         ChunkVector.objects.filter(bubble_id__in=bubble_ids, model=model).delete()
         ChunkVector.objects.bulk_create(rows, batch_size=1000)
         if pgvector:
             scoring_pgvector.write(rows)
 
 
-def bump(owner_ids: list[int]) -> None:
-    """Move the owners' versions (inside the transaction that wrote their vectors)."""
-    if not owner_ids:
-        return
+def bump(model: str, inserted: dict[int, int]) -> None:
+    """Change the owners' versions of `model` and count the rows inserted for each (inside the transaction
+    that writes them, before it writes: its lock on the version row orders the writers)."""
     with connection.cursor() as cursor:
         cursor.executemany(
-            "INSERT INTO search_vectorversion (owner_id, version) VALUES (%s, %s) "
-            "ON CONFLICT (owner_id) DO UPDATE SET version = EXCLUDED.version",
-            [[owner, secrets.randbits(62)] for owner in owner_ids])
+            "INSERT INTO search_vectorversion (owner_id, model, version, inserted, epoch) VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT (owner_id, model) DO UPDATE SET version = EXCLUDED.version, "
+            "inserted = search_vectorversion.inserted + EXCLUDED.inserted",
+            [[owner, model, secrets.randbits(62), count, secrets.randbits(62)]
+             for owner, count in sorted(inserted.items())])
 
 
 def backend() -> str:

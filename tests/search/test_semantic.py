@@ -190,8 +190,16 @@ def test_a_process_copy_follows_new_and_reused_rows(user):
     b = _conversation(user, "B", "Migrate the billing database")
     worker.run_due()
     assert any(h.conversation == b.pk for h in similar_bubbles(user=user, query="billing database migration"))
+    gone = set(ChunkVector.objects.filter(conversation=b).values_list("pk", flat=True))
     ChunkVector.objects.filter(conversation=b).delete()  # no version change: the copy still has them
     assert not any(h.conversation == b.pk for h in similar_bubbles(user=user, query="billing database migration"))
+    c = _conversation(user, "C", "Plan the office party in June")
+    worker.run_due()
+    # On SQLite the new rows take the deleted rows' ids (max + 1): the copy must not keep the old vectors for them.
+    reused = gone & set(ChunkVector.objects.filter(conversation=c).values_list("pk", flat=True))
+    found = similar_bubbles(user=user, query="office party in June")
+    assert found and found[0].conversation == c.pk, (reused, found)
+    assert not any(h.conversation == c.pk for h in similar_bubbles(user=user, query="billing database migration"))
 
 
 def test_hybrid_retrieval_finds_a_paraphrase_full_text_misses_and_keeps_word_hits(user):
