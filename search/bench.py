@@ -24,14 +24,16 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import connection, transaction
 
 from conversations import items as it
-from conversations import services
+from conversations import llm, services
 from conversations.models import Bubble, Conversation, Node
-from search import embedding, retrieval, vectors
+from search import embedding, retrieval, scoring_memory, scoring_pgvector, vectors
 from search.index import index_bubbles, unindexed_bubbles
 from search.models import ChunkVector
 
@@ -134,13 +136,18 @@ class Command(BaseCommand):
     def handle(self, *args, facts: int, distractors: int, sizes: str, queries: int, repeat: int, keep: bool,
                **options):
         rng = random.Random(18)
+        settings.ARBOR_EMBEDDING_MODEL = "arbor/echo-embed"  # the figures are this model's, whatever is set
         user, _ = get_user_model().objects.get_or_create(username=USERNAME)
         self._clear(user)
         self.stdout.write(f"database: {connection.vendor}; vector scoring: {vectors.backend()}; "
                           f"embedding model: arbor/echo-embed")
         pairs = _facts(rng, facts)
         texts = [stored for stored, _ in pairs] + _distractors(rng, distractors)
-        targets = self._build(user, texts, rng, total_chunks=0)[: len(pairs)]
+        order = list(range(len(texts)))
+        rng.shuffle(order)  # facts and distractors interleaved: no ranking's tie-break (newest first) favours either
+        built = self._build(user, [texts[n] for n in order], rng, total_chunks=0)
+        bubble_of = {n: bubble for n, bubble in zip(order, built, strict=True)}
+        targets = [bubble_of[n] for n in range(len(pairs))]
         questions = [asked for _, asked in pairs]
         try:
             for size in (int(s) for s in sizes.split(",")):
@@ -149,6 +156,9 @@ class Command(BaseCommand):
                     self._build(user, [_background(rng) for _ in range(size - have)], rng, total_chunks=size)
                 self._recall(user, questions, targets, size)
                 self._latency(user, questions[:queries], repeat, size)
+                self._after_a_write(user, questions[:queries], size)
+                if scoring_pgvector.in_use():
+                    self._scorers(user, questions[:queries], repeat, size)
         finally:
             if not keep:
                 self._clear(user)
@@ -232,3 +242,44 @@ class Command(BaseCommand):
         for name, taken in samples.items():
             self.stdout.write(f"latency at {size} chunks, {name}: median {_ms(statistics.median(taken))}  "
                               f"p95 {_ms(_p95(taken))}  ({len(taken)} queries, {repeat} rounds, interleaved)")
+
+    def _after_a_write(self, user, questions: list[str], size: int) -> None:
+        """Hybrid retrieval right after a turn of the same person was embedded (the copy reads the new rows)."""
+        samples = []
+        conversation = Conversation.objects.filter(owner=user).order_by("pk").first()
+        for n, question in enumerate(questions):
+            node = Node.objects.create(conversation=conversation, kind="turn", status="succeeded",
+                                       sent=[it.user(question)], received=[it.text("Noted.")], provider="arbor",
+                                       model="arbor/echo")
+            bubble = Bubble.objects.create(conversation=conversation, node=node, role="user", content=f"{n} {question}")
+            embedding.embed_bubbles([(bubble.pk, bubble.content, conversation.pk, user.pk)], "arbor/echo-embed")
+            began = time.perf_counter()
+            retrieval.hybrid_hits(user=user, question=question, limit=5)
+            samples.append(time.perf_counter() - began)
+        self.stdout.write(f"latency at {size} chunks, hybrid right after a write of the same person's vectors: "
+                          f"median {_ms(statistics.median(samples))}  p95 {_ms(_p95(samples))}  "
+                          f"({len(samples)} queries)")
+
+    def _scorers(self, user, questions: list[str], repeat: int, size: int) -> None:
+        """pgvector's HNSW against exact scoring in memory, on the same rows: time (interleaved, rotated) and how
+        many of the exact top 20 the index finds."""
+        model = settings.ARBOR_EMBEDDING_MODEL
+        targets = [np.frombuffer(vectors.to_bytes(v), dtype="<f4") for v in llm.embed(model, questions)]
+        scorers = [("pgvector HNSW", scoring_pgvector.ranked), ("exact in memory", scoring_memory.ranked)]
+        samples: dict[str, list[float]] = {name: [] for name, _ in scorers}
+        overlap = []
+        for round_ in range(repeat):
+            for n, target in enumerate(targets):
+                found = {}
+                for name, ranked in (scorers[(n + round_) % 2:] + scorers[:(n + round_) % 2]):
+                    began = time.perf_counter()
+                    found[name] = ranked(owner_id=user.pk, model=model, target=target, take=20,
+                                         exclude_conversation=None)
+                    samples[name].append(time.perf_counter() - began)
+                exact = {pk for pk, _ in found["exact in memory"]}
+                overlap.append(len(exact & {pk for pk, _ in found["pgvector HNSW"]}) / max(1, len(exact)))
+        for name, taken in samples.items():
+            self.stdout.write(f"scorer at {size} chunks, {name} (top 20): median {_ms(statistics.median(taken))}  "
+                              f"p95 {_ms(_p95(taken))}")
+        self.stdout.write(f"pgvector HNSW finds {statistics.mean(overlap):.3f} of the exact top 20 "
+                          f"(ef_search {scoring_pgvector.EF_SEARCH})")

@@ -7,8 +7,7 @@ snippets, so a common word costs one ranking pass, not a headline per match.
 A person's words match as prefixes ("sal" finds "sales", issue 16) from MIN_PREFIX characters on; word forms come
 from the database's stemming where it has one (SQLite's index uses the Porter stemmer, English; PostgreSQL's
 ARBOR_SEARCH_CONFIG, e.g. `english`; the default `simple` keeps every language's words as they are). Retrieval
-(`match_any`, any word of a whole question) matches whole words: a prefix of every word of a question finds
-too much.
+(`match_any`, any word of a whole question) matches a long word by its first letters (`_term`).
 """
 
 from __future__ import annotations
@@ -55,18 +54,29 @@ def _terms(text: str) -> list[str]:
     return re.findall(r"\w+", text.lower())[:MAX_TERMS]
 
 
-def _prefix(term: str, *, match_any: bool) -> bool:
-    return not match_any and len(term) >= MIN_PREFIX
+TRUNCATE = 5  # retrieval's words longer than this match by their first TRUNCATE letters
+
+
+def _term(term: str, *, match_any: bool) -> tuple[str, bool]:
+    """The word as the index is asked for it, and whether as a prefix. A person's words are prefixes from
+    MIN_PREFIX letters. A question's words (`match_any`) are cut to their first TRUNCATE letters when longer:
+    n-letter truncation, a stemmer for any language with spaces (Mayfield and McNamee, SIGIR 2003), so
+    "cancellation" finds "cancelling" whatever ARBOR_SEARCH_CONFIG stems or not."""
+    if match_any:
+        return (term[:TRUNCATE], True) if len(term) > TRUNCATE else (term, False)
+    return term, len(term) >= MIN_PREFIX
 
 
 def _fts5_query(terms: list[str], *, match_any: bool) -> str:
     """Each word as a quoted FTS5 string (a prefix query with `*`)."""
-    return (" OR " if match_any else " ").join(f'"{t}"' + "*" * _prefix(t, match_any=match_any) for t in terms)
+    quoted = [f'"{t}"' + "*" * prefix for t, prefix in (_term(t, match_any=match_any) for t in terms)]
+    return (" OR " if match_any else " ").join(quoted)
 
 
 def _tsquery(terms: list[str], *, match_any: bool) -> str:
     """to_tsquery input: each word quoted as a lexeme (`:*` a prefix), joined by & (all) or | (any)."""
-    return (" | " if match_any else " & ").join(f"'{t}'" + ":*" * _prefix(t, match_any=match_any) for t in terms)
+    quoted = [f"'{t}'" + ":*" * prefix for t, prefix in (_term(t, match_any=match_any) for t in terms)]
+    return (" | " if match_any else " & ").join(quoted)
 
 
 _POSTGRES_RANKED = """

@@ -1,11 +1,12 @@
 """Hybrid retrieval (R2, issue 18): the hits the turn runner attaches to a question, from the owner's other
 conversations, every branch. Registered with `conversations.retrieval` when the app is ready.
 
-Two rankings are fused: full-text (any of the question's words) and the embedding model's nearest chunks (at
-least ARBOR_RETRIEVAL_MIN_SIMILARITY), by relative score fusion: each ranking's scores scaled to 0..1 between
-its worst and best hit, weighted (vectors VECTOR_WEIGHT, words the rest) and added up per bubble. A bubble
-found by both rises; one found by either still counts. Chosen by `manage.py bench_retrieval` over reciprocal
-rank fusion, whose 1 / (60 + rank) barely tells a first hit from a twelfth (the README has the figures).
+Two rankings give the candidates: full-text (any of the question's words) and the embedding model's nearest
+chunks (at least ARBOR_RETRIEVAL_MIN_SIMILARITY). Every candidate is then scored by both signals, its words' rank
+(0 when no word matched) and its cosine similarity, each scaled to 0..1 over the candidates, weighted (vectors
+VECTOR_WEIGHT) and added up: relative score fusion over the union, so words decide between texts equally near
+and meaning decides between texts that match the same words (PostgreSQL's ts_rank has no IDF: its ties are
+many). Chosen by `manage.py bench_retrieval` over reciprocal rank fusion (the README has the figures).
 When the embedding call fails (the provider is down) the question goes with the full-text hits alone:
 retrieval never stops a question.
 """
@@ -16,16 +17,20 @@ import logging
 import re
 from collections.abc import Sequence
 
+from django.conf import settings
+
 from conversations.models import Conversation
 from conversations.retrieval import Hit
 from search import query as words
-from search.similar import nearest_bubbles
+from search.similar import nearest_bubbles, query_vector
+from search.vectors import similarities
 
 QUERY_WORDS = 30  # the question's first distinct words make the query: a long question stays one cheap search
 CANDIDATES = 20  # from each ranking, before fusion
 # A question waits for its retrieval: an embedding provider that hangs costs it this much at most, then words.
 EMBEDDING_TIMEOUT_SECONDS = 3.0
-# Of the fused score; the words' is the rest. bench_retrieval's recall@5 is flat from 0.65 to 0.8 (three seeds).
+# Of the fused score; the words' is the rest. bench_retrieval's recall@5 is flat from 0.6 to 0.8 (two seeds,
+# PostgreSQL and SQLite).
 VECTOR_WEIGHT = 0.7
 
 logger = logging.getLogger("arbor.retrieval")
@@ -53,36 +58,50 @@ def word_hits(*, user, question: str, limit: int, exclude_conversation: int | No
 
 
 def vector_hits(*, user, question: str, limit: int, exclude_conversation: int | None) -> list[words.Hit]:
-    return nearest_bubbles(user=user, text=question, limit=limit, exclude_conversation=exclude_conversation,
-                           shown=False, timeout=EMBEDDING_TIMEOUT_SECONDS)
+    vector = query_vector(question, timeout=EMBEDDING_TIMEOUT_SECONDS)
+    return nearest_bubbles(user=user, vector=vector, limit=limit, exclude_conversation=exclude_conversation,
+                           shown=False) if vector else []
 
 
-def fuse(rankings: Sequence[tuple[Sequence[words.Hit], float]]) -> list[words.Hit]:
-    """Relative score fusion of (hits, weight) rankings: a bubble's score is the sum over the rankings of weight
-    times its score scaled to 0..1 between the ranking's lowest and highest (1 when they are equal)."""
-    scores: dict[int, float] = {}
-    first: dict[int, words.Hit] = {}
-    for hits, weight in rankings:
-        if not hits:
-            continue
-        low, high = min(h.rank for h in hits), max(h.rank for h in hits)
-        for hit in hits:
-            scaled = (hit.rank - low) / (high - low) if high > low else 1.0
-            scores[hit.bubble] = scores.get(hit.bubble, 0.0) + weight * scaled
-            first.setdefault(hit.bubble, hit)
-    return [first[bubble] for bubble in sorted(scores, key=lambda b: (-scores[b], -b))]
+def _scaled(values: dict[int, float], keys: Sequence[int], missing: float) -> dict[int, float]:
+    """Each key's value scaled to 0..1 between the lowest and highest over `keys` (all 1 when they are equal)."""
+    full = {key: values.get(key, missing) for key in keys}
+    low, high = min(full.values()), max(full.values())
+    return {key: (value - low) / (high - low) if high > low else 1.0 for key, value in full.items()}
+
+
+def fuse(found_by_words: Sequence[words.Hit], found_by_vectors: Sequence[words.Hit],
+         closeness: dict[int, float]) -> list[words.Hit]:
+    """Relative score fusion over every candidate of either ranking, each scored by both signals: its words'
+    rank (0 for a candidate no word matched) and its cosine similarity (`closeness` has it for the candidates
+    only the words found), each scaled to 0..1 over the candidates, weighted and added up."""
+    candidates = {hit.bubble: hit for hit in [*found_by_words, *found_by_vectors]}  # a vector hit's chunk wins
+    order = list(candidates)
+    if not order:
+        return []
+    text = _scaled({hit.bubble: hit.rank for hit in found_by_words}, order, missing=0.0)
+    cosine = {**closeness, **{hit.bubble: hit.rank for hit in found_by_vectors}}
+    meaning = _scaled(cosine, order, missing=min(cosine.values(), default=0.0))
+    score = {key: VECTOR_WEIGHT * meaning[key] + (1.0 - VECTOR_WEIGHT) * text[key] for key in order}
+    return [candidates[key] for key in sorted(order, key=lambda key: (-score[key], -key))]
 
 
 def hybrid_hits(*, user, question: str, limit: int, exclude_conversation: int | None = None) -> list[words.Hit]:
     """Full-text and vector hits fused; the full-text ones alone when the embedding call fails."""
-    found = [(word_hits(user=user, question=question, limit=CANDIDATES, exclude_conversation=exclude_conversation),
-              1.0 - VECTOR_WEIGHT)]
+    found_by_words = word_hits(user=user, question=question, limit=CANDIDATES,
+                               exclude_conversation=exclude_conversation)
     try:
-        found.append((vector_hits(user=user, question=question, limit=CANDIDATES,
-                                  exclude_conversation=exclude_conversation), VECTOR_WEIGHT))
+        vector = query_vector(question, timeout=EMBEDDING_TIMEOUT_SECONDS)
+        if vector is None:
+            return found_by_words[:limit]
+        found_by_vectors = nearest_bubbles(user=user, vector=vector, limit=CANDIDATES, shown=False,
+                                           exclude_conversation=exclude_conversation)
+        closeness = similarities(owner_id=user.pk, model=settings.ARBOR_EMBEDDING_MODEL, query=vector,
+                                 bubble_ids=[hit.bubble for hit in found_by_words])
     except Exception as error:  # the embedding provider is down or refused: words still find something
         logger.warning("vector retrieval failed, full-text only: %r", error)
-    return fuse(found)[:limit]
+        return found_by_words[:limit]
+    return fuse(found_by_words, found_by_vectors, closeness)[:limit]
 
 
 def find_hits(conversation: Conversation, question: str, limit: int) -> list[Hit]:

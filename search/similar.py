@@ -19,23 +19,28 @@ from search.vectors import nearest
 def similar_bubbles(*, user, query: str, limit: int = 20) -> list[Hit]:
     """What the search page and API show for a person's query (checked like a word search)."""
     check_query(query)
-    return nearest_bubbles(user=user, text=query, limit=limit)
+    vector = query_vector(query)
+    return nearest_bubbles(user=user, vector=vector, limit=limit) if vector else []
 
 
-def nearest_bubbles(*, user, text: str, limit: int, min_similarity: float | None = None,
-                    exclude_conversation: int | None = None, shown: bool = True,
-                    timeout: float | None = None) -> list[Hit]:
-    """The bubbles nearest to `text` (its first CHUNK_CHARS characters), best first, `rank` the cosine
-    similarity, at least `min_similarity` (ARBOR_RETRIEVAL_MIN_SIMILARITY by default). Raises `llm.LLMError` when
-    the embedding call fails; finds nothing when no embedding model is set. Hits not `shown` to a person get no
-    branch mark (a query a conversation)."""
+def query_vector(text: str, *, timeout: float | None = None) -> list[float] | None:
+    """The embedding model's vector of `text` (its first CHUNK_CHARS characters); None when no embedding model
+    is set or there is no text. Raises `llm.LLMError` when the embedding call fails."""
     model = settings.ARBOR_EMBEDDING_MODEL
     if not model or not text.strip():
-        return []
+        return None
     (vector,) = llm.embed(model, [text[:CHUNK_CHARS]], timeout=timeout)
+    return vector
+
+
+def nearest_bubbles(*, user, vector: list[float], limit: int, min_similarity: float | None = None,
+                    exclude_conversation: int | None = None, shown: bool = True) -> list[Hit]:
+    """The bubbles nearest to `vector`, best first, `rank` the cosine similarity, at least `min_similarity`
+    (ARBOR_RETRIEVAL_MIN_SIMILARITY by default). Hits not `shown` to a person get no branch mark (a query a
+    conversation)."""
     floor = settings.ARBOR_RETRIEVAL_MIN_SIMILARITY if min_similarity is None else min_similarity
-    found = nearest(owner_id=user.pk, model=model, query=vector, limit=limit, min_similarity=floor,
-                    exclude_conversation=exclude_conversation)
+    found = nearest(owner_id=user.pk, model=settings.ARBOR_EMBEDDING_MODEL, query=vector, limit=limit,
+                    min_similarity=floor, exclude_conversation=exclude_conversation)
     on_path = current_paths({near.conversation for near in found}) if shown else {}
     return [Hit(bubble=near.bubble, node=near.node, role=near.role, conversation=near.conversation,
                 conversation_title=near.conversation_title, rank=near.similarity,

@@ -105,6 +105,19 @@ def nearest(*, owner_id: int, model: str, query: list[float], limit: int, min_si
         wanted *= 4  # many of the nearest were gone (deleted since a copy was read) or of one bubble
 
 
+def similarities(*, owner_id: int, model: str, query: list[float], bubble_ids: list[int]) -> dict[int, float]:
+    """Each of these bubbles' cosine similarity to `query` (its best chunk's), for those the owner has vectors of
+    (read from the database: a handful of rows, whichever scorer is in use)."""
+    target = np.frombuffer(to_bytes(query), dtype=_DTYPE)
+    best: dict[int, float] = {}
+    rows = ChunkVector.objects.filter(bubble_id__in=bubble_ids, owner_id=owner_id, model=model)
+    for bubble, blob in rows.values_list("bubble_id", "vector"):
+        vector = np.frombuffer(bytes(blob), dtype=_DTYPE)
+        if len(vector) == len(target):
+            best[bubble] = max(best.get(bubble, -1.0), float(vector @ target))
+    return best
+
+
 def _live(owner_id: int, chunk_ids: list[int], scores: list[float], limit: int) -> list[Near]:
     """The chunks, best first, whose bubble is still shown in the owner's conversation; one a bubble."""
     rows = {row["pk"]: row for row in ChunkVector.objects.filter(

@@ -166,7 +166,7 @@ class Command(BaseCommand):
         elapsed = time.perf_counter() - started
         titled = Conversation.objects.filter(pk__in=[c.pk for c in fresh]).exclude(title="").count()
         self.stdout.write(f"== Worker: {jobs} committed turns: {stats.total} jobs "
-                          "(index 4 bubbles; one arbor/echo title call)")
+                          "(index and embed 4 bubbles; one arbor/echo title call)")
         self.stdout.write(f"worker {stats.done / elapsed:.1f} jobs/s  ({stats.done} done, {stats.retried} retried, "
                           f"{stats.failed} failed, {titled} titled, {elapsed:.2f} s, one worker process)")
 

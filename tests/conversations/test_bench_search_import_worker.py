@@ -16,8 +16,8 @@ pytestmark = pytest.mark.bench
 def test_it_prints_search_worker_and_import_figures():
     output = command_output("bench_search_import_worker", "--bubbles", "400", "--queries", "8", "--jobs", "5",
                             "--import-nodes", "60", "--allow-sqlite")
-    for line in ("== Search over 400 bubbles", "search median", "p95", "== Worker: 5 committed turns: 10 jobs",
-                 "jobs/s  (10 done, 0 retried, 0 failed, 5 titled", "== Import of a 60-node export", "nodes/s"):
+    for line in ("== Search over 400 bubbles", "search median", "p95", "== Worker: 5 committed turns: 15 jobs",
+                 "jobs/s  (15 done, 0 retried, 0 failed, 5 titled", "== Import of a 60-node export", "nodes/s"):
         assert line in output, line
     assert Conversation.objects.filter(title="bench7:import-source").count() == 2, "the source and its import"
     assert Node.objects.filter(conversation__title="bench7:import-source").count() == 120

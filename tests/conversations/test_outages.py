@@ -463,8 +463,8 @@ def test_issue_12_a_worker_killed_mid_job_loses_no_job_and_does_none_twice(user,
     ask(conversation, "hello from before the crash")
     services.conversation_update(conversation=conversation, model="openai/stub-model")  # the title call's model
     jobs = OutboxJob.objects.filter(payload__conversation=conversation.pk)
-    assert sorted(jobs.values_list("kind", "status")) == [("index", "pending"), ("recount", "pending"),
-                                                          ("title", "pending")]
+    assert sorted(jobs.values_list("kind", "status")) == [("embed", "pending"), ("index", "pending"),
+                                                          ("recount", "pending"), ("title", "pending")]
     stub.script(Reply.hang(60, then=Reply.text("Too late")), Reply.text("Kept after the crash"))
     env = _django_env(_database_url(), ARBOR_WORKER_LEASE_SECONDS=str(WORKER_LEASE_SECONDS),
                       ARBOR_MODELS="arbor/echo,openai/stub-model", ARBOR_API_BASE=stub.base_url,

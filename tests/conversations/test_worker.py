@@ -24,11 +24,12 @@ def test_r4_a_committed_turn_queues_one_job_per_kind_the_worker_runs_once(conver
     ask(conversation, "hello there")
     queued = OutboxJob.objects.order_by("kind")
     assert [(j.kind, j.status, j.payload["conversation"]) for j in queued] == [
-        ("index", "pending", conversation.pk), ("title", "pending", conversation.pk)]
+        ("embed", "pending", conversation.pk), ("index", "pending", conversation.pk),
+        ("title", "pending", conversation.pk)]
     assert not BubbleDocument.objects.exists(), "nothing is indexed inside the turn itself"
     stats = worker.run_due()
-    assert (stats.done, stats.retried, stats.failed) == (2, 0, 0)
-    assert [(j.status, j.attempts) for j in queued.all()] == [("done", 1), ("done", 1)]
+    assert (stats.done, stats.retried, stats.failed) == (3, 0, 0)
+    assert [(j.status, j.attempts) for j in queued.all()] == [("done", 1), ("done", 1), ("done", 1)]
     assert BubbleDocument.objects.count() == 2, "the question and the answer"
     assert worker.run_due().total == 0, "a done job does not run again"
 
@@ -102,7 +103,7 @@ def test_r4_failures_are_retried_with_backoff_then_kept_as_failed(settings, monk
 def test_the_worker_command_runs_what_is_due(conversation, capsys):
     ask(conversation, "hello")
     call_command("arbor_worker", "--once")
-    assert "done 2, retried 0, failed 0" in capsys.readouterr().out
+    assert "done 3, retried 0, failed 0" in capsys.readouterr().out
     assert set(OutboxJob.objects.values_list("status", flat=True)) == {"done"}
 
 

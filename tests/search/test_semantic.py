@@ -203,7 +203,8 @@ def test_a_process_copy_follows_new_and_reused_rows(user):
 
 
 def test_hybrid_retrieval_finds_a_paraphrase_full_text_misses_and_keeps_word_hits(user):
-    notes = _conversation(user, "Account notes", "Cancellng a subscripton takes effect next month")
+    # Misspelt where full-text looks (a long word's first five letters), close where vectors look (trigrams).
+    notes = _conversation(user, "Account notes", "Kancelling a zubscription takes effect next month")
     words_only = _conversation(user, "Pricing", "Team subscription prices rise in May")
     worker.run_due()
     question = "How do I cancel my subscription?"
@@ -215,6 +216,7 @@ def test_hybrid_retrieval_finds_a_paraphrase_full_text_misses_and_keeps_word_hit
                                               exclude_conversation=None)} == {words_only.pk}
     fused = hybrid_hits(user=user, question=question, limit=5)
     assert {notes.pk, words_only.pk} <= {h.conversation for h in fused}, "each ranking's hit is kept"
+    assert hybrid_hits(user=user, question="zebra giraffe", limit=5) == [], "nothing near, no word: nothing"
 
 
 def test_r2_a_question_gets_a_paraphrase_as_an_ephemeral_item(user):
