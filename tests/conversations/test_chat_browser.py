@@ -17,7 +17,9 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as ec
 
 from conversations import services
+from conversations.jobs import worker
 from conversations.models import Node, ToolApproval
+from conversations.turns.start import turn_ask
 from tests.support.browser import WAIT, screenshot, sign_in, wait
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
@@ -226,7 +228,8 @@ def test_palette_jumps_to_a_conversation_and_the_page_works_at_phone_width(brows
     search.send_keys("quarterly")
     options = browser.find_elements(By.CSS_SELECTOR, "#palette-list li[role=option]")
     labels = [o.text.rsplit(" ", 1)[0] for o in options]
-    assert labels == ["Quarterly sales", "Search messages for “quarterly”"], "a match, then search in messages"
+    assert labels == ["Quarterly sales", "Search messages for “quarterly”", "Similar messages to “quarterly”"], \
+        "a match, then search in messages: words, then meaning"
     screenshot(browser, "chat-palette")
     search.send_keys(Keys.ENTER)
     wait(browser).until(ec.url_contains(f"/chat/{other.pk}/"))
@@ -241,6 +244,29 @@ def test_palette_jumps_to_a_conversation_and_the_page_works_at_phone_width(brows
     assert browser.find_element(By.ID, "sidebar").is_displayed()
     assert toggle.get_attribute("aria-expanded") == "true"
     screenshot(browser, "chat-phone-menu")
+
+
+def test_issue_18_the_palette_finds_similar_messages_the_words_miss(browser, asgi_server, user, conversation):
+    """Ctrl-K, "Similar messages to …": the search page opens at its similar messages, which list a misspelt
+    paraphrase no word matches (arbor/echo-embed, embedded by the worker)."""
+    notes = services.conversation_create(owner=user, title="Account notes")
+    turn_ask(user=user, conversation_id=notes.pk, content="Kancelling a zubscription takes effect next month").run()
+    worker.run_due()
+    sign_in(browser, asgi_server, user)
+    _open(browser, asgi_server, conversation)
+    browser.find_element(By.TAG_NAME, "body").send_keys(Keys.CONTROL, "k")
+    search = wait(browser).until(ec.visibility_of_element_located((By.ID, "palette-input")))
+    search.send_keys("cancel subscription")
+    search.send_keys(Keys.ARROW_DOWN)  # no title or command matches: past "Search messages for …"
+    active = browser.find_element(By.CSS_SELECTOR, "#palette-list li[aria-selected=true]")
+    assert active.text.startswith("Similar messages to “cancel subscription”"), active.text
+    search.send_keys(Keys.ENTER)
+    wait(browser).until(ec.url_contains("#similar"))
+    words = browser.find_element(By.ID, "word-matches").text
+    similar = browser.find_element(By.ID, "similar-messages")
+    assert "No message has these words." in words
+    assert "Kancelling a zubscription takes effect" in similar.text and "Account notes" in similar.text
+    screenshot(browser, "search-similar")
 
 
 def _streaming_text(browser) -> str | None:
