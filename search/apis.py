@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from django.conf import settings
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -9,7 +10,7 @@ from rest_framework.views import APIView
 from config.errors import ArborError, BadInput
 from conversations.llm import LLMError
 from search.query import MAX_QUERY_CHARS, search_bubbles
-from search.similar import similar_bubbles
+from search.similar import QUERY_TIMEOUT_SECONDS, similar_bubbles
 
 # What search_bubbles reads: no control character, and something besides white space (str.isspace()).
 QUERY_PATTERN = ("^[^\\x00-\\x1f]*[^\\x00-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
@@ -41,9 +42,13 @@ class Search(APIView):
                                OpenApiParameter("mode", {"type": "string", "enum": list(MODES), "default": "words"},
                                                 description="words: full-text matches; similar: messages nearest "
                                                             "in meaning (the embedding model's vectors)")],
-                   responses=SearchOut,
+                   responses={200: SearchOut,
+                              400: OpenApiResponse(description="bad_input: an empty, too long or unknown `q` or "
+                                                               "`mode`"),
+                              503: OpenApiResponse(description="embedding_unavailable (mode=similar): the embedding "
+                                                               "model failed, or none is set")},
                    description="Search over the caller's own conversations, every branch: word matches, or "
-                               "similar messages. 503 when the embedding model fails (similar only).")
+                               "similar messages.")
     def get(self, request: Request) -> Response:
         mode = request.query_params.get("mode", "words")
         if mode not in MODES:
@@ -52,8 +57,11 @@ class Search(APIView):
         if mode == "words":
             hits = search_bubbles(user=request.user, query=query)
         else:
+            if not settings.ARBOR_EMBEDDING_MODEL:
+                raise ArborError("no embedding model is set (ARBOR_EMBEDDING_MODEL): only word matches are found",
+                                 code="embedding_unavailable", status=503)
             try:
-                hits = similar_bubbles(user=request.user, query=query)
+                hits = similar_bubbles(user=request.user, query=query, timeout=QUERY_TIMEOUT_SECONDS)
             except LLMError as error:
                 raise ArborError(f"the embedding model failed: {error.message}", code="embedding_unavailable",
                                  status=503) from error

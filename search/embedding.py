@@ -10,6 +10,8 @@ vectors of other models, which nothing compares any more, and those of bubbles a
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from django.conf import settings
@@ -23,7 +25,13 @@ from search.models import ChunkVector
 from search.vectors import replace, to_bytes
 
 BACKFILL_BUBBLES = 512  # a sweep's share of work before the worker looks at its queue again
-JOB_BUBBLES = 1024  # a job's share: a big import goes on in a follow-up job, well inside the worker's lease
+BATCH_PIECES_FACTOR = 4  # a unit of work: bubbles until their pieces fill this many embedding calls
+# A job's share of time: a big import goes on in a follow-up job, well inside the worker's lease.
+JOB_SECONDS_SHARE_OF_LEASE = 0.2
+
+logger = logging.getLogger("arbor.embedding")
+
+Work = list[tuple[int, str, int, int]]  # (bubble id, text, conversation id, owner id)
 
 
 def _unembedded(model: str):
@@ -31,36 +39,85 @@ def _unembedded(model: str):
     return Bubble.objects.filter(role__in=INDEXED_ROLES, conversation__isnull=False).exclude(Exists(embedded))
 
 
-def embed_bubbles(bubbles: list[tuple[int, str, int, int]], model: str) -> int:
-    """Embed (bubble id, text, conversation id, owner id) tuples with `model`; return how many chunks."""
-    pieces = [(bubble, n, start, end, text[start:end])
-              for bubble, text, _, _ in bubbles for n, (start, end) in enumerate(chunk_spans(text))]
+def _pieces(bubbles: Work) -> list[tuple[int, int, int, int, str]]:
+    return [(bubble, n, start, end, text[start:end])
+            for bubble, text, _, _ in bubbles for n, (start, end) in enumerate(chunk_spans(text))]
+
+
+def _vectors(model: str, texts: list[str]) -> list[list[float]]:
     vectors: list[list[float]] = []
-    for first in range(0, len(pieces), settings.ARBOR_EMBEDDING_BATCH):
-        vectors += llm.embed(model, [p[4] for p in pieces[first:first + settings.ARBOR_EMBEDDING_BATCH]])
+    for first in range(0, len(texts), settings.ARBOR_EMBEDDING_BATCH):
+        vectors += llm.embed(model, texts[first:first + settings.ARBOR_EMBEDDING_BATCH])
+    return vectors
+
+
+def embed_bubbles(bubbles: Work, model: str) -> int:
+    """Embed the bubbles with `model` and store their vectors; return how many pieces were embedded.
+
+    When the call for all of them fails, each bubble is tried alone: one the provider refuses while it takes the
+    others (a text it will never take) is stored with no vector and a warning, so it blocks nothing behind it.
+    When every one fails, the provider is down: the error goes to the caller (the worker retries).
+    """
+    pieces = _pieces(bubbles)
+    try:
+        vectors = _vectors(model, [p[4] for p in pieces])
+    except llm.LLMError:
+        if len(bubbles) == 1:
+            raise
+        return _embed_one_by_one(bubbles, model)
     where = {bubble: (conversation, owner) for bubble, _, conversation, owner in bubbles}
     rows = [ChunkVector(bubble_id=bubble, conversation_id=where[bubble][0], owner_id=where[bubble][1], model=model,
                         chunk=n, start=start, end=end, vector=to_bytes(vector))
             for (bubble, n, start, end, _), vector in zip(pieces, vectors, strict=True)]
-    # A text with no word to embed still gets a row, empty, so it is not looked at again.
-    rows += [ChunkVector(bubble_id=bubble, conversation_id=conversation, owner_id=owner, model=model, chunk=0,
-                         start=0, end=0, vector=b"")
+    # A bubble with no text to embed (white space only) still gets a row, empty, so it is not looked at again.
+    rows += [_empty(bubble, conversation, owner, model)
              for bubble, text, conversation, owner in bubbles if not chunk_spans(text)]
     replace(bubble_ids=list(where), model=model, rows=rows)
     return len(pieces)
 
 
-def _batch(bubbles) -> list[tuple[int, str, int, int]]:
-    return list(bubbles.order_by("id").values_list("id", "content", "conversation_id", "conversation__owner_id")
-                [:settings.ARBOR_EMBEDDING_BATCH])
+def _empty(bubble: int, conversation: int, owner: int, model: str) -> ChunkVector:
+    return ChunkVector(bubble_id=bubble, conversation_id=conversation, owner_id=owner, model=model, chunk=0, start=0,
+                       end=0, vector=b"")
 
 
-def embed_conversation(conversation_id: int, *, most: int | None = None) -> int:
-    """Embed the bubbles of the conversation that have no vector of the current model (at most `most` of
-    them); return how many bubbles were embedded."""
-    model = settings.ARBOR_EMBEDDING_MODEL
+def _embed_one_by_one(bubbles: Work, model: str) -> int:
+    refused: list[tuple[tuple[int, str, int, int], llm.LLMError]] = []
     done = 0
-    while model and (most is None or done < most) and (
+    for bubble in bubbles:
+        try:
+            done += embed_bubbles([bubble], model)
+        except llm.LLMError as error:
+            refused.append((bubble, error))
+    if len(refused) == len(bubbles):
+        raise refused[-1][1]
+    for (bubble, _, conversation, owner), error in refused:
+        logger.warning("%s refused bubble %s while it took others; it is kept with no vector: %s", model, bubble,
+                       error.message)
+        replace(bubble_ids=[bubble], model=model, rows=[_empty(bubble, conversation, owner, model)])
+    return done
+
+
+def _batch(bubbles) -> Work:
+    """The next unit of work: bubbles in id order until their pieces fill BATCH_PIECES_FACTOR embedding calls."""
+    found: Work = []
+    pieces = 0
+    rows = bubbles.order_by("id").values_list("id", "content", "conversation_id", "conversation__owner_id")
+    for row in rows[:settings.ARBOR_EMBEDDING_BATCH]:
+        found.append(row)
+        pieces += len(chunk_spans(row[1]))
+        if pieces >= settings.ARBOR_EMBEDDING_BATCH * BATCH_PIECES_FACTOR:
+            break
+    return found
+
+
+def embed_conversation(conversation_id: int, *, seconds: float | None = None) -> int:
+    """Embed the bubbles of the conversation that have no vector of the current model, for at most about
+    `seconds` (one unit of work more); return how many bubbles were embedded."""
+    model = settings.ARBOR_EMBEDDING_MODEL
+    started = time.monotonic()
+    done = 0
+    while model and (seconds is None or not done or time.monotonic() - started < seconds) and (
             batch := _batch(_unembedded(model).filter(conversation_id=conversation_id))):
         embed_bubbles(batch, model)
         done += len(batch)
@@ -68,12 +125,12 @@ def embed_conversation(conversation_id: int, *, most: int | None = None) -> int:
 
 
 def run(payload: dict[str, Any]) -> None:
-    """The `embed` job. A conversation with more to embed than a job's share (a large import) gets a follow-up
-    job, so no job outlives its lease and is run twice at once."""
+    """The `embed` job. A conversation with more to embed than a job's share of time (a large import) gets a
+    follow-up job: a job stays well inside its lease, so it is not claimed again while it runs."""
     conversation = int(payload["conversation"])
     model = settings.ARBOR_EMBEDDING_MODEL
-    if embed_conversation(conversation, most=JOB_BUBBLES) >= JOB_BUBBLES and \
-            _unembedded(model).filter(conversation_id=conversation).exists():
+    embed_conversation(conversation, seconds=settings.ARBOR_WORKER_LEASE_SECONDS * JOB_SECONDS_SHARE_OF_LEASE)
+    if model and _unembedded(model).filter(conversation_id=conversation).exists():
         jobs.enqueue(kind="embed", payload=payload)
 
 

@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET
 from config.web import page
 from conversations.llm import LLMError
 from search.query import search_bubbles
-from search.similar import similar_bubbles
+from search.similar import QUERY_TIMEOUT_SECONDS, similar_bubbles
 
 SIMILAR_SHOWN = 10
 
@@ -27,8 +27,9 @@ def search(request: HttpRequest) -> HttpResponse:
         hits = search_bubbles(user=request.user, query=query)
         try:
             shown = {hit.bubble for hit in hits}
-            similar = [h for h in similar_bubbles(user=request.user, query=query, limit=SIMILAR_SHOWN + len(shown))
-                       if h.bubble not in shown][:SIMILAR_SHOWN]
+            similar = [h for h in similar_bubbles(user=request.user, query=query, limit=SIMILAR_SHOWN + len(shown),
+                                                  timeout=QUERY_TIMEOUT_SECONDS) if h.bubble not in shown]
+            similar = similar[:SIMILAR_SHOWN]
         except LLMError as error:  # the word matches still show
             logger.warning("similar messages failed: %r", error)
             similar_failed = True

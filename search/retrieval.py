@@ -22,13 +22,11 @@ from django.conf import settings
 from conversations.models import Conversation
 from conversations.retrieval import Hit
 from search import query as words
-from search.similar import nearest_bubbles, query_vector
+from search.similar import QUERY_TIMEOUT_SECONDS, nearest_bubbles, query_vector
 from search.vectors import similarities
 
 QUERY_WORDS = 30  # the question's first distinct words make the query: a long question stays one cheap search
 CANDIDATES = 20  # from each ranking, before fusion
-# A question waits for its retrieval: an embedding provider that hangs costs it this much at most, then words.
-EMBEDDING_TIMEOUT_SECONDS = 3.0
 # Of the fused score; the words' is the rest. bench_retrieval's recall@5 is flat from 0.6 to 0.8 (two seeds,
 # PostgreSQL and SQLite).
 VECTOR_WEIGHT = 0.7
@@ -58,7 +56,7 @@ def word_hits(*, user, question: str, limit: int, exclude_conversation: int | No
 
 
 def vector_hits(*, user, question: str, limit: int, exclude_conversation: int | None) -> list[words.Hit]:
-    vector = query_vector(question, timeout=EMBEDDING_TIMEOUT_SECONDS)
+    vector = query_vector(question, timeout=QUERY_TIMEOUT_SECONDS)
     return nearest_bubbles(user=user, vector=vector, limit=limit, exclude_conversation=exclude_conversation,
                            shown=False) if vector else []
 
@@ -91,7 +89,7 @@ def hybrid_hits(*, user, question: str, limit: int, exclude_conversation: int | 
     found_by_words = word_hits(user=user, question=question, limit=CANDIDATES,
                                exclude_conversation=exclude_conversation)
     try:
-        vector = query_vector(question, timeout=EMBEDDING_TIMEOUT_SECONDS)
+        vector = query_vector(question, timeout=QUERY_TIMEOUT_SECONDS)
         if vector is None:
             return found_by_words[:limit]
         found_by_vectors = nearest_bubbles(user=user, vector=vector, limit=CANDIDATES, shown=False,

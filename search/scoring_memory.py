@@ -42,7 +42,8 @@ class _Matrix:
 
 
 _cache: OrderedDict[tuple[int, str], _Matrix] = OrderedDict()
-_lock = threading.Lock()
+_lock = threading.Lock()  # the cache's own order and size
+_owner_locks: dict[tuple[int, str], threading.Lock] = {}  # one reading of an owner's rows at a time
 
 
 def _read(owner_id: int, model: str, after: int, dimensions: int | None) -> tuple[int, int, list, list, list]:
@@ -66,10 +67,10 @@ def _load(owner_id: int, model: str, cached: _Matrix | None) -> _Matrix:
     all of them read anew.
 
     Writers of one owner's vectors take turns on the version row and take their ids after they have it, so
-    rows written since a copy was read have higher ids than any it read (PostgreSQL's sequence; SQLite's
-    max + 1). When the rows after the copy's last one are fewer than the count says were written since, ids
-    were given again (SQLite, after its highest rows were deleted) or new rows are gone already: read anew; so
-    too when the version row was made anew (its `epoch`).
+    rows written since a copy was read have higher ids than any it read (PostgreSQL's sequence, SQLite's
+    AUTOINCREMENT). When the rows after the copy's last one are fewer than the count says were written since,
+    some were deleted already: read anew; so too when the version row was made anew (its `epoch`: a rolled-back
+    transaction gives its ids again, as tests' do).
     Rows deleted from under a copy stay in it and are dropped by `vectors._live`; a reading anew forgets them.
     """
     outermost = not connection.in_atomic_block
@@ -101,9 +102,13 @@ def _matrix_of(blobs: list[bytes], dimensions: int | None) -> np.ndarray:
 
 
 def _matrix(owner_id: int, model: str) -> _Matrix:
+    """The owner's copy, current. One owner's reading anew does not hold up another owner's queries."""
     key = (owner_id, model)
     with _lock:
+        owner_lock = _owner_locks.setdefault(key, threading.Lock())
+    with owner_lock:
         matrix = _load(owner_id, model, _cache.get(key))
+    with _lock:
         _cache[key] = matrix
         _cache.move_to_end(key)
         budget = settings.ARBOR_VECTOR_CACHE_MB * 1024 * 1024

@@ -5,6 +5,8 @@ search_chunkvector; each stored row's vector is written there too. An HNSW index
 embedding model and size the first time one is written: partial, `WHERE model = … AND vector_dims(embedding) = …`,
 so vectors of two models never share an index or a comparison.
 
+Vectors of more than 2000 dimensions (pgvector's HNSW limit for `vector`) get no index and are ranked exactly.
+
 An HNSW scan finds the nearest rows of every owner and filters them afterwards: an owner with few vectors
 among many owners' can get fewer rows than asked for. pgvector 0.8+ scans on until it has them
 (`hnsw.iterative_scan`); before 0.8, a short answer is asked again of the owner's rows in exact order (their
@@ -14,6 +16,7 @@ btree index, every distance computed): correct, and slower only for an owner who
 from __future__ import annotations
 
 import hashlib
+import re
 
 import numpy as np
 from django.db import connection, transaction
@@ -21,6 +24,8 @@ from django.db import connection, transaction
 from search.models import ChunkVector
 
 EF_SEARCH = 200  # candidates an HNSW scan keeps (pgvector's default is 40; its most is 1000)
+HNSW_MAX_DIMENSIONS = 2000  # pgvector's HNSW indexes `vector` up to this; larger vectors are ranked exactly
+_MODEL_NAME = re.compile(r"[A-Za-z0-9._:/@+\-]{1,200}")
 
 
 def in_use() -> bool:
@@ -46,11 +51,12 @@ def _iterative() -> bool:
     return tuple(int(part) for part in version.split(".")[:2]) >= (0, 8)
 
 
-def _literal(text: str) -> str:
-    """A string constant for DDL and for a predicate the planner must see (standard_conforming_strings)."""
-    if "\x00" in text:
-        raise ValueError("a model name cannot hold NUL")
-    return "'" + text.replace("'", "''") + "'"
+def _literal(model: str) -> str:
+    """A model name as a string constant, for DDL and for a predicate the planner must see. Names are litellm's
+    `provider/model` strings from the settings; anything else is refused rather than quoted."""
+    if not _MODEL_NAME.fullmatch(model):
+        raise ValueError(f"embedding model name {model!r}: only letters, digits and . _ : / @ + - are allowed")
+    return f"'{model}'"
 
 
 def _text(vector: np.ndarray) -> str:
@@ -69,10 +75,14 @@ def ensure_index(model: str, dimensions: int) -> None:
     built, writers of vectors wait: once per model, or after pgvector came to a database with vectors). Not
     inside a transaction that has written rows with foreign keys: PostgreSQL refuses while their checks wait."""
     key = (connection.settings_dict["NAME"], model, dimensions)
-    if key in _indexed:
+    if key in _indexed or dimensions > HNSW_MAX_DIMENSIONS:
         return
     name = "search_chunk_hnsw_" + hashlib.sha256(f"{model}|{dimensions}".encode()).hexdigest()[:16]
     with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_class WHERE relname = %s", [name])
+        if cursor.fetchone():  # made already: no CREATE INDEX, which would take a lock on the table to find out
+            _indexed.add(key)
+            return
         cursor.execute(f"CREATE INDEX IF NOT EXISTS {name} ON search_chunkvector USING hnsw "
                        f"((embedding::vector({int(dimensions)})) vector_cosine_ops) "
                        f"WHERE {_predicate(model, dimensions)}")
@@ -109,8 +119,10 @@ def ranked(*, owner_id: int, model: str, target: np.ndarray, take: int,
         cursor.execute(f"SET LOCAL hnsw.ef_search = {min(1000, max(EF_SEARCH, take))}")
         if _iterative():
             cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-        cursor.execute(query.format(order=distance), [*params, _text(target), take])
-        rows = cursor.fetchall()
+        rows = []
+        if dimensions <= HNSW_MAX_DIMENSIONS:
+            cursor.execute(query.format(order=distance), [*params, _text(target), take])
+            rows = cursor.fetchall()
         if len(rows) < take:  # the scan's candidates were mostly other owners': rank this owner's rows exactly
             cursor.execute(query.format(order=f"({distance}) + 0"), [*params, _text(target), take])
             rows = cursor.fetchall()

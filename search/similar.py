@@ -15,11 +15,15 @@ from search.chunks import CHUNK_CHARS
 from search.query import Hit, check_query, current_paths
 from search.vectors import nearest
 
+# A person (a search) or a question (retrieval) waits for the query's vector: an embedding provider that hangs
+# costs it this much, then the words' hits go alone.
+QUERY_TIMEOUT_SECONDS = 3.0
 
-def similar_bubbles(*, user, query: str, limit: int = 20) -> list[Hit]:
+
+def similar_bubbles(*, user, query: str, limit: int = 20, timeout: float | None = None) -> list[Hit]:
     """What the search page and API show for a person's query (checked like a word search)."""
     check_query(query)
-    vector = query_vector(query)
+    vector = query_vector(query, timeout=timeout)
     return nearest_bubbles(user=user, vector=vector, limit=limit) if vector else []
 
 

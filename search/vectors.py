@@ -18,6 +18,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Substr
 
+from conversations.models import Bubble
 from search import scoring_memory, scoring_pgvector
 from search.models import ChunkVector
 
@@ -44,6 +45,10 @@ def replace(*, bubble_ids: list[int], model: str, rows: list[ChunkVector]) -> No
         for row in rows:
             owners[row.owner_id] = owners.get(row.owner_id, 0) + 1
         bump(model, owners)
+        # A bubble deleted or let go (T11) since it was read gets no vector: locked here, it cannot go before
+        # this commits (its deletion then takes the vectors with it).
+        where = dict(Bubble.objects.select_for_update().filter(pk__in=bubble_ids).values_list("pk", "conversation_id"))
+        rows = [row for row in rows if where.get(row.bubble_id) == row.conversation_id]
         ChunkVector.objects.filter(bubble_id__in=bubble_ids, model=model).delete()
         ChunkVector.objects.bulk_create(rows, batch_size=1000)
         if pgvector:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -115,9 +115,9 @@ class Sweeper:
                 continue
             try:
                 found = sweep()
-            except DatabaseError:
-                raise  # the loop waits out an outage
-            except Exception as error:
+            except (OperationalError, InterfaceError):
+                raise  # the database is out of reach: the loop waits the outage out
+            except Exception as error:  # the sweep's own failure (a refused query included) waits its turn
                 logger.warning("sweep %s failed, next try in %.0f s: %r", name, every, error)
                 found = False
             self.due[name] = 0.0 if found else self.clock() + every

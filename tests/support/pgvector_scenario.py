@@ -7,7 +7,8 @@ import json
 
 import numpy as np
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from conversations import llm, services
 from conversations.jobs import worker
@@ -59,14 +60,18 @@ for query in queries:
                                                      default=0.0)})
     top.append([hit.conversation for hit in similar_bubbles(user=small, query=query)][:1])
 
-with connection.cursor() as cursor:
-    (vector,) = llm.embed("arbor/echo-embed", ["cancel subscription"])
-    cursor.execute("SET enable_seqscan = off")
-    cursor.execute("EXPLAIN SELECT id FROM search_chunkvector WHERE model = 'arbor/echo-embed' AND "
-                   "vector_dims(embedding) = 384 ORDER BY embedding::vector(384) <=> %s::vector(384) LIMIT 5",
-                   [scoring_pgvector._text(np.asarray(vector))])
+# The plan of the scorer's own query, as it ran (owner filter and all), with sorting ruled out: only an index
+# that gives the order can serve it, so the HNSW index is named only if the query's predicate matches its own.
+(vector,) = llm.embed("arbor/echo-embed", ["cancel subscription"])
+with CaptureQueriesContext(connection) as ran:
+    scoring_pgvector.ranked(owner_id=large.pk, model="arbor/echo-embed",
+                            target=np.frombuffer(vectors.to_bytes(vector), dtype="<f4"), take=5,
+                            exclude_conversation=None)
+(scan,) = [q["sql"] for q in ran.captured_queries if "ORDER BY" in q["sql"]][:1]
+with transaction.atomic(), connection.cursor() as cursor:
+    cursor.execute("SET LOCAL enable_sort = off")
+    cursor.execute("EXPLAIN " + scan.replace("%", "%%"))
     plan = "\n".join(row[0] for row in cursor.fetchall())
-    cursor.execute("SET enable_seqscan = on")
 
 mine_ids = [c.pk for c in mine]
 deleted = mine[0].pk
