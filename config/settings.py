@@ -287,6 +287,11 @@ ARBOR_EMBEDDING_BATCH = int(os.environ.get("ARBOR_EMBEDDING_BATCH", "64"))  # te
 ARBOR_EMBEDDING_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_EMBEDDING_TIMEOUT_SECONDS", "10"))
 # A vector hit is attached to a question only this close (cosine); the scale is the model's own.
 ARBOR_RETRIEVAL_MIN_SIMILARITY = float(os.environ.get("ARBOR_RETRIEVAL_MIN_SIMILARITY", "0.3"))
+# Where PostgreSQL has pgvector its HNSW index ranks vectors (`auto`); `exact` keeps to exact scoring in memory
+# (bench_retrieval compares the two on the same rows: see the README).
+ARBOR_VECTOR_SCORER = os.environ.get("ARBOR_VECTOR_SCORER", "auto")
+if ARBOR_VECTOR_SCORER not in ("auto", "exact"):
+    raise ImproperlyConfigured("ARBOR_VECTOR_SCORER must be `auto` or `exact`")
 # Exact scoring keeps each owner's vectors in memory, per process; beyond this the least used owner goes.
 ARBOR_VECTOR_CACHE_MB = int(os.environ.get("ARBOR_VECTOR_CACHE_MB", "512"))
 ARBOR_WORKER_MAX_ATTEMPTS = int(os.environ.get("ARBOR_WORKER_MAX_ATTEMPTS", "5"))

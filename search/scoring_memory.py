@@ -22,6 +22,7 @@ from search.models import ChunkVector, VectorVersion
 
 _DTYPE = np.dtype("<f4")
 _LOAD_BATCH = 5000
+MAX_BLOCKS = 16
 
 
 @dataclass
@@ -34,11 +35,20 @@ class _Matrix:
     last_id: int  # the highest row id read: rows written later have higher ones (see _load)
     ids: np.ndarray  # chunk ids
     conversations: np.ndarray
-    vectors: np.ndarray  # len(ids) x dimensions
+    # len(ids) x dimensions, in blocks: rows written since are a block of their own, so a write costs its rows,
+    # not a copy of all (MAX_BLOCKS joins them again)
+    blocks: list[np.ndarray]
+
+    @property
+    def dimensions(self) -> int | None:
+        return self.blocks[0].shape[1] if self.blocks else None
 
     @property
     def nbytes(self) -> int:
-        return self.vectors.nbytes + self.ids.nbytes + self.conversations.nbytes
+        return sum(block.nbytes for block in self.blocks) + self.ids.nbytes + self.conversations.nbytes
+
+    def scores(self, target: np.ndarray) -> np.ndarray:
+        return np.concatenate([block @ target for block in self.blocks])
 
 
 _cache: OrderedDict[tuple[int, str], _Matrix] = OrderedDict()
@@ -83,17 +93,18 @@ def _load(owner_id: int, model: str, cached: _Matrix | None) -> _Matrix:
         if cached is not None and cached.version == version:
             return cached
         if cached is not None and cached.epoch == epoch:
-            dimensions = cached.vectors.shape[1] if len(cached.ids) else None
-            count, last, ids, conversations, blobs = _read(owner_id, model, cached.last_id, dimensions)
+            count, last, ids, conversations, blobs = _read(owner_id, model, cached.last_id, cached.dimensions)
             if cached.inserted + count == inserted:
-                fresh = _matrix_of(blobs, dimensions)
+                blocks = [*cached.blocks, _matrix_of(blobs, cached.dimensions)] if blobs else cached.blocks
+                if len(blocks) > MAX_BLOCKS:
+                    blocks = [np.concatenate(blocks)]
                 return _Matrix(version, epoch, inserted, last,
                                np.concatenate([cached.ids, np.asarray(ids, dtype=np.int64)]),
                                np.concatenate([cached.conversations, np.asarray(conversations, dtype=np.int64)]),
-                               np.concatenate([cached.vectors, fresh]) if len(cached.ids) else fresh)
+                               blocks)
         _, last, ids, conversations, blobs = _read(owner_id, model, 0, None)
         return _Matrix(version, epoch, inserted, last, np.asarray(ids, dtype=np.int64),
-                       np.asarray(conversations, dtype=np.int64), _matrix_of(blobs, None))
+                       np.asarray(conversations, dtype=np.int64), [_matrix_of(blobs, None)] if blobs else [])
 
 
 def _matrix_of(blobs: list[bytes], dimensions: int | None) -> np.ndarray:
@@ -126,9 +137,9 @@ def ranked(*, owner_id: int, model: str, target: np.ndarray, take: int,
            exclude_conversation: int | None) -> list[tuple[int, float]]:
     """The `take` chunks nearest to `target` (length 1), best first, as (chunk id, cosine similarity)."""
     matrix = _matrix(owner_id, model)
-    if not len(matrix.ids) or matrix.vectors.shape[1] != len(target):
+    if not len(matrix.ids) or matrix.dimensions != len(target):
         return []
-    scores = matrix.vectors @ target
+    scores = matrix.scores(target)
     if exclude_conversation is not None:
         scores[matrix.conversations == exclude_conversation] = -np.inf
     take = min(take, len(scores))

@@ -19,6 +19,7 @@ import hashlib
 import re
 
 import numpy as np
+from django.conf import settings
 from django.db import connection, transaction
 
 from search.models import ChunkVector
@@ -29,9 +30,10 @@ _MODEL_NAME = re.compile(r"[A-Za-z0-9._:/@+\-]{1,200}")
 
 
 def in_use() -> bool:
-    """Is this connection's database PostgreSQL with pgvector and the `embedding` column? (Asked once a
-    connection object; the extension does not come and go under a running process.)"""
-    if connection.vendor != "postgresql":
+    """Is this connection's database PostgreSQL with pgvector and the `embedding` column, and not set aside by
+    ARBOR_VECTOR_SCORER=exact? (Asked once a connection object; the extension does not come and go under a
+    running process.)"""
+    if connection.vendor != "postgresql" or settings.ARBOR_VECTOR_SCORER == "exact":
         return False
     known = getattr(connection, "_arbor_pgvector", None)
     if known is None:
