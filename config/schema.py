@@ -111,6 +111,7 @@ def error_responses(result: dict, generator, request, public) -> dict:
     schemas[ERROR] = ERROR_SCHEMA
     schemas[ERROR_EVENT] = sse_event_schema(["error"], ERROR_REF)
     _bound_integers(result)
+    _blank_or_constrained(result)
     _storable_request_extras(result)
     _page_parameters(result)
     for item in result.get("paths", {}).values():
@@ -188,6 +189,24 @@ def _refs(node: Any, schemas: dict | None = None) -> set[str]:
         elif isinstance(value, list):
             stack.extend(value)
     return found
+
+
+BLANK = {"type": "string", "maxLength": 0}
+
+
+def _blank_or_constrained(node: Any) -> None:
+    """drf-spectacular gives a blank-allowed text with a pattern `oneOf: [<pattern>, <empty text>]`; the empty
+    text meets both branches when the pattern allows it (a label's "" does), and `oneOf` then refuses the very
+    value that removes a label. Any one of them is what the API reads: `anyOf`."""
+    stack = [node]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            if BLANK in value.get("oneOf", ()):
+                value["anyOf"] = value.pop("oneOf")
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
 
 
 def _bound_integers(node: Any) -> None:

@@ -62,20 +62,23 @@ def _conversation(api) -> int:
 
 def test_import_declares_its_body_an_export_file_object_or_array(schema):
     """Finding: the import's request was a free-form object only; an export file is an object (Arbor's tree,
-    one ChatGPT conversation, LibreChat's and chatbot-ui's exports, one Claude.ai conversation) or an array
-    (ChatGPT's, Open WebUI's and Claude.ai's exports, whose unreadable entries are skipped), and the body is
-    required."""
+    one ChatGPT conversation, LibreChat's and chatbot-ui's exports, one Claude.ai conversation or a viewer's
+    wrapper of them, one Open WebUI chat, bare or as its export holds it) or an array (ChatGPT's, Open WebUI's
+    and Claude.ai's exports, whose unreadable entries are skipped), and the body is required."""
     body = _operation(schema, "post", "/api/conversations/import/")["requestBody"]
     assert body["required"] is True
     declared = body["content"]["application/json"]["schema"]
     kinds = {_resolve(schema, branch).get("type") for branch in declared["anyOf"]}
     assert kinds == {"object", "array"}
-    tree, conversation, conversations, librechat, chatbotui, claude = declared["anyOf"]
+    tree, conversation, conversations, librechat, chatbotui, claude, claude_wrapped, webui, webui_bare = (
+        declared["anyOf"])
     assert tree["properties"]["format"]["enum"] == ["arbor.tree"]
     assert tree["required"] == ["format", "version", "conversation", "nodes"]
     assert conversation["required"] == ["mapping"] and conversations["items"]["anyOf"][0] == conversation
     assert (librechat["required"], chatbotui["required"], claude["required"]) == (
         ["conversationId"], ["history"], ["chat_messages"])
+    assert (claude_wrapped["required"], webui["required"], webui_bare["required"]) == (
+        ["conversations"], ["chat"], ["history"])
 
 
 def test_import_declares_its_answer_conversations_and_skipped(schema, api):
@@ -296,3 +299,81 @@ def test_every_renderer_format_parameter_admits_the_empty_value_drf_takes_as_non
     assert ("/api/conversations/{conversation_id}/stream/", "get") in renderer_picked
     assert all("" in enum for enum in renderer_picked.values()), renderer_picked
     assert api.get(f"/api/conversations/{conversation.pk}/stream/?format=").status_code == 204  # no turn ran
+
+
+EXPORTS = sorted((__import__("pathlib").Path(__file__).parent / "fixtures" / "exports").rglob("*.json"))
+
+
+@pytest.mark.parametrize("path", EXPORTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_real_export_file_is_valid_against_the_declared_import_body(schema, path):
+    """Finding (CI, stateful phase, ST201): the importer read shapes the schema did not declare, so a document
+    the schema calls invalid was imported. Every real export file in tests/fixtures/exports (SOURCES.md) is a
+    body the declaration accepts: Open WebUI's bare chat object and Claude viewers' wrapper included."""
+    declared = _operation(schema, "post", "/api/conversations/import/")["requestBody"]["content"][
+        "application/json"]["schema"]
+    _validate(schema, json.loads(path.read_text(encoding="utf-8")), declared)
+
+
+@pytest.mark.parametrize("document", [
+    {"messagesTree": [], "conversationId": 16},  # the finding: a LibreChat id that is no text
+    {"messages": [], "conversationId": None},
+    {"chat": {"history": []}},  # Open WebUI's history is an object of messages
+    {"chat": "no object"},
+    {"conversations": "no list"},  # Claude viewers' wrapper holds a list
+    [],
+])
+def test_a_body_the_import_schema_refuses_is_refused_and_imports_nothing(schema, api, document):
+    """Finding (CI, stateful phase, ST201): `{"messagesTree": [], "conversationId": 16}` is valid against no
+    branch of the declared body, yet it was imported as an empty LibreChat conversation. Whatever the schema
+    refuses, the importer refuses with a clear 400 and writes nothing; whatever it imports, the schema allows."""
+    from conversations.models import Conversation
+
+    declared = _operation(schema, "post", "/api/conversations/import/")["requestBody"]["content"][
+        "application/json"]["schema"]
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(schema, document, declared)
+    before = Conversation.objects.count()
+    response = api.post("/api/conversations/import/", document, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "import_refused" and response.json()["error"]["message"]
+    assert Conversation.objects.count() == before
+
+
+def test_an_entry_that_is_no_object_is_skipped_and_the_body_is_valid(schema, api):
+    """An array's entry that is none of the format (not even an object) is skipped and named, the others import:
+    the declaration allows any entry, so what the importer skips is no schema violation either."""
+    declared = _operation(schema, "post", "/api/conversations/import/")["requestBody"]["content"][
+        "application/json"]["schema"]
+    path = next(p for p in EXPORTS if p.name == "librechat-chatgpt-export.json")
+    document = [*json.loads(path.read_text(encoding="utf-8")), 5]
+    _validate(schema, document, declared)
+    response = api.post("/api/conversations/import/", document, format="json")
+    assert response.status_code == 201, response.content
+    assert len(response.json()["conversations"]) == len(document) - 1
+    assert [entry["index"] for entry in response.json()["skipped"]] == [len(document) - 1]
+
+
+def test_a_blank_label_is_valid_against_the_schema_and_removes_the_label(schema, api):
+    """Finding (fuzz, ST201 on PATCH /api/nodes/{id}/): a label was declared `oneOf` [one line of text, empty
+    text], and "" is both, so the schema refused the value that removes a label while the API took it. No
+    `oneOf` in the schema offers the empty text beside a pattern; "" validates, and a control character does not."""
+    stack = [schema]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            assert {"type": "string", "maxLength": 0} not in value.get("oneOf", []), value
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    declared = _operation(schema, "patch", "/api/nodes/{node_id}/")["requestBody"]["content"]["application/json"][
+        "schema"]
+    _validate(schema, {"label": "", "starred": False}, declared)
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(schema, {"label": "two\nlines"}, declared)
+
+    cid = _conversation(api)
+    head = api.post(f"/api/conversations/{cid}/turns/", {"content": "hello"}, format="json").json()["head"]
+    assert api.patch(f"/api/nodes/{head}/", {"label": "plan A"}, format="json").status_code == 200
+    response = api.patch(f"/api/nodes/{head}/", {"label": "", "starred": False}, format="json")
+    assert response.status_code == 200 and response.json()["label"] == ""
+    assert api.patch(f"/api/nodes/{head}/", {"label": "two\nlines"}, format="json").status_code == 400

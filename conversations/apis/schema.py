@@ -99,8 +99,9 @@ IMPORT_REQUEST: dict[str, Any] = {
         },
         _CHATGPT_CONVERSATION,
         {"type": "array", "minItems": 1, "description": "The entries of ChatGPT's, Open WebUI's or Claude.ai's export "
-                                                        "(or chatbot-ui's first version): one format in a file",
-         "items": {"anyOf": [_CHATGPT_CONVERSATION, {"type": "object"}]}},
+                                                        "(or chatbot-ui's first version): one format in a file; an "
+                                                        "entry that is none of it (not even an object) is skipped",
+         "items": {"anyOf": [_CHATGPT_CONVERSATION, {}]}},
         {"type": "object", "description": "LibreChat's conversation export (`messages`, or `messagesTree` when "
                                           "exported recursive)",
          "properties": {"conversationId": {"type": "string"}, "messages": {"type": "array"},
@@ -109,6 +110,13 @@ IMPORT_REQUEST: dict[str, Any] = {
          "required": ["history"]},
         {"type": "object", "description": "One Claude.ai conversation", "properties": {
             "chat_messages": {"type": "array"}}, "required": ["chat_messages"]},
+        {"type": "object", "description": "Claude.ai's conversations as a viewer wraps them", "properties": {
+            "conversations": {"type": "array"}}, "required": ["conversations"]},
+        {"type": "object", "description": "One Open WebUI chat as its export holds it", "properties": {
+            "chat": {"type": "object", "properties": {"history": {"type": "object"}}, "required": ["history"]}},
+         "required": ["chat"]},
+        {"type": "object", "description": "One bare Open WebUI chat object (Open WebUI imports those too)",
+         "properties": {"history": {"type": "object"}}, "required": ["history"]},
     ],
 }
 

@@ -28,7 +28,8 @@ PROVIDER = "librechat"  # reasoning LibreChat showed: kept and shown, never sent
 
 def entries(document: Any) -> list | None:
     def conversation(entry: Any) -> bool:
-        return (isinstance(entry, dict) and "conversationId" in entry
+        # The id is read as the schema declares it (text): `{"conversationId": 16, ...}` is no LibreChat file.
+        return (isinstance(entry, dict) and isinstance(entry.get("conversationId"), str)
                 and ("messages" in entry or "messagesTree" in entry))
     return one_or_many(document, conversation)
 
