@@ -32,6 +32,7 @@ from django.db import connection, transaction
 
 from conversations import items as it
 from conversations import llm, services
+from conversations.bench.assembly import p95
 from conversations.models import Bubble, Conversation, Node
 from search import embedding, retrieval, scoring_memory, scoring_pgvector, vectors
 from search.index import index_bubbles, unindexed_bubbles
@@ -115,11 +116,6 @@ def _reciprocal_rank_fusion(rankings: list[list], k: int = 60) -> list[int]:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
-
-
-def _p95(samples: list[float]) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
 
 
 class Command(BaseCommand):
@@ -241,7 +237,7 @@ class Command(BaseCommand):
                     samples[name].append(time.perf_counter() - began)
         for name, taken in samples.items():
             self.stdout.write(f"latency at {size} chunks, {name}: median {_ms(statistics.median(taken))}  "
-                              f"p95 {_ms(_p95(taken))}  ({len(taken)} queries, {repeat} rounds, interleaved)")
+                              f"p95 {_ms(p95(taken))}  ({len(taken)} queries, {repeat} rounds, interleaved)")
 
     def _after_a_write(self, user, questions: list[str], size: int) -> None:
         """Hybrid retrieval right after a turn of the same person was embedded (the copy reads the new rows)."""
@@ -257,7 +253,7 @@ class Command(BaseCommand):
             retrieval.hybrid_hits(user=user, question=question, limit=5)
             samples.append(time.perf_counter() - began)
         self.stdout.write(f"latency at {size} chunks, hybrid right after a write of the same person's vectors: "
-                          f"median {_ms(statistics.median(samples))}  p95 {_ms(_p95(samples))}  "
+                          f"median {_ms(statistics.median(samples))}  p95 {_ms(p95(samples))}  "
                           f"({len(samples)} queries)")
 
     def _scorers(self, user, questions: list[str], repeat: int, size: int) -> None:
@@ -280,6 +276,6 @@ class Command(BaseCommand):
                 overlap.append(len(exact & {pk for pk, _ in found["pgvector HNSW"]}) / max(1, len(exact)))
         for name, taken in samples.items():
             self.stdout.write(f"scorer at {size} chunks, {name} (top 20): median {_ms(statistics.median(taken))}  "
-                              f"p95 {_ms(_p95(taken))}")
+                              f"p95 {_ms(p95(taken))}")
         self.stdout.write(f"pgvector HNSW finds {statistics.mean(overlap):.3f} of the exact top 20 "
                           f"(ef_search {scoring_pgvector.EF_SEARCH})")

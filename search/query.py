@@ -89,6 +89,27 @@ WHERE c.owner_id = %s AND c.id IS DISTINCT FROM %s AND d.vector @@ q.query
 ORDER BY rank DESC, b.id DESC
 LIMIT %s
 """
+# Retrieval's form (`match_any`): the candidates are the union of each word's own index scan, a list the ranking
+# reads by id. PostgreSQL's planner prices a GIN prefix scan far above its cost and, for an OR of several, chose a
+# scan of every document instead (20-40x slower on bench_retrieval's 100,000 pieces); one word at a time it
+# chooses the index.
+_POSTGRES_RANKED_ANY = """
+SELECT b.id, b.node_id, b.role, c.id, c.title, ts_rank(d.vector, q.query) AS rank
+FROM search_bubbledocument d
+JOIN conversations_bubble b ON b.id = d.bubble_id
+JOIN conversations_conversation c ON c.id = b.conversation_id,
+     to_tsquery(%s::regconfig, %s) AS q(query)
+WHERE d.bubble_id = ANY(ARRAY({matches})) AND c.owner_id = %s AND c.id IS DISTINCT FROM %s
+ORDER BY rank DESC, b.id DESC
+LIMIT %s
+"""
+_POSTGRES_MATCHES = "SELECT bubble_id FROM search_bubbledocument WHERE vector @@ to_tsquery(%s::regconfig, %s)"
+_POSTGRES_INDEXED = "SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'search_bubbledocument'::regclass"
+_POSTGRES_COUNT = ("(SELECT count(*) FROM (SELECT 1 FROM search_bubbledocument "
+                   "WHERE vector @@ to_tsquery(%s::regconfig, %s) LIMIT %s) AS s)")
+# Bubble ids: an upper bound of the count, read from the end of the index (FTS5 keeps rows in rowid order).
+_SQLITE_INDEXED = "SELECT coalesce((SELECT rowid FROM search_fts ORDER BY rowid DESC LIMIT 1), 0)"
+_SQLITE_COUNT = "(SELECT count(*) FROM (SELECT 1 FROM search_fts WHERE search_fts MATCH %s LIMIT %s))"
 _POSTGRES_SNIPPETS = """
 SELECT b.id, ts_headline(
     %s::regconfig, b.content, to_tsquery(%s::regconfig, %s),
@@ -107,6 +128,29 @@ LIMIT %s
 """
 
 
+# A question's word that matches at least this share of all indexed bubbles (and at least COMMON_FLOOR of them)
+# is too common to choose retrieval's candidates by: ranking every bubble that has it is what made a question's
+# words cost 100 ms at 100,000 pieces, and a word that common says little about what the question is about.
+# Counted over every owner's bubbles, as the index holds them: the owner is known only after the match.
+COMMON_SHARE = 0.01
+COMMON_FLOOR = 1000
+
+
+def distinctive_terms(cursor, terms: list[str]) -> list[str]:
+    """Retrieval's words without the common ones (COMMON_SHARE), each counted only up to that many matches; all
+    of them when every one is common (a slower search beats none)."""
+    cursor.execute(_POSTGRES_INDEXED if connection.vendor == "postgresql" else _SQLITE_INDEXED)
+    common = max(COMMON_FLOOR, int(cursor.fetchone()[0] * COMMON_SHARE))
+    if connection.vendor == "postgresql":
+        config = settings.ARBOR_SEARCH_CONFIG
+        counts = [(_POSTGRES_COUNT, [config, _tsquery([t], match_any=True), common]) for t in terms]
+    else:
+        counts = [(_SQLITE_COUNT, [_fts5_query([t], match_any=True), common]) for t in terms]
+    cursor.execute("SELECT " + ", ".join(sql for sql, _ in counts), [p for _, params in counts for p in params])
+    rare = [term for term, found in zip(terms, cursor.fetchone(), strict=True) if found < common]
+    return rare or terms
+
+
 def check_query(query: object) -> None:
     """What a person may search for (400 otherwise): words, at most MAX_QUERY_CHARS, no control character."""
     if not isinstance(query, str) or not query.strip():
@@ -121,18 +165,27 @@ def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False
                    exclude_conversation: int | None = None, shown: bool = True) -> list[Hit]:
     """The caller's bubbles that match `query`, best first, each marked with whether it is on the current branch.
 
-    `match_any` finds bubbles with any of the words instead of all of them. Hits that are not `shown` to a
-    person (retrieval's) get no snippet and no branch mark, which cost a query a conversation.
+    `match_any` (retrieval's) finds bubbles with any of the words instead of all of them, leaving out the common
+    words when others are there (`distinctive_terms`). Hits that are not `shown` to a person (retrieval's) get no
+    snippet and no branch mark, which cost a query a conversation.
     """
     check_query(query)
     terms = _terms(query)
     if not terms:
         return []  # punctuation alone: no word to look for
     with connection.cursor() as cursor:
+        if match_any:
+            terms = distinctive_terms(cursor, terms)
         if connection.vendor == "postgresql":
             config = settings.ARBOR_SEARCH_CONFIG
             query = _tsquery(terms, match_any=match_any)
-            cursor.execute(_POSTGRES_RANKED, [config, query, user.pk, exclude_conversation, limit])
+            if match_any:
+                matches = " UNION ".join([_POSTGRES_MATCHES] * len(terms))
+                each = [p for t in terms for p in (config, _tsquery([t], match_any=True))]
+                cursor.execute(_POSTGRES_RANKED_ANY.format(matches=matches),
+                               [config, query, *each, user.pk, exclude_conversation, limit])
+            else:
+                cursor.execute(_POSTGRES_RANKED, [config, query, user.pk, exclude_conversation, limit])
             rows = cursor.fetchall()
             snippets: dict[int, str] = {}
             if shown:

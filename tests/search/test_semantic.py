@@ -239,6 +239,29 @@ def test_hybrid_retrieval_finds_a_paraphrase_full_text_misses_and_keeps_word_hit
     assert hybrid_hits(user=user, question="zebra giraffe", limit=5) == [], "nothing near, no word: nothing"
 
 
+def test_r2_a_common_word_chooses_no_candidates_while_a_distinctive_one_is_there(user, other_user, monkeypatch):
+    """A question's word in at least COMMON_SHARE of all indexed messages (at least COMMON_FLOOR) picks no
+    full-text candidates when the question has rarer words: "weekly" in every message would make full-text rank
+    all of them (what cost 100 ms at 100,000 pieces, bench_retrieval). Alone, common words still search."""
+    from search import query
+
+    monkeypatch.setattr(query, "COMMON_FLOOR", 6)
+    monkeypatch.setattr(query, "COMMON_SHARE", 0.0)
+    weekly = [_conversation(user, f"Weekly {n}", f"Weekly standup notes number {n}") for n in range(3)]
+    theirs = _conversation(other_user, "Theirs", "Weekly standup of another person")  # counted, never found
+    invoice = _conversation(user, "Billing", "Weekly invoice audit for the Lisbon office")
+    worker.run_due()
+    found = word_hits(user=user, question="weekly invoice please", limit=10, exclude_conversation=None)
+    assert {h.conversation for h in found} == {invoice.pk}, "the standups share only the common word"
+    alone = word_hits(user=user, question="weekly", limit=10, exclude_conversation=None)
+    assert {h.conversation for h in alone} == {*(c.pk for c in weekly), invoice.pk}
+    assert theirs.pk not in {h.conversation for h in alone}
+    monkeypatch.setattr(query, "COMMON_FLOOR", 100)  # not common any more: every match is a candidate again
+    found = word_hits(user=user, question="weekly invoice please", limit=10, exclude_conversation=None)
+    assert {h.conversation for h in found} == {*(c.pk for c in weekly), invoice.pk}
+    assert found[0].conversation == invoice.pk, "two words beat one"
+
+
 def test_r2_a_question_gets_a_paraphrase_as_an_ephemeral_item(user):
     notes = _conversation(user, "Account notes", "Cancellng a subscripton takes effect next month")
     worker.run_due()

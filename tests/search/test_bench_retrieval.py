@@ -1,0 +1,34 @@
+"""bench_retrieval runs end to end at tiny sizes and prints its figure lines, and leaves nothing (nothing
+timing-based: the figures are the README's, printed by the command on the full sizes)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conversations.models import Conversation
+from search.bench import USERNAME
+from search.models import ChunkVector
+from tests.conversations.helpers import command_output
+
+pytestmark = pytest.mark.bench
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_prints_recall_latency_and_throughput_for_each_size_and_leaves_nothing():
+    output = command_output("bench_retrieval", "--facts", "6", "--distractors", "12", "--sizes", "40,60",
+                            "--queries", "3", "--repeat", "2")
+    assert "embedding model: arbor/echo-embed" in output
+    for size in (40, 60):
+        assert re.search(rf"== {size} chunks: the worker's embedding sweep embedded \d+ chunks", output)
+        recall = re.search(rf"recall@5 at {size} chunks over 6 paraphrased questions: full-text ([\d.]+)  "
+                           r"vectors ([\d.]+)  hybrid ([\d.]+)  hybrid by reciprocal rank fusion \(k=60\) ([\d.]+)",
+                           output)
+        assert recall and all(0.0 <= float(share) <= 1.0 for share in recall.groups()), output
+        for ranker in ("full-text", "vectors", "hybrid"):
+            assert re.search(rf"latency at {size} chunks, {ranker}: median [\d.]+ ms  p95 [\d.]+ ms  \(6 queries, "
+                             r"2 rounds, interleaved\)", output), ranker
+        assert f"latency at {size} chunks, hybrid right after a write of the same person's vectors" in output
+    assert not Conversation.objects.filter(owner__username=USERNAME).exists()
+    assert not ChunkVector.objects.filter(owner__username=USERNAME).exists()
