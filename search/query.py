@@ -137,8 +137,8 @@ COMMON_FLOOR = 1000
 
 
 def distinctive_terms(cursor, terms: list[str]) -> list[str]:
-    """Retrieval's words without the common ones (COMMON_SHARE), each counted only up to that many matches; all
-    of them when every one is common (a slower search beats none)."""
+    """Retrieval's words that match something but not too much (COMMON_SHARE), each counted only up to that
+    many matches; maybe none."""
     cursor.execute(_POSTGRES_INDEXED if connection.vendor == "postgresql" else _SQLITE_INDEXED)
     common = max(COMMON_FLOOR, int(cursor.fetchone()[0] * COMMON_SHARE))
     if connection.vendor == "postgresql":
@@ -147,8 +147,7 @@ def distinctive_terms(cursor, terms: list[str]) -> list[str]:
     else:
         counts = [(_SQLITE_COUNT, [_fts5_query([t], match_any=True), common]) for t in terms]
     cursor.execute("SELECT " + ", ".join(sql for sql, _ in counts), [p for _, params in counts for p in params])
-    rare = [term for term, found in zip(terms, cursor.fetchone(), strict=True) if found < common]
-    return rare or terms
+    return [term for term, found in zip(terms, cursor.fetchone(), strict=True) if 0 < found < common]
 
 
 def check_query(query: object) -> None:
@@ -174,32 +173,47 @@ def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False
     if not terms:
         return []  # punctuation alone: no word to look for
     with connection.cursor() as cursor:
-        if match_any:
-            terms = distinctive_terms(cursor, terms)
+        rows, used = [], terms
+        # Retrieval asks by its distinctive words first; when they find nothing here (none, or only in the
+        # excluded conversation), by all of them: a slower search beats none.
+        if match_any and (distinctive := distinctive_terms(cursor, terms)) != terms:
+            rows, used = _ranked(cursor, distinctive, user=user, exclude_conversation=exclude_conversation,
+                                 limit=limit, match_any=True), distinctive
+        if not rows:
+            rows, used = _ranked(cursor, terms, user=user, exclude_conversation=exclude_conversation, limit=limit,
+                                 match_any=match_any), terms
         if connection.vendor == "postgresql":
-            config = settings.ARBOR_SEARCH_CONFIG
-            query = _tsquery(terms, match_any=match_any)
-            if match_any:
-                matches = " UNION ".join([_POSTGRES_MATCHES] * len(terms))
-                each = [p for t in terms for p in (config, _tsquery([t], match_any=True))]
-                cursor.execute(_POSTGRES_RANKED_ANY.format(matches=matches),
-                               [config, query, *each, user.pk, exclude_conversation, limit])
-            else:
-                cursor.execute(_POSTGRES_RANKED, [config, query, user.pk, exclude_conversation, limit])
-            rows = cursor.fetchall()
             snippets: dict[int, str] = {}
-            if shown:
-                cursor.execute(_POSTGRES_SNIPPETS, [config, config, query, [r[0] for r in rows]])
+            if shown and rows:
+                config = settings.ARBOR_SEARCH_CONFIG
+                cursor.execute(_POSTGRES_SNIPPETS, [config, config, _tsquery(used, match_any=match_any),
+                                                    [r[0] for r in rows]])
                 snippets = dict(cursor.fetchall())
             rows = [(*row, snippets.get(row[0], "")) for row in rows]
-        else:
-            cursor.execute(_SQLITE_RANKED, [_fts5_query(terms, match_any=match_any), user.pk, exclude_conversation,
-                                            limit])
-            rows = cursor.fetchall()
     on_path = current_paths({row[3] for row in rows}) if shown else {}
     return [Hit(bubble=b, node=n, role=role, conversation=c, conversation_title=title or f"Conversation {c}",
                 rank=float(rank), snippet=_snippet(snippet), on_current_path=n in on_path.get(c, ()))
             for b, n, role, c, title, rank, snippet in rows]
+
+
+def _ranked(cursor, terms: list[str], *, user, exclude_conversation: int | None, limit: int,
+            match_any: bool) -> list[tuple]:
+    """The best `limit` of the caller's bubbles with all (any, `match_any`) of `terms`; SQLite's with snippets."""
+    if not terms:
+        return []
+    if connection.vendor != "postgresql":
+        cursor.execute(_SQLITE_RANKED, [_fts5_query(terms, match_any=match_any), user.pk, exclude_conversation, limit])
+        return cursor.fetchall()
+    config = settings.ARBOR_SEARCH_CONFIG
+    query = _tsquery(terms, match_any=match_any)
+    if match_any:
+        matches = " UNION ".join([_POSTGRES_MATCHES] * len(terms))
+        each = [p for t in terms for p in (config, _tsquery([t], match_any=True))]
+        cursor.execute(_POSTGRES_RANKED_ANY.format(matches=matches),
+                       [config, query, *each, user.pk, exclude_conversation, limit])
+    else:
+        cursor.execute(_POSTGRES_RANKED, [config, query, user.pk, exclude_conversation, limit])
+    return cursor.fetchall()
 
 
 def current_paths(conversation_ids: set[int]) -> dict[int, set[int]]:

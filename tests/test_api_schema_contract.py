@@ -320,6 +320,8 @@ def test_every_real_export_file_is_valid_against_the_declared_import_body(schema
     {"chat": {"history": []}},  # Open WebUI's history is an object of messages
     {"chat": "no object"},
     {"conversations": "no list"},  # Claude viewers' wrapper holds a list
+    {"conversationId": "c", "messagesTree": [], "messages": 0},  # each list LibreChat's export names is a list
+    {"format": "arbor.tree", "version": True, "conversation": {}, "nodes": []},  # true is no version 1
     [],
 ])
 def test_a_body_the_import_schema_refuses_is_refused_and_imports_nothing(schema, api, document):
@@ -336,6 +338,18 @@ def test_a_body_the_import_schema_refuses_is_refused_and_imports_nothing(schema,
     response = api.post("/api/conversations/import/", document, format="json")
     assert response.status_code == 400, response.content
     assert response.json()["error"]["code"] == "import_refused" and response.json()["error"]["message"]
+    assert Conversation.objects.count() == before
+
+
+def test_an_arbor_tree_of_version_1_point_0_is_refused(api):
+    """Review (ST201): OpenAPI 3.0's JSON Schema (draft 4, as schemathesis reads it) takes 1.0 for no integer;
+    the importer reads `version` as the integer 1 only, and writes nothing otherwise."""
+    from conversations.models import Conversation
+
+    before = Conversation.objects.count()
+    response = api.post("/api/conversations/import/", data=b'{"format": "arbor.tree", "version": 1.0, '
+                        b'"conversation": {}, "nodes": []}', content_type="application/json")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "import_refused"
     assert Conversation.objects.count() == before
 
 

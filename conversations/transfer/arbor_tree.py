@@ -92,7 +92,7 @@ def _rows(ids: array, model, fields: dict[str, str]) -> Iterator[dict[str, Any]]
 
 
 def _tree_plan(document: dict[str, Any]) -> Plan:
-    if document.get("version") != TREE_VERSION:
+    if type(document.get("version")) is not int or document["version"] != TREE_VERSION:  # true and 1.0 are no 1
         raise ImportRefused(f"Unsupported version {document.get('version')!r}; this Arbor reads {TREE_VERSION}.")
     meta = document.get("conversation")
     raw_nodes = document.get("nodes")

@@ -38,9 +38,10 @@ def plan(entry: Any, index: int) -> Plan:
     where = f"conversations[{index}]"
     if not isinstance(entry, dict):
         raise ImportRefused(f"{where}: not a LibreChat conversation.")
+    for key in ("messages", "messagesTree"):
+        if key in entry and not isinstance(entry[key], list):
+            raise ImportRefused(f"{where}.{key}: expected a list.")
     listed = entry.get("messagesTree") if "messagesTree" in entry else entry.get("messages")
-    if not isinstance(listed, list):
-        raise ImportRefused(f"{where}.messages: expected a list.")
     messages: dict[str, dict] = {}  # in the file's order, replies after their message
     stack = list(reversed(listed))
     while stack:  # the recursive export nests replies in `children`

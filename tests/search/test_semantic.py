@@ -256,6 +256,14 @@ def test_r2_a_common_word_chooses_no_candidates_while_a_distinctive_one_is_there
     alone = word_hits(user=user, question="weekly", limit=10, exclude_conversation=None)
     assert {h.conversation for h in alone} == {*(c.pk for c in weekly), invoice.pk}
     assert theirs.pk not in {h.conversation for h in alone}
+    # A word found nowhere (a typo, "thanks") is no distinctive word: the common ones still search.
+    found = word_hits(user=user, question="weekly standup thanks", limit=10, exclude_conversation=None)
+    assert {h.conversation for h in found} == {*(c.pk for c in weekly), invoice.pk}
+    found = word_hits(user=user, question="wekly standup", limit=10, exclude_conversation=None)
+    assert {h.conversation for h in found} == {c.pk for c in weekly}
+    # A distinctive word only the excluded conversation has (a follow-up in it): the common words still search.
+    found = word_hits(user=user, question="weekly invoice", limit=10, exclude_conversation=invoice.pk)
+    assert {h.conversation for h in found} == {c.pk for c in weekly}
     monkeypatch.setattr(query, "COMMON_FLOOR", 100)  # not common any more: every match is a candidate again
     found = word_hits(user=user, question="weekly invoice please", limit=10, exclude_conversation=None)
     assert {h.conversation for h in found} == {*(c.pk for c in weekly), invoice.pk}
