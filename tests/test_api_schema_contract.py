@@ -341,6 +341,17 @@ def test_a_body_the_import_schema_refuses_is_refused_and_imports_nothing(schema,
     assert Conversation.objects.count() == before
 
 
+def test_a_librechat_entry_without_messages_beside_one_with_them_is_skipped(api):
+    """Review: each entry of a list of LibreChat conversations is read alone; one with neither `messages` nor
+    `messagesTree` is skipped and named (no 500), the other imports."""
+    document = [{"conversationId": "a", "messages": [{"messageId": "m", "text": "hi", "isCreatedByUser": True}]},
+                {"conversationId": "b", "title": "x"}]
+    response = api.post("/api/conversations/import/", document, format="json")
+    assert response.status_code == 201, response.content
+    assert len(response.json()["conversations"]) == 1
+    assert response.json()["skipped"] == [{"index": 1, "error": "conversations[1].messages: expected a list."}]
+
+
 def test_an_arbor_tree_of_version_1_point_0_is_refused(api):
     """Review (ST201): OpenAPI 3.0's JSON Schema (draft 4, as schemathesis reads it) takes 1.0 for no integer;
     the importer reads `version` as the integer 1 only, and writes nothing otherwise."""

@@ -42,6 +42,8 @@ def plan(entry: Any, index: int) -> Plan:
         if key in entry and not isinstance(entry[key], list):
             raise ImportRefused(f"{where}.{key}: expected a list.")
     listed = entry.get("messagesTree") if "messagesTree" in entry else entry.get("messages")
+    if not isinstance(listed, list):  # an entry of a list, beside others that are conversations
+        raise ImportRefused(f"{where}.messages: expected a list.")
     messages: dict[str, dict] = {}  # in the file's order, replies after their message
     stack = list(reversed(listed))
     while stack:  # the recursive export nests replies in `children`
