@@ -79,30 +79,22 @@ def _tsquery(terms: list[str], *, match_any: bool) -> str:
     return (" | " if match_any else " & ").join(quoted)
 
 
+# `{match}`: the tsquery itself for a person's search (all the words); for retrieval's (`match_any`) the union of
+# each word's own index scan, a list the ranking reads by id. PostgreSQL's planner prices a GIN prefix scan far
+# above its cost and, for an OR of several, chose a scan of every document instead (20-40x slower on
+# bench_retrieval's 100,000 pieces); one word at a time it chooses the index.
 _POSTGRES_RANKED = """
 SELECT b.id, b.node_id, b.role, c.id, c.title, ts_rank(d.vector, q.query) AS rank
 FROM search_bubbledocument d
 JOIN conversations_bubble b ON b.id = d.bubble_id
 JOIN conversations_conversation c ON c.id = b.conversation_id,
      to_tsquery(%s::regconfig, %s) AS q(query)
-WHERE c.owner_id = %s AND c.id IS DISTINCT FROM %s AND d.vector @@ q.query
+WHERE {match} AND c.owner_id = %s AND c.id IS DISTINCT FROM %s
 ORDER BY rank DESC, b.id DESC
 LIMIT %s
 """
-# Retrieval's form (`match_any`): the candidates are the union of each word's own index scan, a list the ranking
-# reads by id. PostgreSQL's planner prices a GIN prefix scan far above its cost and, for an OR of several, chose a
-# scan of every document instead (20-40x slower on bench_retrieval's 100,000 pieces); one word at a time it
-# chooses the index.
-_POSTGRES_RANKED_ANY = """
-SELECT b.id, b.node_id, b.role, c.id, c.title, ts_rank(d.vector, q.query) AS rank
-FROM search_bubbledocument d
-JOIN conversations_bubble b ON b.id = d.bubble_id
-JOIN conversations_conversation c ON c.id = b.conversation_id,
-     to_tsquery(%s::regconfig, %s) AS q(query)
-WHERE d.bubble_id = ANY(ARRAY({matches})) AND c.owner_id = %s AND c.id IS DISTINCT FROM %s
-ORDER BY rank DESC, b.id DESC
-LIMIT %s
-"""
+_POSTGRES_ALL = "d.vector @@ q.query"
+_POSTGRES_ANY = "d.bubble_id = ANY(ARRAY({matches}))"
 _POSTGRES_MATCHES = "SELECT bubble_id FROM search_bubbledocument WHERE vector @@ to_tsquery(%s::regconfig, %s)"
 _POSTGRES_INDEXED = "SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'search_bubbledocument'::regclass"
 _POSTGRES_COUNT = ("(SELECT count(*) FROM (SELECT 1 FROM search_bubbledocument "
@@ -207,12 +199,11 @@ def _ranked(cursor, terms: list[str], *, user, exclude_conversation: int | None,
     config = settings.ARBOR_SEARCH_CONFIG
     query = _tsquery(terms, match_any=match_any)
     if match_any:
-        matches = " UNION ".join([_POSTGRES_MATCHES] * len(terms))
+        match = _POSTGRES_ANY.format(matches=" UNION ".join([_POSTGRES_MATCHES] * len(terms)))
         each = [p for t in terms for p in (config, _tsquery([t], match_any=True))]
-        cursor.execute(_POSTGRES_RANKED_ANY.format(matches=matches),
-                       [config, query, *each, user.pk, exclude_conversation, limit])
     else:
-        cursor.execute(_POSTGRES_RANKED, [config, query, user.pk, exclude_conversation, limit])
+        match, each = _POSTGRES_ALL, []
+    cursor.execute(_POSTGRES_RANKED.format(match=match), [config, query, *each, user.pk, exclude_conversation, limit])
     return cursor.fetchall()
 
 
