@@ -25,6 +25,14 @@ class ApprovalPending(ArborError):
     status = 409
 
 
+class NotABranch(ArborError):
+    """A well-formed mark the node cannot take as it is now (a side call, a detached node, a star where the
+    conversation could not open): the node's state, not the request, is the conflict."""
+
+    code = "not_a_branch"
+    status = 409
+
+
 class BeforeCompaction(ArborError):
     code = "before_compaction"
     status = 409

@@ -12,7 +12,7 @@ from django.utils import timezone
 from config.errors import ArborError, BadInput, NotFound
 from config.together import Together, Written, together
 from conversations import jobs
-from conversations.errors import TurnInProgress
+from conversations.errors import NotABranch, TurnInProgress
 from conversations.locks import TurnLock, head_guard
 from conversations.models import Bubble, Conversation, Node, Preferences, ToolApproval
 from conversations.selectors import conversation_has_node, history_ids, latest_tip
@@ -81,15 +81,15 @@ def branch_mark(*, node: Node, label: str | None = None, starred: bool | None = 
     """Name or star the branch a turn leads (the tree map's marks, issue 16); the mark is kept on the turn's node.
     One star a conversation: starring takes it off any other. Nothing a call sent or received changes.
 
-    Refused (BadInput, nothing changed): a side call (a title or summarising call is no branch), a node no longer
-    in any conversation, and a star on a node the head cannot rest on (an overflow, a call under way).
+    Refused (NotABranch, 409, nothing changed): a side call (a title or summarising call is no branch), a node no
+    longer in any conversation, and a star on a node the head cannot rest on (an overflow, a call under way).
     """
     if node.conversation_id is None:
-        raise BadInput(f"Node {node.pk} is no longer part of a conversation.")
+        raise NotABranch(f"Node {node.pk} is no longer part of a conversation.")
     if node.is_side_call:
-        raise BadInput(f"Node {node.pk} is a side call (a title or a summary), not a branch.")
+        raise NotABranch(f"Node {node.pk} is a side call (a title or a summary), not a branch.")
     if starred and not Node.objects.can_be_head().filter(pk=node.pk).exists():
-        raise BadInput(f"Node {node.pk} cannot be starred: the conversation could not open on it.")
+        raise NotABranch(f"Node {node.pk} cannot be starred: the conversation could not open on it.")
     with transaction.atomic():
         if starred:
             Node.objects.filter(conversation_id=node.conversation_id, starred=True).exclude(pk=node.pk).update(

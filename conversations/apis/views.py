@@ -302,7 +302,10 @@ class NodeDetail(generics.GenericAPIView):
     def get(self, request: Request, node_id: int) -> Response:
         return Response(s.NodeOut(node_for_user(user=request.user, node_id=node_id)).data)
 
-    @extend_schema(request=s.NodeMarkIn, responses=s.NodeOut, description=(
+    @extend_schema(request=s.NodeMarkIn, responses={
+        200: s.NodeOut, 409: OpenApiResponse(description="not_a_branch: a side call or a detached node takes no "
+                                                         "mark; a star only where the conversation can open")},
+        description=(
         "Name (`label`, up to 40 characters; empty removes it) or star (`starred`) the branch that ends at this "
         "node. One star a conversation: starring takes it off any other branch. The conversation then opens on "
         "its starred branch. What the node sent and received never changes."))
