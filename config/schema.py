@@ -7,6 +7,7 @@ only what is its own; scripts/fuzz holds the API to the result. Imports no app.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from rest_framework.settings import api_settings
@@ -194,34 +195,34 @@ def _refs(node: Any, schemas: dict | None = None) -> set[str]:
 BLANK = {"type": "string", "maxLength": 0}
 
 
+def _schemas_in(node: Any) -> Iterator[dict]:
+    """Every object in a schema document, nested ones included."""
+    stack = [node]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            yield value
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+
+
 def _blank_or_constrained(node: Any) -> None:
     """drf-spectacular gives a blank-allowed text with a pattern `oneOf: [<pattern>, <empty text>]`; the empty
     text meets both branches when the pattern allows it (a label's "" does), and `oneOf` then refuses the very
     value that removes a label. Any one of them is what the API reads: `anyOf`."""
-    stack = [node]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            if BLANK in value.get("oneOf", ()):
-                value["anyOf"] = value.pop("oneOf")
-            stack.extend(value.values())
-        elif isinstance(value, list):
-            stack.extend(value)
+    for schema in _schemas_in(node):
+        if BLANK in schema.get("oneOf", ()):
+            schema["anyOf"] = schema.pop("oneOf")
 
 
 def _bound_integers(node: Any) -> None:
     """Give every integer schema without bounds the int64 range (a larger number is a 400, not a value)."""
-    stack = [node]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            if value.get("type") == "integer" and "enum" not in value:
-                value.setdefault("format", "int64")
-                value.setdefault("minimum", INT64_MIN)
-                value.setdefault("maximum", INT64_MAX)
-            stack.extend(value.values())
-        elif isinstance(value, list):
-            stack.extend(value)
+    for schema in _schemas_in(node):
+        if schema.get("type") == "integer" and "enum" not in schema:
+            schema.setdefault("format", "int64")
+            schema.setdefault("minimum", INT64_MIN)
+            schema.setdefault("maximum", INT64_MAX)
 
 
 class PaginatedList:

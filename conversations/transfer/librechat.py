@@ -38,12 +38,13 @@ def plan(entry: Any, index: int) -> Plan:
     where = f"conversations[{index}]"
     if not isinstance(entry, dict):
         raise ImportRefused(f"{where}: not a LibreChat conversation.")
-    for key in ("messages", "messagesTree"):
-        if key in entry and not isinstance(entry[key], list):
+    # The recursive export's tree wins over a flat list beside it; an entry of a list with neither (beside
+    # others that are conversations) is refused as missing its messages.
+    named = [key for key in ("messagesTree", "messages") if key in entry]
+    for key in named or ["messages"]:
+        if not isinstance(entry.get(key), list):
             raise ImportRefused(f"{where}.{key}: expected a list.")
-    listed = entry.get("messagesTree") if "messagesTree" in entry else entry.get("messages")
-    if not isinstance(listed, list):  # an entry of a list, beside others that are conversations
-        raise ImportRefused(f"{where}.messages: expected a list.")
+    listed = entry[named[0]]
     messages: dict[str, dict] = {}  # in the file's order, replies after their message
     stack = list(reversed(listed))
     while stack:  # the recursive export nests replies in `children`
