@@ -53,24 +53,33 @@
   // person is at the bottom; once they scroll up it stays where they are and "Jump to latest" appears.
 
   let pinned = true;
+  let pinnedTop = 0;  // scrollTop when the view was last known to be at the bottom
 
   function atBottom() {
     return box.scrollHeight - box.scrollTop - box.clientHeight < 80;
   }
 
+  function notePlace() {
+    pinned = atBottom();
+    if (pinned) pinnedTop = box.scrollTop;
+  }
+
   function toLatest() {
     box.scrollTop = box.scrollHeight;
-    pinned = true;
+    notePlace();
     jumpButton.hidden = true;
   }
 
   function follow() {
-    if (pinned) box.scrollTop = box.scrollHeight;
+    // A scroll up whose "scroll" event has not fired yet (a token can come first) still counts: the view is
+    // above where it was last at the bottom, and no longer there.
+    if (pinned && box.scrollTop < pinnedTop - 1 && !atBottom()) pinned = false;
+    if (pinned) toLatest();
     else jumpButton.hidden = false;
   }
 
   box.addEventListener("scroll", () => {
-    pinned = atBottom();
+    notePlace();
     if (pinned) jumpButton.hidden = true;
   }, { passive: true });
   jumpButton.addEventListener("click", () => { toLatest(); input.focus(); });
@@ -315,7 +324,7 @@
     if (again) box.scrollTop += again.getBoundingClientRect().top - box.getBoundingClientRect().top - where.offset;
     else if (wasPinned) toLatest();
     else box.scrollTop = top;
-    pinned = atBottom();
+    notePlace();
     jumpButton.hidden = pinned || !running;
     chat.dispatchEvent(new CustomEvent("arbor:redrawn"));
   }

@@ -83,6 +83,39 @@ def test_issue_16_the_view_follows_a_stream_until_the_person_scrolls_up_then_off
     assert _at_bottom(browser), "the finished answer is in view"
 
 
+# Keeps each WebSocket the page opens, so a test can hand the page an event as if the server had sent it.
+KEEP_SOCKETS = """
+    window.sockets = [];
+    const Real = window.WebSocket;
+    window.WebSocket = class extends Real { constructor(...args) { super(...args); window.sockets.push(this); } };
+"""
+
+
+def test_issue_16_a_scroll_up_just_before_a_token_is_not_undone(browser, asgi_server, user):
+    """A person's scroll up whose "scroll" event has not fired yet when a token arrives (Chromium fires it at the
+    next frame; a socket message can come first) is theirs: the token does not pull the view back down, and
+    "Jump to latest" appears. The token is handed to the page's socket in the same script as the scroll, so the
+    order is certain."""
+    conversation = bulk_conversation(user, turns=20, branch_every=0)
+    browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": KEEP_SOCKETS})
+    sign_in(browser, asgi_server, user)
+    _open(browser, asgi_server, conversation)
+    assert _at_bottom(browser)
+    held, after = browser.execute_script(f"""
+        const box = {BOX};
+        box.scrollTop = box.scrollTop - 600;
+        const held = box.scrollTop;
+        const token = JSON.stringify({{type: "token", text: "one more word "}});
+        window.sockets.at(-1).dispatchEvent(new MessageEvent("message", {{data: token}}));
+        return [held, box.scrollTop];
+    """)
+    assert browser.find_elements(By.CSS_SELECTOR, ".msg.streaming"), "the token reached the page"
+    assert after == held, "the token left the view where the person put it"
+    jump = browser.find_element(By.ID, "jump-latest")
+    wait(browser).until(lambda d: _on_top(d, jump))
+    assert _scroll(browser)["top"] == held
+
+
 def test_issue_16_t8_arrows_switch_versions_in_place_keeping_the_question_where_it_stood(browser, asgi_server, user):
     """◀ / ▶ switch branches without a reload (the page's own state survives) and without moving the question:
     its distance from the top of the list's view is kept, and focus stays on the arrows."""
