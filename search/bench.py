@@ -13,7 +13,11 @@
 3. Worker throughput: the embedding sweep (what the worker runs in the background) over the background turns,
    chunks a second, one process.
 
-It writes a user `arbor-bench-retrieval` and its conversations, and deletes them at the end. It prints figures;
+`--others N` first gives another person N pieces of the same words (distractors and background turns): their
+messages should cost this person's searches nothing and change none of their results.
+
+It writes users `arbor-bench-retrieval` (and `arbor-bench-retrieval-other`) and their conversations, and deletes
+them at the end. It prints figures;
 it asserts nothing about time.
 """
 
@@ -39,6 +43,7 @@ from search.index import index_bubbles, unindexed_bubbles
 from search.models import ChunkVector
 
 USERNAME = "arbor-bench-retrieval"
+OTHER = "arbor-bench-retrieval-other"
 
 # (base form, other forms a person uses)
 ACTIONS = [("cancel", ["cancelling", "cancellation", "cancelled"]), ("renew", ["renewing", "renewal", "renewed"]),
@@ -127,16 +132,25 @@ class Command(BaseCommand):
         parser.add_argument("--sizes", default="10000,100000", help="chunks of the user to measure at")
         parser.add_argument("--queries", type=int, default=60, help="questions timed at each size (60)")
         parser.add_argument("--repeat", type=int, default=3, help="rounds of each question (3)")
+        parser.add_argument("--others", type=int, default=0, help="another person's pieces in the database (0)")
         parser.add_argument("--keep", action="store_true", help="leave the data in the database")
 
-    def handle(self, *args, facts: int, distractors: int, sizes: str, queries: int, repeat: int, keep: bool,
-               **options):
+    def handle(self, *args, facts: int, distractors: int, sizes: str, queries: int, repeat: int, others: int,
+               keep: bool, **options):
         rng = random.Random(18)
         settings.ARBOR_EMBEDDING_MODEL = "arbor/echo-embed"  # the figures are this model's, whatever is set
         user, _ = get_user_model().objects.get_or_create(username=USERNAME)
+        other, _ = get_user_model().objects.get_or_create(username=OTHER)
         self._clear(user)
+        self._clear(other)
         self.stdout.write(f"database: {connection.vendor}; vector scoring: {vectors.backend()}; "
                           f"embedding model: arbor/echo-embed")
+        if others:
+            apart = random.Random(1800)  # their own draws: this person's set is the same with or without them
+            theirs = _distractors(apart, others // 10) + [_background(apart) for _ in range(others - others // 10)]
+            self._build(other, theirs, rng, total_chunks=0)
+            self.stdout.write(f"another person has {ChunkVector.objects.filter(owner=other).count()} pieces of "
+                              "the same words")
         pairs = _facts(rng, facts)
         texts = [stored for stored, _ in pairs] + _distractors(rng, distractors)
         order = list(range(len(texts)))
@@ -158,6 +172,7 @@ class Command(BaseCommand):
         finally:
             if not keep:
                 self._clear(user)
+                self._clear(other)
 
     def _clear(self, user) -> None:
         Conversation.objects.filter(owner=user).update(head=None)

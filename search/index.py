@@ -10,6 +10,7 @@ from django.db import connection, transaction
 from conversations.models import Bubble
 
 INDEXED_ROLES = (Bubble.Role.USER, Bubble.Role.ASSISTANT)
+_BUBBLES_OWNERS = "FROM conversations_bubble b JOIN conversations_conversation c ON c.id = b.conversation_id"
 
 
 def unindexed_bubbles(*, conversation_id: int | None = None, limit: int = 5000) -> list[int]:
@@ -28,9 +29,11 @@ def index_bubbles(bubble_ids: Sequence[int]) -> int:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
-                """INSERT INTO search_bubbledocument (bubble_id, vector, indexed_at)
-                   SELECT id, to_tsvector(%s::regconfig, content), now() FROM conversations_bubble WHERE id = ANY(%s)
-                   ON CONFLICT (bubble_id) DO UPDATE SET vector = EXCLUDED.vector, indexed_at = EXCLUDED.indexed_at""",
+                f"""INSERT INTO search_bubbledocument (bubble_id, owner_id, vector, indexed_at)
+                   SELECT b.id, c.owner_id, to_tsvector(%s::regconfig, b.content), now() {_BUBBLES_OWNERS}
+                   WHERE b.id = ANY(%s)
+                   ON CONFLICT (bubble_id) DO UPDATE SET owner_id = EXCLUDED.owner_id, vector = EXCLUDED.vector,
+                                                         indexed_at = EXCLUDED.indexed_at""",
                 [settings.ARBOR_SEARCH_CONFIG, ids],
             )
             return cursor.rowcount
@@ -38,8 +41,8 @@ def index_bubbles(bubble_ids: Sequence[int]) -> int:
         cursor.execute(f"DELETE FROM search_fts WHERE rowid IN ({marks})", ids)
         cursor.execute(f"INSERT INTO search_fts (rowid, content) SELECT id, content FROM conversations_bubble "
                        f"WHERE id IN ({marks})", ids)
-        cursor.execute(f"INSERT OR REPLACE INTO search_bubbledocument (bubble_id, indexed_at) "
-                       f"SELECT id, datetime('now') FROM conversations_bubble WHERE id IN ({marks})", ids)
+        cursor.execute(f"INSERT OR REPLACE INTO search_bubbledocument (bubble_id, owner_id, indexed_at) "
+                       f"SELECT b.id, c.owner_id, datetime('now') {_BUBBLES_OWNERS} WHERE b.id IN ({marks})", ids)
         return cursor.rowcount
 
 

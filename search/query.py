@@ -89,19 +89,20 @@ FROM search_bubbledocument d
 JOIN conversations_bubble b ON b.id = d.bubble_id
 JOIN conversations_conversation c ON c.id = b.conversation_id,
      to_tsquery(%s::regconfig, %s) AS q(query)
-WHERE {match} AND c.owner_id = %s AND c.id IS DISTINCT FROM %s
+WHERE {match} AND c.id IS DISTINCT FROM %s
 ORDER BY rank DESC, b.id DESC
 LIMIT %s
 """
-_POSTGRES_ALL = "d.vector @@ q.query"
+# Every match is the caller's (`d.owner_id`, the first column of the GIN index, search.models.BubbleDocument).
+_POSTGRES_ALL = "d.owner_id = %s AND d.vector @@ q.query"
 _POSTGRES_ANY = "d.bubble_id = ANY(ARRAY({matches}))"
-_POSTGRES_MATCHES = "SELECT bubble_id FROM search_bubbledocument WHERE vector @@ to_tsquery(%s::regconfig, %s)"
-_POSTGRES_INDEXED = "SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'search_bubbledocument'::regclass"
+_POSTGRES_MATCHES = ("SELECT bubble_id FROM search_bubbledocument "
+                     "WHERE owner_id = %s AND vector @@ to_tsquery(%s::regconfig, %s)")
 _POSTGRES_COUNT = ("(SELECT count(*) FROM (SELECT 1 FROM search_bubbledocument "
-                   "WHERE vector @@ to_tsquery(%s::regconfig, %s) LIMIT %s) AS s)")
-# Bubble ids: an upper bound of the count, read from the end of the index (FTS5 keeps rows in rowid order).
-_SQLITE_INDEXED = "SELECT coalesce((SELECT rowid FROM search_fts ORDER BY rowid DESC LIMIT 1), 0)"
-_SQLITE_COUNT = "(SELECT count(*) FROM (SELECT 1 FROM search_fts WHERE search_fts MATCH %s LIMIT %s))"
+                   "WHERE owner_id = %s AND vector @@ to_tsquery(%s::regconfig, %s) LIMIT %s) AS s)")
+# FTS5 finds the word among everyone's; the owner is read beside each match (the entry's primary key).
+_SQLITE_COUNT = ("(SELECT count(*) FROM (SELECT 1 FROM search_fts JOIN search_bubbledocument d "
+                 "ON d.bubble_id = search_fts.rowid WHERE search_fts MATCH %s AND d.owner_id = %s LIMIT %s))")
 _POSTGRES_SNIPPETS = """
 SELECT b.id, ts_headline(
     %s::regconfig, b.content, to_tsquery(%s::regconfig, %s),
@@ -112,34 +113,33 @@ _SQLITE_RANKED = """
 SELECT b.id, b.node_id, b.role, c.id, c.title, -bm25(search_fts) AS rank,
        snippet(search_fts, 0, char(2), char(3), '…', 16)
 FROM search_fts
+JOIN search_bubbledocument d ON d.bubble_id = search_fts.rowid
 JOIN conversations_bubble b ON b.id = search_fts.rowid
 JOIN conversations_conversation c ON c.id = b.conversation_id
-WHERE search_fts MATCH %s AND c.owner_id = %s AND c.id IS NOT %s
+WHERE search_fts MATCH %s AND d.owner_id = %s AND c.id IS NOT %s
 ORDER BY bm25(search_fts), b.id DESC
 LIMIT %s
 """
 
 
-# A question's word that matches at least this share of all indexed bubbles (and at least COMMON_FLOOR of them)
-# is too common to choose retrieval's candidates by: ranking every bubble that has it is what made a question's
-# words cost 100 ms at 100,000 pieces, and a word that common says little about what the question is about.
-# Counted over every owner's bubbles, as the index holds them: the owner is known only after the match.
-COMMON_SHARE = 0.01
-COMMON_FLOOR = 1000
+# A question's word found in at least this many of the person's own messages is too common to choose retrieval's
+# candidates by: ranking every message that has it is what made a question's words cost 100 ms at 100,000 pieces,
+# and a word that common says little about what the question is about. A number, not a share of the person's
+# messages, so that a word's cost is bounded however many they have (1% of bench_retrieval's 100,000 pieces).
+# Counted among the person's messages only: nobody else's make a word common or slow for them.
+COMMON = 1000
 
 
-def distinctive_terms(cursor, terms: list[str]) -> list[str]:
-    """Retrieval's words that match something but not too much (COMMON_SHARE), each counted only up to that
-    many matches; maybe none."""
-    cursor.execute(_POSTGRES_INDEXED if connection.vendor == "postgresql" else _SQLITE_INDEXED)
-    common = max(COMMON_FLOOR, int(cursor.fetchone()[0] * COMMON_SHARE))
+def distinctive_terms(cursor, terms: list[str], *, owner_id: int) -> list[str]:
+    """Retrieval's words found in some of the owner's messages but fewer than COMMON (each counted only up to
+    that); maybe none."""
     if connection.vendor == "postgresql":
         config = settings.ARBOR_SEARCH_CONFIG
-        counts = [(_POSTGRES_COUNT, [config, _tsquery([t], match_any=True), common]) for t in terms]
+        counts = [(_POSTGRES_COUNT, [owner_id, config, _tsquery([t], match_any=True), COMMON]) for t in terms]
     else:
-        counts = [(_SQLITE_COUNT, [_fts5_query([t], match_any=True), common]) for t in terms]
+        counts = [(_SQLITE_COUNT, [_fts5_query([t], match_any=True), owner_id, COMMON]) for t in terms]
     cursor.execute("SELECT " + ", ".join(sql for sql, _ in counts), [p for _, params in counts for p in params])
-    return [term for term, found in zip(terms, cursor.fetchone(), strict=True) if 0 < found < common]
+    return [term for term, found in zip(terms, cursor.fetchone(), strict=True) if 0 < found < COMMON]
 
 
 def check_query(query: object) -> None:
@@ -168,7 +168,7 @@ def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False
         rows, used = [], terms
         # Retrieval asks by its distinctive words first; when they find nothing here (none, or only in the
         # excluded conversation), by all of them: a slower search beats none.
-        if match_any and (distinctive := distinctive_terms(cursor, terms)) != terms:
+        if match_any and (distinctive := distinctive_terms(cursor, terms, owner_id=user.pk)) != terms:
             rows, used = _ranked(cursor, distinctive, user=user, exclude_conversation=exclude_conversation,
                                  limit=limit, match_any=True), distinctive
         if not rows:
@@ -200,10 +200,10 @@ def _ranked(cursor, terms: list[str], *, user, exclude_conversation: int | None,
     query = _tsquery(terms, match_any=match_any)
     if match_any:
         match = _POSTGRES_ANY.format(matches=" UNION ".join([_POSTGRES_MATCHES] * len(terms)))
-        each = [p for t in terms for p in (config, _tsquery([t], match_any=True))]
+        owned = [p for t in terms for p in (user.pk, config, _tsquery([t], match_any=True))]
     else:
-        match, each = _POSTGRES_ALL, []
-    cursor.execute(_POSTGRES_RANKED.format(match=match), [config, query, *each, user.pk, exclude_conversation, limit])
+        match, owned = _POSTGRES_ALL, [user.pk]
+    cursor.execute(_POSTGRES_RANKED.format(match=match), [config, query, *owned, exclude_conversation, limit])
     return cursor.fetchall()
 
 

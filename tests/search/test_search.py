@@ -98,3 +98,34 @@ def test_issue_16_a_prefix_finds_the_word_and_word_forms_match_where_the_databas
     for syntax in ('"', "NEAR(", "sal:*", "sales & apples |", "-", "'"):
         search_bubbles(user=user, query=syntax)  # no syntax error reaches the person
     assert search_bubbles(user=user, query="!!!") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_index_made_before_entries_had_owners_gets_them_and_still_finds_only_the_callers_own(
+        user, other_user, conversation):
+    """Migration 0005 on a database with entries: each gets its conversation's owner, so search (which now asks
+    the index for the caller's entries) finds what it found before, and another person's nothing. PostgreSQL's
+    tsvector index becomes one over (owner, tsvector)."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    _indexed(conversation, "Quarterly revenue in Seoul grew")
+    theirs = services.conversation_create(owner=other_user, title="theirs")
+    _indexed(theirs, "Their revenue is secret")
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("search")
+    try:
+        executor.migrate([("search", "0004_pgvector")])
+        with connection.cursor() as cursor:  # entries as 0004 left them: no owner column
+            columns = [c.name for c in connection.introspection.get_table_description(cursor, "search_bubbledocument")]
+        assert "owner_id" not in columns
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(latest)
+    assert {h.conversation for h in search_bubbles(user=user, query="revenue")} == {conversation.pk}
+    assert {h.conversation for h in search_bubbles(user=other_user, query="revenue")} == {theirs.pk}
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'search_bubbledocument'")
+            indexes = {row[0] for row in cursor.fetchall()}
+        assert "search_owner_vector_gin" in indexes and "search_bubble_vector_gin" not in indexes

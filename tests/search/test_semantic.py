@@ -8,6 +8,7 @@ import math
 import time
 
 import pytest
+from django.db import connection
 from django.urls import reverse
 
 from conversations import llm, services
@@ -240,22 +241,22 @@ def test_hybrid_retrieval_finds_a_paraphrase_full_text_misses_and_keeps_word_hit
 
 
 def test_r2_a_common_word_chooses_no_candidates_while_a_distinctive_one_is_there(user, other_user, monkeypatch):
-    """A question's word in at least COMMON_SHARE of all indexed messages (at least COMMON_FLOOR) picks no
-    full-text candidates when the question has rarer words: "weekly" in every message would make full-text rank
-    all of them (what cost 100 ms at 100,000 pieces, bench_retrieval). Alone, common words still search."""
+    """A question's word in at least COMMON of the person's own messages picks no full-text candidates when the
+    question has rarer words: "weekly" in every message would make full-text rank all of them (what cost 100 ms
+    at 100,000 pieces, bench_retrieval). Alone, common words still search. Another person's messages count for
+    nothing: their many invoices leave "invoice" distinctive for this person."""
     from search import query
 
-    monkeypatch.setattr(query, "COMMON_FLOOR", 6)
-    monkeypatch.setattr(query, "COMMON_SHARE", 0.0)
+    monkeypatch.setattr(query, "COMMON", 6)  # each conversation holds a question and echo's answer with its words
     weekly = [_conversation(user, f"Weekly {n}", f"Weekly standup notes number {n}") for n in range(3)]
-    theirs = _conversation(other_user, "Theirs", "Weekly standup of another person")  # counted, never found
+    theirs = [_conversation(other_user, f"Theirs {n}", f"Weekly invoice dispute {n}") for n in range(4)]
     invoice = _conversation(user, "Billing", "Weekly invoice audit for the Lisbon office")
     worker.run_due()
     found = word_hits(user=user, question="weekly invoice please", limit=10, exclude_conversation=None)
     assert {h.conversation for h in found} == {invoice.pk}, "the standups share only the common word"
     alone = word_hits(user=user, question="weekly", limit=10, exclude_conversation=None)
     assert {h.conversation for h in alone} == {*(c.pk for c in weekly), invoice.pk}
-    assert theirs.pk not in {h.conversation for h in alone}
+    assert not {c.pk for c in theirs} & {h.conversation for h in alone}, "another person's are never found"
     # A word found nowhere (a typo, "thanks") is no distinctive word: the common ones still search.
     found = word_hits(user=user, question="weekly standup thanks", limit=10, exclude_conversation=None)
     assert {h.conversation for h in found} == {*(c.pk for c in weekly), invoice.pk}
@@ -264,7 +265,11 @@ def test_r2_a_common_word_chooses_no_candidates_while_a_distinctive_one_is_there
     # A distinctive word only the excluded conversation has (a follow-up in it): the common words still search.
     found = word_hits(user=user, question="weekly invoice", limit=10, exclude_conversation=invoice.pk)
     assert {h.conversation for h in found} == {c.pk for c in weekly}
-    monkeypatch.setattr(query, "COMMON_FLOOR", 100)  # not common any more: every match is a candidate again
+    # Each person's words are counted among their own messages: "invoice" is common for the other person only.
+    with connection.cursor() as cursor:
+        assert query.distinctive_terms(cursor, ["weekly", "invoice"], owner_id=user.pk) == ["invoice"]
+        assert query.distinctive_terms(cursor, ["weekly", "invoice"], owner_id=other_user.pk) == []
+    monkeypatch.setattr(query, "COMMON", 100)  # not common any more: every match is a candidate again
     found = word_hits(user=user, question="weekly invoice please", limit=10, exclude_conversation=None)
     assert {h.conversation for h in found} == {*(c.pk for c in weekly), invoice.pk}
     assert found[0].conversation == invoice.pk, "two words beat one"
