@@ -1,8 +1,8 @@
 """Full-text search over the caller's own conversations, across every branch (issue 7).
 
-PostgreSQL: a to_tsquery of the typed words against the GIN-indexed tsvector, ranked with ts_rank, snippets from
-ts_headline. SQLite: FTS5 MATCH, ranked with bm25, snippets from snippet(). Only the ranked page of hits gets
-snippets, so a common word costs one ranking pass, not a headline per match.
+PostgreSQL: a to_tsquery of the typed words against the caller's tsvectors (one GIN index over owner and words),
+ranked with ts_rank, snippets from ts_headline. SQLite: FTS5 MATCH, ranked with bm25, snippets from snippet().
+Only the ranked page of hits gets snippets, so a common word costs one ranking pass, not a headline per match.
 
 A person's words match as prefixes ("sal" finds "sales", issue 16) from MIN_PREFIX characters on; word forms come
 from the database's stemming where it has one (SQLite's index uses the Porter stemmer, English; PostgreSQL's
@@ -89,20 +89,24 @@ FROM search_bubbledocument d
 JOIN conversations_bubble b ON b.id = d.bubble_id
 JOIN conversations_conversation c ON c.id = b.conversation_id,
      to_tsquery(%s::regconfig, %s) AS q(query)
-WHERE {match} AND c.id IS DISTINCT FROM %s
+WHERE {match} AND c.owner_id = %s AND c.id IS DISTINCT FROM %s
 ORDER BY rank DESC, b.id DESC
 LIMIT %s
 """
-# Every match is the caller's (`d.owner_id`, the first column of the GIN index, search.models.BubbleDocument).
+# The index is asked for the caller's entries (`d.owner_id`, search.models.BubbleDocument: one GIN index over owner
+# and words, which intersects the word's entries with the owner's); the conversation's owner is checked as well.
 _POSTGRES_ALL = "d.owner_id = %s AND d.vector @@ q.query"
 _POSTGRES_ANY = "d.bubble_id = ANY(ARRAY({matches}))"
 _POSTGRES_MATCHES = ("SELECT bubble_id FROM search_bubbledocument "
                      "WHERE owner_id = %s AND vector @@ to_tsquery(%s::regconfig, %s)")
 _POSTGRES_COUNT = ("(SELECT count(*) FROM (SELECT 1 FROM search_bubbledocument "
                    "WHERE owner_id = %s AND vector @@ to_tsquery(%s::regconfig, %s) LIMIT %s) AS s)")
-# FTS5 finds the word among everyone's; the owner is read beside each match (the entry's primary key).
-_SQLITE_COUNT = ("(SELECT count(*) FROM (SELECT 1 FROM search_fts JOIN search_bubbledocument d "
-                 "ON d.bubble_id = search_fts.rowid WHERE search_fts MATCH %s AND d.owner_id = %s LIMIT %s))")
+# FTS5 has no owner to ask by: it walks everyone's matches of a word, reading each one's owner beside it. A word
+# with at least `walk` matches of anyone's is common too (the count says COMMON), whatever the person's own count:
+# ranking it would walk them all again (bm25 over every match).
+_SQLITE_COUNT = ("(SELECT CASE WHEN count(*) >= %s THEN %s ELSE coalesce(sum(mine), 0) END FROM ("
+                 "SELECT d.owner_id = %s AS mine FROM search_fts JOIN search_bubbledocument d "
+                 "ON d.bubble_id = search_fts.rowid WHERE search_fts MATCH %s LIMIT %s))")
 _POSTGRES_SNIPPETS = """
 SELECT b.id, ts_headline(
     %s::regconfig, b.content, to_tsquery(%s::regconfig, %s),
@@ -113,10 +117,9 @@ _SQLITE_RANKED = """
 SELECT b.id, b.node_id, b.role, c.id, c.title, -bm25(search_fts) AS rank,
        snippet(search_fts, 0, char(2), char(3), '…', 16)
 FROM search_fts
-JOIN search_bubbledocument d ON d.bubble_id = search_fts.rowid
 JOIN conversations_bubble b ON b.id = search_fts.rowid
 JOIN conversations_conversation c ON c.id = b.conversation_id
-WHERE search_fts MATCH %s AND d.owner_id = %s AND c.id IS NOT %s
+WHERE search_fts MATCH %s AND c.owner_id = %s AND c.id IS NOT %s
 ORDER BY bm25(search_fts), b.id DESC
 LIMIT %s
 """
@@ -126,8 +129,10 @@ LIMIT %s
 # candidates by: ranking every message that has it is what made a question's words cost 100 ms at 100,000 pieces,
 # and a word that common says little about what the question is about. A number, not a share of the person's
 # messages, so that a word's cost is bounded however many they have (1% of bench_retrieval's 100,000 pieces).
-# Counted among the person's messages only: nobody else's make a word common or slow for them.
+# Counted among the person's messages only: nobody else's make a word common or slow for them (on PostgreSQL;
+# SQLite, the embedded default for one person, also counts a word that WALK times as common in anyone's as common).
 COMMON = 1000
+WALK = 10
 
 
 def distinctive_terms(cursor, terms: list[str], *, owner_id: int) -> list[str]:
@@ -137,7 +142,8 @@ def distinctive_terms(cursor, terms: list[str], *, owner_id: int) -> list[str]:
         config = settings.ARBOR_SEARCH_CONFIG
         counts = [(_POSTGRES_COUNT, [owner_id, config, _tsquery([t], match_any=True), COMMON]) for t in terms]
     else:
-        counts = [(_SQLITE_COUNT, [_fts5_query([t], match_any=True), owner_id, COMMON]) for t in terms]
+        walk = WALK * COMMON
+        counts = [(_SQLITE_COUNT, [walk, COMMON, owner_id, _fts5_query([t], match_any=True), walk]) for t in terms]
     cursor.execute("SELECT " + ", ".join(sql for sql, _ in counts), [p for _, params in counts for p in params])
     return [term for term, found in zip(terms, cursor.fetchone(), strict=True) if 0 < found < COMMON]
 
@@ -203,7 +209,8 @@ def _ranked(cursor, terms: list[str], *, user, exclude_conversation: int | None,
         owned = [p for t in terms for p in (user.pk, config, _tsquery([t], match_any=True))]
     else:
         match, owned = _POSTGRES_ALL, [user.pk]
-    cursor.execute(_POSTGRES_RANKED.format(match=match), [config, query, *owned, exclude_conversation, limit])
+    cursor.execute(_POSTGRES_RANKED.format(match=match),
+                   [config, query, *owned, user.pk, exclude_conversation, limit])
     return cursor.fetchall()
 
 

@@ -1,11 +1,16 @@
 """Each index entry carries its owner (copied from the bubble's conversation), so a search asks the index for the
 caller's entries only. PostgreSQL: one GIN index over (owner, tsvector) with btree_gin in place of the tsvector's
 own, so a word's matches are looked up, counted and ranked among the caller's messages, never every person's;
-a role that may not create btree_gin keeps the tsvector index and the owner's btree (the planner ANDs them)."""
+a role that may not create btree_gin keeps the tsvector index and the owner's btree (the planner ANDs them).
+The fill and the index are built in the migration's transaction: search and indexing wait while they run."""
+
+import logging
 
 import django.db.models.deletion
 from django.conf import settings
-from django.db import migrations, models, transaction
+from django.db import DatabaseError, migrations, models, transaction
+
+logger = logging.getLogger("arbor.migrations")
 
 _FILL_POSTGRES = """UPDATE search_bubbledocument d SET owner_id = c.owner_id
 FROM conversations_bubble b JOIN conversations_conversation c ON c.id = b.conversation_id WHERE b.id = d.bubble_id"""
@@ -21,12 +26,19 @@ def _owner_first(apps, schema_editor):
         return
     schema_editor.execute(_FILL_POSTGRES)
     try:
-        with transaction.atomic(using=connection.alias):  # a role that may not create it: go without
-            schema_editor.execute("CREATE EXTENSION IF NOT EXISTS btree_gin")
-    except Exception:
+        with transaction.atomic(using=connection.alias):  # a savepoint: the migration goes on without it
+            _create_btree_gin(schema_editor)
+    except DatabaseError as error:
+        logger.warning("search: btree_gin could not be created (%s); full-text search keeps the tsvector index "
+                       "and the owner's btree. A role that may create it can run: CREATE EXTENSION btree_gin; "
+                       "then `manage.py migrate search 0004 && manage.py migrate search`.", error)
         return
     schema_editor.execute("CREATE INDEX search_owner_vector_gin ON search_bubbledocument USING gin (owner_id, vector)")
     schema_editor.execute("DROP INDEX IF EXISTS search_bubble_vector_gin")
+
+
+def _create_btree_gin(schema_editor):
+    schema_editor.execute("CREATE EXTENSION IF NOT EXISTS btree_gin")
 
 
 def _vector_only(apps, schema_editor):

@@ -70,11 +70,15 @@
     jumpButton.hidden = true;
   }
 
-  function follow() {
-    // A scroll up whose "scroll" event has not fired yet (a token can come first) still counts: the view is
-    // above where it was last at the bottom, and no longer there.
+  function stillPinned() {
+    // A scroll up whose "scroll" event has not fired yet (a token or a redraw can come first) still counts: the
+    // view is above where it was last at the bottom, and no longer there.
     if (pinned && box.scrollTop < pinnedTop - 1 && !atBottom()) pinned = false;
-    if (pinned) toLatest();
+    return pinned;
+  }
+
+  function follow() {
+    if (stillPinned()) toLatest();
     else jumpButton.hidden = false;
   }
 
@@ -314,7 +318,7 @@
   function showList(html, anchor = null) {
     // Redrawn from the server's record. At the bottom the view stays at the bottom (the finished answer, an
     // error and its Retry in view); scrolled up, it stays where it was, or keeps `anchor` where it stood.
-    const wasPinned = pinned;
+    const wasPinned = stillPinned();
     const where = anchor ? anchorPlace(anchor) : null;
     const top = box.scrollTop;
     box.innerHTML = html;

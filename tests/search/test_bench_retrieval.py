@@ -32,6 +32,10 @@ def test_it_prints_recall_latency_and_throughput_for_each_size_and_leaves_nothin
             assert re.search(rf"latency at {size} chunks, {ranker}: median [\d.]+ ms  p95 [\d.]+ ms  \(6 queries, "
                              r"2 rounds, interleaved\)", output), ranker
         assert f"latency at {size} chunks, hybrid right after a write of the same person's vectors" in output
+    # Another person's pieces (the same words) change none of this person's results: recall is the same without.
+    alone = command_output("bench_retrieval", "--facts", "6", "--distractors", "12", "--sizes", "40,60",
+                           "--queries", "3", "--repeat", "2")
+    assert re.findall(r"recall@5 .*", alone) == re.findall(r"recall@5 .*", output)
     for username in (USERNAME, OTHER):
         assert not Conversation.objects.filter(owner__username=username).exists()
         assert not ChunkVector.objects.filter(owner__username=username).exists()

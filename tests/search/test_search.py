@@ -8,6 +8,7 @@ from django.urls import reverse
 from conversations import services
 from conversations.jobs import worker
 from conversations.turns.start import turn_edit
+from search.index import index_conversation
 from search.query import search_bubbles
 from tests.conversations.helpers import ask, head
 
@@ -100,18 +101,10 @@ def test_issue_16_a_prefix_finds_the_word_and_word_forms_match_where_the_databas
     assert search_bubbles(user=user, query="!!!") == []
 
 
-@pytest.mark.django_db(transaction=True)
-def test_an_index_made_before_entries_had_owners_gets_them_and_still_finds_only_the_callers_own(
-        user, other_user, conversation):
-    """Migration 0005 on a database with entries: each gets its conversation's owner, so search (which now asks
-    the index for the caller's entries) finds what it found before, and another person's nothing. PostgreSQL's
-    tsvector index becomes one over (owner, tsvector)."""
-    from django.db import connection
+def _migrated_again(connection) -> None:
+    """Back to search's migration 0004 (entries without owners), then forward to the newest."""
     from django.db.migrations.executor import MigrationExecutor
 
-    _indexed(conversation, "Quarterly revenue in Seoul grew")
-    theirs = services.conversation_create(owner=other_user, title="theirs")
-    _indexed(theirs, "Their revenue is secret")
     executor = MigrationExecutor(connection)
     latest = executor.loader.graph.leaf_nodes("search")
     try:
@@ -120,12 +113,76 @@ def test_an_index_made_before_entries_had_owners_gets_them_and_still_finds_only_
             columns = [c.name for c in connection.introspection.get_table_description(cursor, "search_bubbledocument")]
         assert "owner_id" not in columns
     finally:
-        executor = MigrationExecutor(connection)
-        executor.migrate(latest)
+        MigrationExecutor(connection).migrate(latest)
+
+
+def _indexes(connection) -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'search_bubbledocument'")
+        return {row[0] for row in cursor.fetchall()}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_index_made_before_entries_had_owners_gets_them_and_still_finds_only_the_callers_own(
+        user, other_user, conversation):
+    """Migration 0005 on a database with entries: each gets its conversation's owner, so search (which now asks
+    the index for the caller's entries) finds what it found before, and another person's nothing. PostgreSQL's
+    tsvector index becomes one over (owner, tsvector)."""
+    from django.db import connection
+
+    _indexed(conversation, "Quarterly revenue in Seoul grew")
+    theirs = services.conversation_create(owner=other_user, title="theirs")
+    _indexed(theirs, "Their revenue is secret")
+    _migrated_again(connection)
     assert {h.conversation for h in search_bubbles(user=user, query="revenue")} == {conversation.pk}
     assert {h.conversation for h in search_bubbles(user=other_user, query="revenue")} == {theirs.pk}
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'search_bubbledocument'")
-            indexes = {row[0] for row in cursor.fetchall()}
-        assert "search_owner_vector_gin" in indexes and "search_bubble_vector_gin" not in indexes
+        assert {"search_owner_vector_gin"} <= _indexes(connection) and "search_bubble_vector_gin" not in _indexes(
+            connection)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_btree_gin_the_migration_keeps_the_words_index_says_so_and_search_works(
+        user, other_user, conversation, monkeypatch, caplog):
+    """A role that may not create btree_gin: the failed statement is rolled back to its savepoint, the migration
+    goes on (owners filled, the tsvector index kept) and says what to do; search finds the same."""
+    import importlib
+
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("btree_gin is PostgreSQL's")
+    migration = importlib.import_module("search.migrations.0005_document_owner")
+    _indexed(conversation, "Quarterly revenue in Seoul grew")
+    theirs = services.conversation_create(owner=other_user, title="theirs")
+    _indexed(theirs, "Their revenue is secret")
+    monkeypatch.setattr(migration, "_create_btree_gin",  # what a role without the privilege meets: an error
+                        lambda schema_editor: schema_editor.execute("CREATE EXTENSION arbor_no_such_extension"))
+    try:
+        _migrated_again(connection)
+        assert "btree_gin could not be created" in caplog.text
+        assert "search_bubble_vector_gin" in _indexes(connection)
+        assert "search_owner_vector_gin" not in _indexes(connection)
+        assert {h.conversation for h in search_bubbles(user=user, query="revenue")} == {conversation.pk}
+        assert {h.conversation for h in search_bubbles(user=other_user, query="revenue")} == {theirs.pk}
+    finally:
+        monkeypatch.undo()
+        _migrated_again(connection)  # the other tests' index
+    assert "search_owner_vector_gin" in _indexes(connection)
+
+
+def test_an_entry_written_without_its_owner_is_indexed_again(user, conversation):
+    """An entry an older process wrote after the migration (no owner; PostgreSQL's search asks the index by owner,
+    so nobody finds it there): the worker's next pass indexes it again, with its owner."""
+    from django.db import connection
+
+    from search.models import BubbleDocument
+
+    _indexed(conversation, "Quarterly revenue in Seoul grew")
+    entries = BubbleDocument.objects.filter(bubble__conversation=conversation)
+    entries.update(owner=None)
+    if connection.vendor == "postgresql":
+        assert not search_bubbles(user=user, query="revenue")
+    assert index_conversation(conversation.pk) == 2
+    assert {entry.owner_id for entry in entries} == {user.pk}
+    assert {h.conversation for h in search_bubbles(user=user, query="revenue")} == {conversation.pk}
