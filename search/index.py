@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 
 from conversations.models import Bubble
 
@@ -15,9 +14,9 @@ _BUBBLES_OWNERS = "FROM conversations_bubble b JOIN conversations_conversation c
 
 
 def unindexed_bubbles(*, conversation_id: int | None = None, limit: int = 5000) -> list[int]:
-    # An entry without its owner (written by a process older than search's migration 0005) is indexed again.
-    bubbles = Bubble.objects.filter(Q(document__isnull=True) | Q(document__owner__isnull=True),
-                                    role__in=INDEXED_ROLES, conversation__isnull=False)
+    # No entry, or one without its owner (written by a process older than search's migration 0005): the left join
+    # leaves the owner empty for both.
+    bubbles = Bubble.objects.filter(document__owner__isnull=True, role__in=INDEXED_ROLES, conversation__isnull=False)
     if conversation_id is not None:
         bubbles = bubbles.filter(conversation_id=conversation_id)
     return list(bubbles.order_by("id").values_list("id", flat=True)[:limit])

@@ -17,7 +17,7 @@ from conversations.models import Bubble, Conversation
 class BubbleDocument(models.Model):
     """`owner` is copied from the bubble's conversation (whose owner never changes) so a search asks the index for
     the caller's entries only: on PostgreSQL one GIN index over (owner, tsvector) with btree_gin (migration
-    0005), so another person's messages cost a search nothing and decide nothing."""
+    0005), where another person's messages decide nothing. SQLite's FTS5 table has no owner (search.query)."""
 
     bubble = models.OneToOneField(Bubble, on_delete=models.CASCADE, primary_key=True, related_name="document")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", null=True)
