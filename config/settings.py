@@ -81,7 +81,6 @@ INSTALLED_APPS = [
     "conversations",
     "search",
     "playbooks",
-    "gateway",
 ]
 
 MIDDLEWARE = [

@@ -15,7 +15,7 @@ urlpatterns = [
     path("api/", include("conversations.apis.urls")),
     path("api/", include("playbooks.urls")),
     re_path(r"^api/", api.not_found),  # every other /api/ path answers in the API's error format
-    path("v1/", include("gateway.urls")),  # the OpenAI-compatible surface (issue 17)
+    path("v1/", include("conversations.openai.urls")),  # the OpenAI-compatible surface (issue 17)
     path("accounts/login/", ThrottledLoginView.as_view(), name="login"),  # before auth.urls' own
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("search.pages")),

@@ -1,18 +1,32 @@
-# Sourced by scripts/start and scripts/test: make .venv from the hashed lock, once per lock change.
+# Sourced by the scripts: make .venv from the hashed locks, once per lock change. ARBOR_LOCKS names the locks to
+# install: the runtime alone by default (scripts/start); scripts/test, scripts/fuzz and CI add requirements-dev.txt.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
+ARBOR_LOCKS=${ARBOR_LOCKS:-requirements.txt}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.requirements.sha256
-want=$(sha256sum requirements.txt | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+# The stamp lists each lock installed with its hash: a runtime-only venv is topped up when the tests need more,
+# and a venv that has the dev lock is not reinstalled for scripts/start.
+missing=()
+for lock in $ARBOR_LOCKS; do
+  line="$(sha256sum "$lock" | cut -d' ' -f1) $lock"
+  grep -qxF "$line" "$stamp" 2>/dev/null || missing+=("$lock")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
   # The first install takes about two minutes: say so, and let pip show each package as it goes.
-  echo "Installing Arbor's Python packages into .venv (the first time takes about two minutes)…" >&2
-  .venv/bin/python -m pip install --progress-bar off --disable-pip-version-check --require-hashes \
-    -r requirements.txt | { grep --line-buffered -E '^(Collecting|Successfully installed)' || true; } | cut -c1-100 >&2
-  echo "$want" > "$stamp"
+  echo "Installing Arbor's Python packages (${missing[*]}) into .venv (the first time takes about two minutes)…" >&2
+  args=()
+  for lock in $ARBOR_LOCKS; do args+=(-r "$lock"); done
+  .venv/bin/python -m pip install --progress-bar off --disable-pip-version-check --require-hashes "${args[@]}" \
+    | { grep --line-buffered -E '^(Collecting|Successfully installed)' || true; } | cut -c1-100 >&2
+  for lock in $ARBOR_LOCKS; do
+    grep -v " $lock\$" "$stamp" 2>/dev/null > "$stamp.new" || true
+    echo "$(sha256sum "$lock" | cut -d' ' -f1) $lock" >> "$stamp.new"
+    mv "$stamp.new" "$stamp"
+  done
 fi
 export PATH="$PWD/.venv/bin:$PATH"
 mkdir -p var

@@ -8,7 +8,7 @@ class SearchConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at the top: they import models, which exist only once the registry is ready.
         from conversations import jobs
-        from conversations.retrieval import register_retriever
+        from conversations.turns.retrieval import register_retriever
         from search import embedding
         from search import jobs as search_jobs
         from search.retrieval import find_hits

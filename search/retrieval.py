@@ -1,5 +1,5 @@
 """Hybrid retrieval (R2, issue 18): the hits the turn runner attaches to a question, from the owner's other
-conversations, every branch. Registered with `conversations.retrieval` when the app is ready.
+conversations, every branch. Registered with `conversations.turns.retrieval` when the app is ready.
 
 Two rankings give the candidates: full-text (any of the question's words) and the embedding model's nearest
 chunks (at least ARBOR_RETRIEVAL_MIN_SIMILARITY). Every candidate is then scored by both signals, its words' rank
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from django.conf import settings
 
 from conversations.models import Conversation
-from conversations.retrieval import Hit
+from conversations.turns.retrieval import Hit
 from search import query as words
 from search.similar import QUERY_TIMEOUT_SECONDS, nearest_bubbles, query_vector
 from search.vectors import similarities

@@ -9,7 +9,7 @@ turn resumed after an approval) first decides *where the new node's parent is*, 
     on PostgreSQL: `config.together`).
 
 Loading the state expands a compaction root the conversation's model cannot read (C3,
-`selectors.context_path`); before each round's call, `conversations.compaction` runs when the call
+`selectors.context_path`); before each round's call, `turns.compaction` runs when the call
 would pass the budget's threshold (C1, C2). `Turn.events` is a generator of `TurnEvent`s; closing it (a
 stop) ends the turn as failed/cancelled. A client that goes away does not close it: `turns.detached`
 runs a turn apart from its clients. Every node is written by the one
@@ -27,17 +27,17 @@ from django.conf import settings
 
 from config.db import release_connection
 from config.together import Together, Written, together
-from conversations import compaction, llm, services
 from conversations import items as it
+from conversations import llm, services
 from conversations.context import PathNode, assemble
 from conversations.locks import TurnLock
 from conversations.models import Conversation, Node
-from conversations.retrieval import retrieved_items
 from conversations.selectors import context_path, instructions_for, path_node
 from conversations.tools import all_tools
-from conversations.turns import calls, records
+from conversations.turns import calls, compaction, records
 from conversations.turns.call_reader import CallReader
 from conversations.turns.events import ENDINGS, EventType, TurnEvent
+from conversations.turns.retrieval import retrieved_items
 
 STOP_POLL_SECONDS = 0.25  # how often a silent call looks up for a stop
 

@@ -20,8 +20,8 @@ from django.conf import settings
 from django.db import transaction
 
 from config.errors import BadInput, NotFound, TooLarge
-from conversations import compaction, llm, services
 from conversations import items as it
+from conversations import llm, services
 from conversations.context import PathNode, is_compaction_root
 from conversations.errors import ApprovalPending, BeforeCompaction, ProviderFailed, TurnInProgress
 from conversations.locks import TurnLock
@@ -35,7 +35,7 @@ from conversations.selectors import (
     path_node,
     turn_start,
 )
-from conversations.turns import calls, records, recovery
+from conversations.turns import calls, compaction, records, recovery
 from conversations.turns.runner import Turn
 
 T = TypeVar("T")

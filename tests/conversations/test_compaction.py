@@ -9,12 +9,12 @@ from django.test import Client
 from django.urls import reverse
 
 from conversations import budget, llm, services
-from conversations.compaction import COMPACTION_PROMPT
 from conversations.context import SUMMARY_PREFIX, is_compaction_root
 from conversations.locks import TurnLock
 from conversations.models import Bubble, Node
 from conversations.screen import path_bubbles
 from conversations.selectors import context_path, history_path, node_path
+from conversations.turns.compaction import COMPACTION_PROMPT
 from conversations.turns.seen import call_context
 from conversations.turns.start import turn_compact
 from tests.conversations.helpers import answer, ask, head

@@ -16,14 +16,14 @@ from django.core import mail
 from django.urls import reverse
 
 from config.errors import BadInput, NotFound
-from conversations import budget, compaction, llm, locks, retrieval, services
+from conversations import budget, llm, locks, services
 from conversations import items as it
 from conversations.errors import BeforeCompaction, TurnInProgress
 from conversations.models import Bubble, Conversation, Node, ToolApproval
 from conversations.selectors import node_path
 from conversations.tools.errors import ToolError
 from conversations.tools.sql_query import sql_check
-from conversations.turns import records
+from conversations.turns import compaction, records, retrieval
 from conversations.turns.start import (
     turn_ask,
     turn_compact,

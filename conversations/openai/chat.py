@@ -22,7 +22,7 @@ from django.db.models import Q
 from config.errors import BadInput, NotFound, TooLarge
 from conversations import items as it
 from conversations.models import Conversation, Node
-from gateway.shapes import instructions_text
+from conversations.openai.shapes import instructions_text
 
 
 @dataclass

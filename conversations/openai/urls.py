@@ -1,7 +1,7 @@
 from django.urls import path, re_path
 
-from gateway import errors
-from gateway import views as v
+from conversations.openai import errors
+from conversations.openai import views as v
 
 urlpatterns = [
     path("models", v.Models.as_view(), name="openai-models"),

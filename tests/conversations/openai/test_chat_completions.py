@@ -10,7 +10,7 @@ from django.urls import reverse
 from rest_framework.authtoken.models import Token
 
 from conversations.models import Conversation, Node
-from tests.gateway.test_responses import MODEL, _client
+from tests.conversations.openai.test_responses import MODEL, _client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

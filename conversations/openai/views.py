@@ -25,14 +25,9 @@ from config.errors import ArborError, BadInput, NotFound
 from conversations import items as it
 from conversations import services
 from conversations.models import Conversation, Node
-from conversations.selectors import node_for_user
-from conversations.turns import detached
-from conversations.turns.events import EventType, TurnOutcome
-from conversations.turns.start import turn_below
-from conversations.turns.streaming import follow_log_batches
-from gateway import chat, errors, shapes
-from gateway.auth import BearerTokenAuthentication
-from gateway.shapes import (
+from conversations.openai import chat, errors, shapes
+from conversations.openai.auth import BearerTokenAuthentication
+from conversations.openai.shapes import (
     function_call_item,
     input_items,
     input_items_of,
@@ -42,8 +37,13 @@ from gateway.shapes import (
     response_of,
     tools_of,
 )
+from conversations.selectors import node_for_user
+from conversations.turns import detached
+from conversations.turns.events import EventType, TurnOutcome
+from conversations.turns.start import turn_below
+from conversations.turns.streaming import follow_log_batches
 
-logger = logging.getLogger("arbor.gateway")
+logger = logging.getLogger("arbor.openai")
 
 
 @extend_schema(exclude=True)  # OpenAI's own schema describes this surface; Arbor's documents its API
