@@ -7,12 +7,13 @@ import json
 import logging
 import math
 import re
+from collections.abc import AsyncIterator
 from itertools import accumulate
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, JsonResponse, StreamingHttpResponse
 from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
@@ -261,3 +262,13 @@ def not_found(request: HttpRequest, *args, **kwargs) -> JsonResponse:
         if slashed is not None and slashed.func is not not_found:
             message += f" Did you mean {request.path}/ (API paths end with a slash)?"
     return JsonResponse(error_body("not_found", message), status=404)
+
+
+class EventStream(StreamingHttpResponse):
+    """The one server-sent event response: the turn API's events and the OpenAI surface's chunks and events alike.
+    Never cached, never buffered by a proxy in front: each event leaves when it is written."""
+
+    def __init__(self, events: AsyncIterator[bytes]):
+        super().__init__(events, content_type="text/event-stream")
+        self["Cache-Control"] = "no-cache"
+        self["X-Accel-Buffering"] = "no"

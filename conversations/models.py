@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import models
+from django.db import connection, models
 from django.db.models import F, Q
 from django.utils import timezone
 from tree_queries.fields import TreeNodeForeignKey
 from tree_queries.models import TreeNode
 from tree_queries.query import TreeQuerySet
+
+from conversations.errors import CorruptTree
+
+
+def offered_model(name: str | None) -> str:
+    """`name` if this deployment offers it (ARBOR_MODELS), else the default: for a model named by a file or a copied
+    conversation, which may name one this deployment does not serve."""
+    return name if name in settings.ARBOR_MODELS else settings.ARBOR_MODEL
 
 
 class Conversation(models.Model):
@@ -46,6 +54,11 @@ class Conversation(models.Model):
         return self.title or f"Conversation {self.pk}"
 
     @property
+    def effective_model(self) -> str:
+        """The model this conversation's calls go to: its own, or the deployment's default (ARBOR_MODEL)."""
+        return self.model or settings.ARBOR_MODEL
+
+    @property
     def turn_running(self) -> bool:
         return bool(self.turn_token and self.turn_expires_at and self.turn_expires_at > timezone.now())
 
@@ -56,6 +69,16 @@ SIDE_CALL = Q(kind="title") | Q(kind="compaction", parent__isnull=False) | Q(win
 
 
 class NodeQuerySet(TreeQuerySet):
+    def path_up(self, node_id: int | None, *, history: bool = False) -> list[tuple]:
+        """The path from the root down to `node_id` as rows of `PATH_COLUMNS`, in one upward recursive query.
+        It stops at a compaction root (C2); with `history`, it goes on behind each root through the root's
+        original (C3), for the screen and for T10.
+
+        Not tree_queries' `ancestors()`: that builds the whole tree's table first and then filters it, so its cost
+        follows the conversation's size; this walk follows the path's depth only (T5). Measured at a path of 400
+        in a conversation of a few thousand nodes: 106 ms for `ancestors()`, 4 ms for this query."""
+        return walk_up(_HISTORY_SQL if history else _PATH_SQL, node_id)
+
     def can_be_head(self) -> NodeQuerySet:
         """Nodes a head may rest on: turn nodes and compaction roots (C2), never a call under way (or
         crashed), never an overflow (F2), never a summarising call."""
@@ -223,10 +246,22 @@ class BubbleRole(models.TextChoices):
     ERROR = "error"
 
 
+class ToolStatus(models.TextChoices):
+    """Where a tool call stands, as its bubble (`data["status"]`) shows it; the label is what a person reads."""
+
+    AWAITING_APPROVAL = "awaiting_approval", "waiting for your approval"
+    APPROVED = "approved", "approved, running"
+    REFUSED = "refused", "refused"
+    RUNNING = "running", "running"
+    DONE = "done", "done"
+    ERROR = "error", "failed"
+
+
 class Bubble(models.Model):
     """What a person sees: display-only, each pointing at the node it came from."""
 
     Role = BubbleRole  # module-level, so the constraints in Meta can name its values
+    ToolStatus = ToolStatus
 
     # SET_NULL: a bubble of a node that another conversation's path still passes through (P3) stays
     # on that conversation's screen after its own conversation is cleared or deleted (T11).
@@ -324,3 +359,40 @@ class TurnLogEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} #{self.seq} of {self.run_id}"
+
+
+PATH_COLUMNS = "id, parent_id, kind, status, sent, received, provider, model, tokens, path_tokens, compacted_from_id"
+
+
+def _up_sql(step: str) -> str:
+    """One upward recursive query from a node: its cost follows the path's depth, never the table's
+    size (T5). The depth guard stops a corrupt loop instead of recursing for ever."""
+    up_columns = ", ".join(f"n.{c.strip()}" for c in PATH_COLUMNS.split(","))
+    return f"""
+    WITH RECURSIVE path AS (
+        SELECT {PATH_COLUMNS}, 0 AS depth FROM {Node._meta.db_table} WHERE id = %s
+        UNION ALL
+        SELECT {up_columns}, path.depth + 1
+        FROM {Node._meta.db_table} n JOIN path ON n.id = {step}
+        WHERE path.depth < %s
+    )
+    SELECT {PATH_COLUMNS} FROM path ORDER BY depth DESC
+    """
+
+
+_PATH_SQL = _up_sql("path.parent_id")
+_HISTORY_SQL = _up_sql("COALESCE(path.parent_id, path.compacted_from_id)")
+
+
+def walk_up(sql: str, node_id: int | None) -> list[tuple]:
+    """Run an upward recursive query from `node_id` (its parameters: the node, then the depth guard); more rows
+    than the guard allows mean a loop, a corrupt tree."""
+    if node_id is None:
+        return []
+    limit = settings.ARBOR_PATH_DEPTH_LIMIT
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [node_id, limit])
+        rows = cursor.fetchall()
+    if len(rows) > limit:
+        raise CorruptTree(f"the path from node {node_id} is deeper than {limit} nodes: the tree has a loop")
+    return rows

@@ -15,36 +15,10 @@ from django.db.models.expressions import RawSQL
 
 from config.errors import NotFound
 from conversations.context import PathNode, is_compaction_root, readable_by
-from conversations.errors import CorruptTree
 from conversations.items import question_of
-from conversations.models import Conversation, Node, Preferences
+from conversations.models import Conversation, Node, Preferences, walk_up
 
 _NODE = Node._meta.db_table
-_PATH_COLUMNS = "id, parent_id, kind, status, sent, received, provider, model, tokens, path_tokens, compacted_from_id"
-_UP_COLUMNS = ", ".join(f"n.{c.strip()}" for c in _PATH_COLUMNS.split(","))
-
-
-def _up_sql(step: str) -> str:
-    """One upward recursive query from a node: its cost follows the path's depth, never the table's
-    size (T5). The depth guard stops a corrupt loop instead of recursing for ever."""
-    return f"""
-    WITH RECURSIVE path AS (
-        SELECT {_PATH_COLUMNS}, 0 AS depth FROM {_NODE} WHERE id = %s
-        UNION ALL
-        SELECT {_UP_COLUMNS}, path.depth + 1
-        FROM {_NODE} n JOIN path ON n.id = {step}
-        WHERE path.depth < %s
-    )
-    SELECT {_PATH_COLUMNS} FROM path ORDER BY depth DESC
-    """
-
-
-# Assembly's path stops at a compaction root (C2); the history behind it goes on through the
-# root's original (C3), for the screen and for T10.
-_PATH_SQL = _up_sql("path.parent_id")
-_HISTORY_SQL = _up_sql("COALESCE(path.parent_id, path.compacted_from_id)")
-
-
 # The history's ids alone, and the few columns the screen needs (no items but a turn's sent items, to
 # tell questions): membership checks and the screen read thousands of nodes behind the roots.
 _HISTORY_CTE = f"""
@@ -74,27 +48,14 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
-def _rows_up(sql: str, head_id: int | None) -> list[tuple]:
-    """Run an upward recursive query from `head_id` with its depth guard; a loop is a corrupt tree."""
-    if head_id is None:
-        return []
-    limit = settings.ARBOR_PATH_DEPTH_LIMIT
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [head_id, limit])
-        rows = cursor.fetchall()
-    if len(rows) > limit:
-        raise CorruptTree(f"the path from node {head_id} is deeper than {limit} nodes: the tree has a loop")
-    return rows
-
-
-def _read_up(sql: str, head_id: int | None) -> list[PathNode]:
-    rows = _rows_up(sql, head_id)
+def _read_up(head_id: int | None, *, history: bool) -> list[PathNode]:
+    rows = Node.objects.path_up(head_id, history=history)
     return [PathNode(r[0], r[1], r[2], r[3], _json(r[4]), _json(r[5]), r[6], r[7], r[8], r[9], r[10]) for r in rows]
 
 
 def node_path(head_id: int | None) -> list[PathNode]:
     """Return the path from the root (or the compaction node) down to `head_id`, in one query."""
-    return _read_up(_PATH_SQL, head_id)
+    return _read_up(head_id, history=False)
 
 
 def path_node(node: Node, *, shift: int = 0) -> PathNode:
@@ -107,13 +68,13 @@ def path_node(node: Node, *, shift: int = 0) -> PathNode:
 def history_path(head_id: int | None) -> list[PathNode]:
     """Return everything the conversation went through to reach `head_id`, in one query: the path, and
     behind each compaction root its original path (C3). The roots stay in the list, where they happened."""
-    return _read_up(_HISTORY_SQL, head_id)
+    return _read_up(head_id, history=True)
 
 
 def history_ids(head_id: int | None) -> list[int]:
     """The ids of `history_path(head_id)`, head first, without reading any items: for membership checks
     (T10, switching) that would otherwise read the whole history's JSON."""
-    return [row[0] for row in _rows_up(_HISTORY_IDS_SQL, head_id)]
+    return [row[0] for row in walk_up(_HISTORY_IDS_SQL, head_id)]
 
 
 def screen_history(head_id: int | None, *, last: int | None = None) -> list[PathNode]:
@@ -124,7 +85,7 @@ def screen_history(head_id: int | None, *, last: int | None = None) -> list[Path
     there is more: the end of a long history costs what it shows.
     """
     if last is None:
-        rows = _rows_up(_SCREEN_SQL, head_id)
+        rows = walk_up(_SCREEN_SQL, head_id)
     elif head_id is None:
         rows = []
     else:

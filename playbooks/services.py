@@ -29,7 +29,7 @@ from conversations import items as it
 from conversations.context import PathNode, assemble
 from conversations.errors import FAILURE_STATUS, ApprovalPending
 from conversations.locks import TurnLock
-from conversations.models import Conversation, Node
+from conversations.models import Conversation, Node, offered_model
 from conversations.selectors import context_path, conversation_for_user, instructions_for, node_path
 from conversations.turns import detached
 from conversations.turns.events import EventType, TurnEvent, TurnOutcome
@@ -64,7 +64,7 @@ def _convert(conversation: Conversation, progress: Progress | None = None) -> Co
         if conversation.head_id is None:
             raise BadInput("This conversation has no messages yet: there is nothing to turn into a playbook.")
         # The whole context, read once (T5); a compaction this model cannot read is expanded (C3).
-        provider = llm.provider_of(conversation.model or settings.ARBOR_MODEL)
+        provider = llm.provider_of(conversation.effective_model)
         path = context_path(node_path(conversation.head_id), provider)
         if path[-1].status == Node.Status.SUCCEEDED and it.tool_calls(path[-1].received):
             # Like a turn (F3): a call waiting for a person has no result yet, so the context is unfinished.
@@ -74,7 +74,7 @@ def _convert(conversation: Conversation, progress: Progress | None = None) -> Co
 
 def _draft_until_valid(conversation: Conversation, path: list[PathNode], lock: TurnLock,
                        progress: Progress) -> Conversion:
-    model = conversation.model or settings.ARBOR_MODEL
+    model = conversation.effective_model
     provider = llm.provider_of(model)
     instructions = instructions_for(conversation)
     json_mode = {"type": "json_object"} if llm.supports_json_mode(model) else None
@@ -228,7 +228,7 @@ def playbook_run(*, user, playbook_id: Any, values: Any, progress: Progress | No
         raise TooLarge(f"With these values the run's question is longer than {settings.ARBOR_MAX_CONTENT_CHARS} "
                        "characters.")
     source = playbook.source_conversation
-    model = source.model if source and source.model in settings.ARBOR_MODELS else settings.ARBOR_MODEL
+    model = offered_model(source.model if source else None)
     shown = ", ".join(f"{name}={value}" for name, value in bound.items())
     with transaction.atomic():
         conversation = services.conversation_create(

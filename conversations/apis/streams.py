@@ -7,7 +7,6 @@ import json
 import logging
 import time
 
-from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.renderers import BaseRenderer, JSONRenderer
@@ -15,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import error_body
+from config.api import EventStream, error_body
 from config.errors import BadInput
 from config.schema import SSE
 from conversations.apis import serializers as s
@@ -37,26 +36,23 @@ def sse(seq: int | None, event: TurnEvent) -> bytes:
     return f"{head}event: {event.type}\ndata: {json.dumps(event.data, ensure_ascii=False)}\n\n".encode()
 
 
-class LogStream(StreamingHttpResponse):
+def log_stream(run_id, *, after: int = 0) -> EventStream:
     """A run's events after `after`, then live until its ending. A client that leaves only stops reading:
     the turn goes on (its record completes, and a later `…/stream/` replays it)."""
+    stream = EventStream(_log_events(run_id, after))
+    stream.run_id = run_id  # which run a test or a log line reads back
+    return stream
 
-    def __init__(self, run_id, *, after: int = 0):
-        self.run_id = run_id
-        super().__init__(self._events(run_id, after), content_type="text/event-stream")
-        self["Cache-Control"] = "no-cache"
-        self["X-Accel-Buffering"] = "no"
 
-    @staticmethod
-    async def _events(run_id, after: int):
-        try:
-            async for batch in follow_log_batches(run_id, after=after):  # a batch is one write
-                yield b"".join(sse(seq, event) for seq, event in batch)
-        except Exception as error:  # the stream has begun: the status is sent, so say it as an event
-            logger.exception("turn stream %s failed", run_id)
-            yield sse(None, TurnEvent(EventType.ERROR, {
-                "code": "server_error", "message": f"Reading the turn's events failed ({error!r}); the turn goes "
-                                                   "on: `GET …/stream/` resumes it."}))
+async def _log_events(run_id, after: int):
+    try:
+        async for batch in follow_log_batches(run_id, after=after):  # a batch is one write
+            yield b"".join(sse(seq, event) for seq, event in batch)
+    except Exception as error:  # the stream has begun: the status is sent, so say it as an event
+        logger.exception("turn stream %s failed", run_id)
+        yield sse(None, TurnEvent(EventType.ERROR, {
+            "code": "server_error", "message": f"Reading the turn's events failed ({error!r}); the turn goes "
+                                               "on: `GET …/stream/` resumes it."}))
 
 
 class EventStreamRenderer(BaseRenderer):
@@ -106,7 +102,7 @@ class TurnStreamFollow(APIView):
         run = log.latest_run(conversation.pk)
         if run is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
-        return LogStream(run.pk, after=after)
+        return log_stream(run.pk, after=after)
 
 
 class TurnStop(APIView):

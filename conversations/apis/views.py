@@ -19,7 +19,7 @@ from conversations import services
 from conversations.apis import serializers as s
 from conversations.apis.paging import CursorPages, page_body, page_nodes, read_cursor
 from conversations.apis.schema import TURN_EVENT, TURN_MESSAGE_EVENT
-from conversations.apis.streams import FORMAT, EventStreamRenderer, LogStream
+from conversations.apis.streams import FORMAT, EventStreamRenderer, log_stream
 from conversations.models import Conversation, Node
 from conversations.screen import BubblePage, bubbles_after, bubbles_before
 from conversations.selectors import conversation_for_user, conversation_list, node_for_user, node_page
@@ -86,7 +86,7 @@ def _turn_response(request: Request, turn: Turn | None) -> Response | StreamingH
     if _wants_stream(request):
         # The turn runs in a thread of its own and the stream follows its log: a client that leaves, even
         # before the first byte, never ends the turn (issue 12), and its `id:`s resume with `…/stream/`.
-        return LogStream(detached.launch(turn))
+        return log_stream(detached.launch(turn))
     outcome = TurnOutcome.of(detached.run_here(turn))
     if outcome.ending == EventType.ERROR and outcome.error["code"] == "unavailable":
         nodes = []  # the database is away: the error's message names the nodes recorded

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 
 from conversations import budget
@@ -21,9 +20,10 @@ _BATCH = 1000
 
 
 def run(payload: dict[str, Any]) -> None:
-    if not Conversation.objects.filter(pk=payload["conversation"], model=payload["model"]).exists():
+    conversation = Conversation.objects.filter(pk=payload["conversation"], model=payload["model"]).first()
+    if conversation is None:  # gone, or its model changed again: that change queued its own recount
         return
-    recount(conversation_id=payload["conversation"], model=payload["model"] or settings.ARBOR_MODEL)
+    recount(conversation_id=conversation.pk, model=conversation.effective_model)
 
 
 def recount(*, conversation_id: int, model: str) -> int:

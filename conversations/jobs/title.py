@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
-
 from conversations import items as it
 from conversations import llm
 from conversations.context import assemble
@@ -42,7 +40,7 @@ def title_conversation(conversation_id: int) -> str | None:
     earlier = Node.objects.filter(conversation=conversation, kind=Node.Kind.TITLE, status=Node.Status.SUCCEEDED)
     title = next((clean_title(it.answer_text(n.received)) for n in earlier.order_by("-id")[:1]), "")
     if not title:  # a job that ran before and crashed after its call needs no second call
-        model = conversation.model or settings.ARBOR_MODEL
+        model = conversation.effective_model
         provider = llm.provider_of(model)
         # The opening turns name a conversation; reading only those keeps a long (imported) one cheap.
         path = context_path(node_path(conversation.head_id), provider)[:TITLE_CONTEXT_NODES]

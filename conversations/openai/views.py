@@ -14,13 +14,13 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.api import EventStream
 from config.errors import ArborError, BadInput, NotFound
 from conversations import items as it
 from conversations import services
@@ -98,7 +98,7 @@ class Responses(GatewayView):
                         instructions=instructions, tools=tools or [])
         echoed = body.get("tools") or []
         if stream:
-            return ResponseStream(detached.launch(turn), tools=echoed)
+            return EventStream(_response_events(detached.launch(turn), echoed))
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
@@ -133,61 +133,53 @@ class ChatCompletions(GatewayView):
                         items=turns[-1].sent, supplied=supplied, instructions=instructions, tools=tools or [])
         if stream:
             options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
-            return ChatStream(detached.launch(turn), model=model, usage=options.get("include_usage") is True)
+            return EventStream(_chat_chunks(detached.launch(turn), model, options.get("include_usage") is True))
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
         return Response(chat.completion_of(Node.objects.get(pk=outcome.head), model=model))
 
 
-class ChatStream(StreamingHttpResponse):
+async def _chat_chunks(run_id, model: str, usage: bool):
     """A turn's log as Chat Completions chunks, then `data: [DONE]`. A client that leaves only stops reading."""
+    created = int(time.time())
+    chunk_id = f"chatcmpl-run-{run_id}"
 
-    def __init__(self, run_id, *, model: str, usage: bool):
-        super().__init__(self._chunks(run_id, model, usage), content_type="text/event-stream")
-        self["Cache-Control"] = "no-cache"
-        self["X-Accel-Buffering"] = "no"
+    def chunk(delta: dict | None, finish: str | None = None, **extra) -> bytes:
+        body = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
+                                                     "finish_reason": finish}], **extra}
+        return f"data: {json.dumps(body)}\n\n".encode()
 
-    @staticmethod
-    async def _chunks(run_id, model: str, usage: bool):
-        created = int(time.time())
-        chunk_id = f"chatcmpl-run-{run_id}"
-
-        def chunk(delta: dict | None, finish: str | None = None, **extra) -> bytes:
-            body = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
-                                                         "finish_reason": finish}], **extra}
-            return f"data: {json.dumps(body)}\n\n".encode()
-
-        yield chunk({"role": "assistant", "content": ""})
-        calls = 0
-        try:
-            async for batch in follow_log_batches(run_id):
-                for _, event in batch:
-                    if event.type == EventType.TOKEN:
-                        yield chunk({"content": event.data["text"]})
-                    elif event.type == EventType.TOOL_CALL:
-                        yield chunk({"tool_calls": [{"index": calls, "id": event.data["call_id"], "type": "function",
-                                                     "function": {"name": event.data["name"],
-                                                                  "arguments": event.data["arguments"]}}]})
-                        calls += 1
-                    elif event.type == EventType.DONE:
-                        yield chunk({}, "tool_calls" if calls else "stop")
-                        if usage:
-                            node = await sync_to_async(Node.objects.get)(pk=event.data["head"])
-                            used = node.usage or {}
-                            yield chunk(None, usage={k: used.get(k, 0) for k in ("prompt_tokens",
-                                                                                 "completion_tokens",
-                                                                                 "total_tokens")})
-                        yield b"data: [DONE]\n\n"
-                        return
-                    elif event.type == EventType.ERROR:
-                        failed = errors.openai_error_body(502, event.data.get("message", ""), event.data.get("code"))
-                        yield f"data: {json.dumps(failed)}\n\n".encode()
-                        return
-        except Exception as error:  # the status is sent: say it in the stream; the call goes on regardless
-            logger.exception("chat stream %s failed", run_id)
-            yield f"data: {json.dumps(errors.openai_error_body(500, repr(error), 'server_error'))}\n\n".encode()
+    yield chunk({"role": "assistant", "content": ""})
+    calls = 0
+    try:
+        async for batch in follow_log_batches(run_id):
+            for _, event in batch:
+                if event.type == EventType.TOKEN:
+                    yield chunk({"content": event.data["text"]})
+                elif event.type == EventType.TOOL_CALL:
+                    yield chunk({"tool_calls": [{"index": calls, "id": event.data["call_id"], "type": "function",
+                                                 "function": {"name": event.data["name"],
+                                                              "arguments": event.data["arguments"]}}]})
+                    calls += 1
+                elif event.type == EventType.DONE:
+                    yield chunk({}, "tool_calls" if calls else "stop")
+                    if usage:
+                        node = await sync_to_async(Node.objects.get)(pk=event.data["head"])
+                        used = node.usage or {}
+                        yield chunk(None, usage={k: used.get(k, 0) for k in ("prompt_tokens",
+                                                                             "completion_tokens",
+                                                                             "total_tokens")})
+                    yield b"data: [DONE]\n\n"
+                    return
+                elif event.type == EventType.ERROR:
+                    failed = errors.openai_error_body(502, event.data.get("message", ""), event.data.get("code"))
+                    yield f"data: {json.dumps(failed)}\n\n".encode()
+                    return
+    except Exception as error:  # the status is sent: say it in the stream; the call goes on regardless
+        logger.exception("chat stream %s failed", run_id)
+        yield f"data: {json.dumps(errors.openai_error_body(500, repr(error), 'server_error'))}\n\n".encode()
 
 
 def _turn_in(user, conversation: Conversation | None, model: str, **start):
@@ -311,27 +303,19 @@ class _ResponsesEvents:
         return b"".join([*parts, self._event("response.completed", response=final)])
 
 
-class ResponseStream(StreamingHttpResponse):
+async def _response_events(run_id, tools: list):
     """A turn's log as a Responses event stream (`_ResponsesEvents`). A client that leaves only stops reading:
     the call goes on, and `GET /v1/responses/{id}` shows it."""
-
-    def __init__(self, run_id, *, tools: list):
-        super().__init__(self._events(run_id, tools), content_type="text/event-stream")
-        self["Cache-Control"] = "no-cache"
-        self["X-Accel-Buffering"] = "no"
-
-    @staticmethod
-    async def _events(run_id, tools: list):
-        events = _ResponsesEvents(tools)
-        try:
-            async for batch in follow_log_batches(run_id):
-                for _, event in batch:
-                    yield await events.translate(event)
-                    if events.ended:
-                        return
-        except Exception as error:  # the status is sent: say it as an event; the call goes on regardless
-            logger.exception("response stream %s failed", run_id)
-            where = shapes.response_id(events.node.pk) if events.node else "…"
-            message = f"Reading the call's events failed ({error!r}); it goes on: GET /v1/responses/{where} shows it."
-            yield events._event("error", code="server_error", param=None, message=message,
-                                error=errors.openai_error_body(500, message, "server_error")["error"])
+    events = _ResponsesEvents(tools)
+    try:
+        async for batch in follow_log_batches(run_id):
+            for _, event in batch:
+                yield await events.translate(event)
+                if events.ended:
+                    return
+    except Exception as error:  # the status is sent: say it as an event; the call goes on regardless
+        logger.exception("response stream %s failed", run_id)
+        where = shapes.response_id(events.node.pk) if events.node else "…"
+        message = f"Reading the call's events failed ({error!r}); it goes on: GET /v1/responses/{where} shows it."
+        yield events._event("error", code="server_error", param=None, message=message,
+                            error=errors.openai_error_body(500, message, "server_error")["error"])

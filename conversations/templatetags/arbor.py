@@ -2,6 +2,7 @@ import json
 
 from django import template
 
+from conversations.models import ToolStatus
 from conversations.web.markdown import render_markdown
 
 register = template.Library()
@@ -13,19 +14,10 @@ def markdown(text: str):
     return render_markdown(text)
 
 
-_TOOL_STATUS = {
-    "awaiting_approval": "waiting for your approval",
-    "approved": "approved, running",
-    "refused": "refused",
-    "running": "running",
-    "done": "done",
-    "error": "failed",
-}
-
-
 @register.filter
 def tool_status(status: str) -> str:
-    return _TOOL_STATUS.get(status, status or "")
+    """A tool bubble's status as a person reads it (`ToolStatus`' labels)."""
+    return dict(ToolStatus.choices).get(status, status or "")
 
 
 # What a failed call (T1) means for the person, in a plain sentence; the provider's own words go behind a

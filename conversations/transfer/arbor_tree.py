@@ -10,14 +10,13 @@ from typing import Any
 
 from django.db import transaction
 
-from conversations.models import Bubble, Conversation, Node, ToolApproval
+from conversations.models import Bubble, Conversation, Node, ToolApproval, offered_model
 from conversations.selectors import tree_node_ids
 from conversations.transfer.chunks import id_chunks, json_array, json_object_start, snapshot
 from conversations.transfer.plan import (
     ImportRefused,
     Plan,
     PlannedNode,
-    allowed_model,
     check_count,
     check_graph,
     choice_field,
@@ -110,7 +109,7 @@ def _tree_plan(document: dict[str, Any]) -> Plan:
         raise ImportRefused(f"nodes: {len(starred)} nodes are starred; a conversation has one star at most.")
     _attach_bubbles_and_approvals(document, nodes)
     plan = Plan(title=text_field(meta.get("title", ""), "conversation.title", limit=200),
-                model=allowed_model(text_field(meta.get("model", ""), "conversation.model", limit=200)),
+                model=offered_model(text_field(meta.get("model", ""), "conversation.model", limit=200)),
                 instructions=text_field(meta.get("instructions", ""), "conversation.instructions", limit=20000),
                 head=meta.get("head"), nodes=nodes, retrieval=meta.get("retrieval") is True,
                 keep_retrieved=meta.get("keep_retrieved") is True)

@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 
 from conversations import items as it
-from conversations.models import Node
+from conversations.models import Node, ToolStatus
 from conversations.transfer.plan import ImportRefused, Plan, PlannedNode, check_count, check_graph, text_field
 
 SENT, RECEIVED = "sent", "received"
@@ -173,7 +173,7 @@ def _planned(key: str, node: _Node, results: dict[str, it.Item]) -> PlannedNode:
         result = results.get(call["id"]) or it.tool_result(call["id"], call["name"], "(the file holds no output)")
         bubbles.append({"role": "tool", "content": call["name"], "data": {
             "call_id": call["id"], "name": call["name"], "arguments": call["arguments"],
-            "status": "error" if result["is_error"] else "done", "result": result["content"],
+            "status": ToolStatus.ERROR if result["is_error"] else ToolStatus.DONE, "result": result["content"],
             "is_error": result["is_error"]}})
     return PlannedNode(key=key, parent=node.parent, bubbles=bubbles, fields={
         "kind": Node.Kind.TURN, "status": Node.Status.SUCCEEDED, "failure_reason": "", "failure_message": "",

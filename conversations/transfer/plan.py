@@ -153,11 +153,6 @@ def when_field(value: Any, where: str) -> datetime | None:
     return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed)
 
 
-def allowed_model(model: str) -> str:
-    """A file may name any model; a conversation only gets one this server offers (else the default)."""
-    return model if model in settings.ARBOR_MODELS else settings.ARBOR_MODEL
-
-
 def check_count(count: int) -> None:
     if count > settings.ARBOR_IMPORT_MAX_NODES:
         raise TooLarge(f"The file holds {count} nodes; at most {settings.ARBOR_IMPORT_MAX_NODES} are imported.")
@@ -245,7 +240,7 @@ def write(*, owner, plan: Plan) -> Conversation:
     ids = dict(zip(plan.nodes, _allocate_ids(len(plan.nodes)), strict=True))
     path_tokens: dict[Any, int] = {}
     rows = []
-    model = plan.model or settings.ARBOR_MODEL
+    model = conversation.effective_model
     for planned in ordered:  # parents first, so path_tokens is the parent's plus the node's own
         # C1: counted for the conversation's model, whatever the file says
         fields = {**planned.fields, "tokens": budget.node_tokens(planned.fields.get("sent") or [],

@@ -23,7 +23,7 @@ from config.together import Together, Written, together
 from conversations import budget, jobs, llm
 from conversations import items as it
 from conversations.context import PathNode
-from conversations.models import Bubble, Conversation, Node
+from conversations.models import Bubble, Conversation, Node, ToolStatus
 from conversations.selectors import path_node
 
 # --- nodes --------------------------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def answer_bubbles(node: Node, *, needs_approval: Callable[[it.Item], bool], rec
             batch.insert(Bubble(conversation_id=node.conversation_id, node_id=node.pk, role=Bubble.Role.ASSISTANT,
                                 content=answer), when=when)
         for call in it.tool_calls(received):
-            status = "awaiting_approval" if needs_approval(call) else "running"
+            status = ToolStatus.AWAITING_APPROVAL if needs_approval(call) else ToolStatus.RUNNING
             batch.insert(Bubble(conversation_id=node.conversation_id, node_id=node.pk, role=Bubble.Role.TOOL,
                                 content=call["name"], data={**tool_bubble_data(call), "status": status}), when=when)
 
@@ -158,7 +158,7 @@ def error_bubble(node: Node, error: llm.LLMError, *, writes: Together | None = N
 def decision_bubble(node_id: int, call: it.Item, *, approved: bool) -> None:
     """F3: the call's bubble says what the person decided."""
     Bubble.objects.filter(node_id=node_id, role=Bubble.Role.TOOL, data__call_id=call["id"]).update(
-        data={**tool_bubble_data(call), "status": "approved" if approved else "refused"})
+        data={**tool_bubble_data(call), "status": ToolStatus.APPROVED if approved else ToolStatus.REFUSED})
 
 
 def result_bubbles(caller_id: int, results: Iterable[it.Item], *, writes: Together | None = None) -> None:
@@ -168,10 +168,11 @@ def result_bubbles(caller_id: int, results: Iterable[it.Item], *, writes: Togeth
         for bubble in Bubble.objects.filter(node_id=caller_id, role=Bubble.Role.TOOL):
             result = by_call.get(bubble.data.get("call_id"))
             if result:
-                refused = bubble.data.get("status") == "refused"  # a refusal's error result says it was refused
+                status = ToolStatus.ERROR if result["is_error"] else ToolStatus.DONE
+                if bubble.data.get("status") == ToolStatus.REFUSED:  # a refusal's error result says it was refused
+                    status = ToolStatus.REFUSED
                 batch.update(Bubble.objects.filter(pk=bubble.pk), data={
-                    **bubble.data, "result": result["content"], "is_error": result["is_error"],
-                    "status": "refused" if refused else "error" if result["is_error"] else "done"})
+                    **bubble.data, "result": result["content"], "is_error": result["is_error"], "status": status})
 
 
 def committed(conversation: Conversation, *, head: int | None = None, writes: Together | None = None,

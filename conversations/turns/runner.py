@@ -52,7 +52,7 @@ class Turn:
         self.lock = lock
         self.new_items = new_items
         self.nodes: list[int] = []
-        self.model = model or conversation.model or settings.ARBOR_MODEL  # a gateway call names its own
+        self.model = model or conversation.effective_model  # a gateway call names its own
         self.provider = llm.provider_of(self.model)
         # A caller of the OpenAI-compatible surface sends its own instructions and tools with each call (and
         # Arbor's own tools stay out of it); everyone else's turns use the conversation's and Arbor's.

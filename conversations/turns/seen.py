@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
-
 from conversations import llm
 from conversations.context import assemble, is_compaction_root
 from conversations.models import Conversation, Node
@@ -15,7 +13,7 @@ from conversations.turns import calls
 
 def next_context(conversation: Conversation) -> list[dict[str, Any]]:
     """What the next call from the head would send: the path, then results for calls still open."""
-    provider = llm.provider_of(conversation.model or settings.ARBOR_MODEL)
+    provider = llm.provider_of(conversation.effective_model)
     path = context_path(node_path(conversation.head_id), provider)
     tip = path[-1] if path else None
     waiting = calls.resolve(tip, run=False, note="pending: waiting for a person's decision") if tip else []

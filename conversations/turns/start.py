@@ -244,7 +244,7 @@ def turn_compact(*, user, conversation_id: int) -> Node:
 
 
 def _compact_now(conversation: Conversation, lock: TurnLock) -> Node:
-    model = conversation.model or settings.ARBOR_MODEL
+    model = conversation.effective_model
     path = context_path(node_path(conversation.head_id), llm.provider_of(model))
     if not path:
         raise compaction.NothingToCompact("Nothing to compact: the conversation has no messages yet.")
