@@ -33,7 +33,7 @@ from conversations.models import Conversation, Node, offered_model
 from conversations.selectors import context_path, conversation_for_user, instructions_for, node_path
 from conversations.turns import detached
 from conversations.turns.events import EventType, TurnEvent, TurnOutcome
-from conversations.turns.records import run_side_call
+from conversations.turns.side_calls import run_side_call
 from conversations.turns.start import turn_ask
 from playbooks import prompts, schema
 from playbooks.errors import PlaybookInvalid

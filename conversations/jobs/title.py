@@ -1,7 +1,7 @@
 """Give a new conversation a title (R4: a worker job after the first committed turn).
 
 The title call reads the conversation through the one assembly, is recorded as a `title` node below
-the head it read (a side call, `turns.records.run_side_call`), and never moves the head. A title the person has
+the head it read (a side call, `turns.side_calls.run_side_call`), and never moves the head. A title the person has
 set in the meantime is never overwritten.
 """
 
@@ -14,7 +14,7 @@ from conversations import llm
 from conversations.context import assemble
 from conversations.models import Conversation, Node
 from conversations.selectors import context_path, node_path
-from conversations.turns.records import run_side_call
+from conversations.turns.side_calls import run_side_call
 
 # `#title` is also arbor/echo's directive for a title call (see `conversations.llm.echo`).
 TITLE_PROMPT = "#title Give this conversation a short title: at most six words, no quotes, nothing else."

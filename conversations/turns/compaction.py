@@ -2,7 +2,7 @@
 
 Called by the one turn runner between "load state" and "assemble" when the next call would pass the
 threshold (R1), and by hand (`turns.start.turn_compact`). Not a second turn runner: it decides where two new
-nodes go, and its model calls are recorded side calls (`turns.records.run_side_call`), like titles.
+nodes go, and its model calls are recorded side calls (`turns.side_calls.run_side_call`), like titles.
 
 Where the nodes go, and where the head moves:
 
@@ -40,7 +40,7 @@ provider gets the original path expanded instead (`selectors.context_path`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -52,7 +52,7 @@ from conversations import items as it
 from conversations.context import PathNode, assemble, is_compaction_root, path_items
 from conversations.models import Conversation, Node
 from conversations.selectors import opens_turn, path_node
-from conversations.turns.records import run_side_call
+from conversations.turns.side_calls import run_side_call
 
 logger = logging.getLogger("arbor.compaction")
 
@@ -70,12 +70,14 @@ class NothingToCompact(ArborError):
 
 
 class SummaryFailed(Exception):
-    """The summarising call failed; its node is recorded and nothing else changed."""
+    """The summarising call failed, or was stopped (`error.reason` cancelled); its node is recorded, with any
+    windows written before it (`written`), and nothing else changed."""
 
-    def __init__(self, error: llm.LLMError, node_id: int):
+    def __init__(self, error: llm.LLMError, node_id: int, written: tuple[int, ...] = ()):
         super().__init__(error.message)
         self.error = error
         self.node_id = node_id
+        self.written = written or (node_id,)
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,8 @@ def kept_from(path: list[PathNode], *, threshold: int) -> int:
 
 
 def compact(*, conversation: Conversation, path: list[PathNode], model: str, instructions: str,
-            pending_results: Sequence[it.Item] = (), keep_ephemeral: bool = False) -> Compaction:
+            pending_results: Sequence[it.Item] = (), keep_ephemeral: bool = False,
+            stop_requested: Callable[[], bool] | None = None) -> Compaction:
     """Summarise `path` with `model` and start a new path at a compaction root (C2, C3); the head does
     not move (the caller moves it).
 
@@ -133,7 +136,8 @@ def compact(*, conversation: Conversation, path: list[PathNode], model: str, ins
     `NothingToCompact` (nothing written) when everything on it would be kept verbatim anyway,
     `SummaryFailed` (the failed summarising call recorded) when the model fails, and `CannotCompact`
     when a single node is too large to summarise within the model's limit (no call is sent that would
-    exceed it).
+    exceed it). `stop_requested` is asked while each summarising call streams or is silent: a stop ends the
+    call at once, as `SummaryFailed` with a cancelled error.
     """
     provider = llm.provider_of(model)
     limits = budget.budget_for(model)
@@ -142,7 +146,7 @@ def compact(*, conversation: Conversation, path: list[PathNode], model: str, ins
         raise NothingToCompact("Nothing to compact yet: the last turns are always kept word for word, and "
                                "there is nothing before them.")
     summariser = _Summariser(conversation=conversation, model=model, provider=provider, instructions=instructions,
-                             allowed=limits.allowed, keep_ephemeral=keep_ephemeral)
+                             allowed=limits.allowed, keep_ephemeral=keep_ephemeral, stop_requested=stop_requested)
     call, received = summariser.run(path, start, pending_results)
     root = _create_root(conversation=conversation, call=call, compacted_from=path[-1].id, model=model,
                         provider=provider, kept=path_items(path[start:], keep_ephemeral=keep_ephemeral),
@@ -176,6 +180,7 @@ class _Summariser:
     instructions: str
     allowed: int
     keep_ephemeral: bool = False
+    stop_requested: Callable[[], bool] | None = None
     written: list[int] = field(default_factory=list)
 
     def run(self, path: list[PathNode], start: int, pending_results: Sequence[it.Item]
@@ -241,12 +246,13 @@ class _Summariser:
     def _call(self, parent: PathNode, sent: list[it.Item], messages: list[dict]) -> tuple[Node, list[it.Item]]:
         call = run_side_call(conversation=self.conversation, parent=parent, kind=Node.Kind.COMPACTION, sent=sent,
                              messages=messages, model=self.model, instructions=self.instructions,
-                             keep_ephemeral=self.keep_ephemeral, compaction=True)
+                             keep_ephemeral=self.keep_ephemeral, stop_requested=self.stop_requested,
+                             compaction=True)
         self.written.append(call.node.pk)
         if call.result is None:
-            error = llm.LLMError(call.node.failure_reason, call.node.failure_message)
+            error = call.error
             logger.warning("the summarising call %s failed (%s): %s", call.node.pk, error.reason, error.message)
-            raise SummaryFailed(error, call.node.pk)
+            raise SummaryFailed(error, call.node.pk, tuple(self.written))
         return call.node, call.result.received
 
 

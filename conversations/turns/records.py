@@ -4,16 +4,11 @@ A turn's round, a title, a summarising call and a playbook try are all a node cr
 before its call (`start`), then `succeed`ed with what came back or `fail`ed with why (and what arrived
 before it failed). The bubbles a person sees of a turn, and the jobs queued after its commit, are written
 here too, so the three callers cannot drift apart.
-
-`run_side_call` is a recorded call beside the conversation (titles, summaries, playbook tries): its node
-hangs below the node whose context it read, so the admin shows it where it happened, and it never moves
-the head (`can_be_head` keeps it off every branch a person can switch to).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from django.utils import timezone
@@ -24,7 +19,6 @@ from conversations import budget, jobs, llm
 from conversations import items as it
 from conversations.context import PathNode
 from conversations.models import Bubble, Conversation, Node, ToolStatus
-from conversations.selectors import path_node
 
 # --- nodes --------------------------------------------------------------------------------------------
 
@@ -110,10 +104,11 @@ def _settle(node: Node, writes: Together | None, **fields: Any) -> Written:
     return settled
 
 
-def stopped(error: BaseException) -> llm.LLMError:
-    """A call that ended by no failure of its own: closed by a stop (cancelled) or cut by anything else."""
+def stopped(error: BaseException, *, partial: list[it.Item] | None = None) -> llm.LLMError:
+    """A call that ended by no failure of its own: closed by a stop (cancelled) or cut by anything else; `partial`:
+    what had arrived."""
     reason = Node.FailureReason.CANCELLED if isinstance(error, GeneratorExit) else Node.FailureReason.INTERRUPTED
-    return llm.LLMError(reason, f"the call stopped: {error!r}")
+    return llm.LLMError(reason, f"the call stopped: {error!r}", partial=partial)
 
 
 # --- what a person sees of a turn (T8) ------------------------------------------------------------------
@@ -181,52 +176,3 @@ def committed(conversation: Conversation, *, head: int | None = None, writes: To
     the writes leave (default: the conversation's as it is in memory)."""
     jobs.enqueue_after_turn(conversation_id=conversation.pk, head=conversation.head_id if head is None else head,
                             writes=writes, when=when)
-
-
-# --- a recorded call beside the conversation ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SideCall:
-    node: Node
-    result: llm.CallResult | None  # None: the call failed; `node` says why
-
-    def path_node(self) -> PathNode:
-        """The call as the last node of a path, so a follow-up call can hang below it."""
-        return path_node(self.node)
-
-
-def run_side_call(*, conversation: Conversation | None, parent: PathNode | None, kind: str, sent: list[it.Item],
-                  messages: list[dict], model: str, instructions: str = "", keep_ephemeral: bool = False,
-                  on_token: Callable[[str], None] | None = None, **call_options) -> SideCall:
-    """Record a pending node, make the call (`call_options` go to `llm.stream_call`), record how it ended.
-
-    Only the node's own row is written. The node never stays pending: a failure, a bug or a closed turn
-    (cancelled) is recorded before it goes on. `on_token` sees the answer's text as it streams (a playbook's
-    draft shown as it is written).
-    """
-    node = start(conversation=conversation, parent=parent, kind=kind, sent=sent, model=model,
-                 instructions=instructions, keep_ephemeral=keep_ephemeral)
-    release_connection()
-    stream = llm.stream_call(model=model, messages=messages, **call_options)
-    try:
-        result = _consume(stream, on_token)
-    except llm.LLMError as error:
-        fail(node, error)
-        return SideCall(node=node, result=None)
-    except BaseException as error:
-        stream.close()
-        fail(node, stopped(error))
-        raise
-    succeed(node, result)
-    return SideCall(node=node, result=result)
-
-
-def _consume(stream, on_token: Callable[[str], None] | None = None) -> llm.CallResult:
-    while True:
-        try:
-            token = next(stream)
-            if on_token is not None:
-                on_token(token)
-        except StopIteration as stop:
-            return stop.value

@@ -33,13 +33,11 @@ from conversations.context import PathNode, assemble
 from conversations.locks import TurnLock
 from conversations.models import Conversation, Node
 from conversations.selectors import context_path, instructions_for, path_node
-from conversations.tools import all_tools
 from conversations.turns import calls, compaction, records
-from conversations.turns.call_reader import CallReader
 from conversations.turns.events import ENDINGS, EventType, TurnEvent
+from conversations.turns.model_call import ModelCall
 from conversations.turns.retrieval import retrieved_items
-
-STOP_POLL_SECONDS = 0.25  # how often a silent call looks up for a stop
+from conversations.turns.tool_policy import ArborTools, CallerTools, RoundEnd
 
 
 class Turn:
@@ -58,15 +56,14 @@ class Turn:
         # Arbor's own tools stay out of it); everyone else's turns use the conversation's and Arbor's.
         self.instructions = (instructions if instructions is not None
                              else instructions_for(conversation, owner_instructions=lock.owner_instructions))
-        self.tools = tools
+        self.tools = CallerTools(tools) if tools is not None else ArborTools()
         question = it.question_of(new_items)
         if conversation.retrieval and question:  # R2: for this call; later ones drop them unless kept
             self.new_items = [*retrieved_items(conversation, question), *new_items]
         self._path = path  # up to the first node's parent; each round's node is appended
         tip = path[-1] if path else None
-        # Calls still needing results. A caller of the OpenAI-compatible surface (its own `tools`) sends every
-        # result itself (T4; `turn_below` checks each call has one): nothing is run here for it.
-        self._open: PathNode | None = tip if calls.open_calls(tip) and tools is None else None
+        # Calls still needing results (a caller of the OpenAI-compatible surface sends them itself).
+        self._open: PathNode | None = tip if self.tools.runs_calls and calls.open_calls(tip) else None
         self._pending: Node | None = None  # the node whose call is under way
         self._started = False
         self._start_lock = threading.Lock()  # `events` (a worker thread) and `abandon` may race
@@ -128,17 +125,31 @@ class Turn:
     def _round(self, path: list[PathNode], *, last_round: bool
                ) -> Generator[TurnEvent, None, tuple[list[PathNode], bool]]:
         """One model call and what follows it; return the path for the next round and whether the turn ended."""
+        tools = self.tools.offered(last_round=last_round)
+        path, node, messages = yield from self._before_call(path, tools)
+        if node is None:
+            return path, True
+        result = yield from self._call_model(node, messages, tools)
+        if result is None:
+            return path, True
+        return (yield from self._after_call(path, node, result, last_round=last_round))
+
+    def _before_call(self, path: list[PathNode], tools: list[dict] | None
+                     ) -> Generator[TurnEvent, None, tuple[list[PathNode], Node | None, list[dict]]]:
+        """The round's sent items (the open calls' results first), a compaction if the call needs one, and its
+        pending node; None for the node when a stop ended the turn meanwhile."""
         sent = [*(calls.resolve(self._open, run=True, stop_requested=self.stop_requested) if self._open else []),
                 *self.new_items]
         self.new_items = []
-        # A caller's own tools are always offered (their calls end the turn); Arbor's not in the last round,
-        # which must answer.
-        tools = self.tools if self.tools is not None else None if last_round else [t.spec() for t in all_tools()]
-        path, compacted = self._compact_if_needed(path, sent, tools)
-        parent = path[-1] if path else None
+        try:
+            path, compacted = self._compact_if_needed(path, sent, tools)
+        except compaction.SummaryFailed as stopped:  # a stop during the summary: the question is kept, stopped
+            self._start_node(parent=path[-1] if path else None, sent=sent)
+            yield self._fail(stopped.error)
+            return path, None, []
         messages = assemble(path, sent, instructions=self.instructions, provider=self.provider,
                             keep_ephemeral=self.conversation.keep_retrieved)
-        node = self._start_node(parent=parent, sent=sent)
+        node = self._start_node(parent=path[-1] if path else None, sent=sent)
         if compacted:
             yield TurnEvent(EventType.COMPACTION, {"node": compacted.root.id, "summary_call": compacted.summary_call,
                                                    "compacted_from": compacted.root.compacted_from_id})
@@ -146,33 +157,29 @@ class Turn:
             if item.get("type") == "tool_result":
                 yield TurnEvent(EventType.TOOL_RESULT, {"call_id": item["call_id"], "name": item["name"],
                                                         "content": item["content"], "is_error": item["is_error"]})
-        result = yield from self._call_model(node, messages, tools)
-        if result is None:
-            return path, True
-        # The caller's own tools (the OpenAI-compatible surface): it runs them and sends their results as the
-        # next call's sent items (T4); the turn ends at this node. Its calls are marked the client's, so no later
-        # turn runs or asks approval for them, whatever their names.
-        if self.tools is not None:
-            result = dataclasses.replace(result, received=[
-                {**item, "client": True} if item.get("type") == "tool_call" else item for item in result.received])
+        return path, node, messages
+
+    def _after_call(self, path: list[PathNode], node: Node, result: llm.CallResult, *, last_round: bool
+                    ) -> Generator[TurnEvent, None, tuple[list[PathNode], bool]]:
+        """Record the answer and decide by the tool policy whether the turn ends here (T4, F3)."""
+        result = dataclasses.replace(result, received=self.tools.received(result.received))
         asked = it.tool_calls(result.received)
-        handed_back = bool(asked) and self.tools is not None
-        waiting = [c for c in asked if calls.needs_approval(c)] if not (last_round or handed_back) else []
-        if not self._succeed(node, result, head_moves=not asked or bool(waiting) or handed_back,
-                             waiting=bool(waiting)):
+        end, waiting = self.tools.round_end(asked, last_round=last_round)
+        if not self._succeed(node, result, head_moves=end != RoundEnd.RUN_CALLS, waiting=end == RoundEnd.WAITING):
             yield self._superseded(node)
             return path, True
-        if asked and not waiting and not handed_back:
+        if end == RoundEnd.RUN_CALLS:
             # From here, a stop gives these calls 'not run' results. Shifted like its parent (C3).
+            parent = path[-1] if path else None
             self._open = path_node(node, shift=parent.shift if parent else 0)
             path = [*path, self._open]
         for call in asked:
             yield TurnEvent(EventType.TOOL_CALL, {**records.tool_bubble_data(call), "node": node.pk})
-        if not asked or handed_back:
+        if end == RoundEnd.ANSWERED:
             yield TurnEvent(EventType.DONE, {"answer": it.answer_text(result.received), "head": node.pk,
                                              "nodes": list(self.nodes)})
             return path, True
-        if waiting:
+        if end == RoundEnd.WAITING:
             yield TurnEvent(EventType.APPROVAL_REQUIRED, {"node": node.pk,
                                                           "calls": [records.tool_bubble_data(c) for c in waiting]})
             return path, True
@@ -195,14 +202,17 @@ class Turn:
         try:
             done = compaction.compact(conversation=self.conversation, path=path, model=self.model,
                                       instructions=self.instructions, pending_results=results,
-                                      keep_ephemeral=self.conversation.keep_retrieved)
+                                      keep_ephemeral=self.conversation.keep_retrieved,
+                                      stop_requested=self.stop_requested)
         except compaction.NothingToCompact:
             return path, None
         except compaction.CannotCompact:
             self._summary_failed = True
             return path, None
         except compaction.SummaryFailed as failed:
-            self.nodes.append(failed.node_id)
+            self.nodes.extend(failed.written)
+            if failed.error.reason == Node.FailureReason.CANCELLED:
+                raise  # a stop: the turn ends (`_before_call`)
             self._summary_failed = True
             return path, None
         self.nodes.extend(done.written)
@@ -214,33 +224,28 @@ class Turn:
                     ) -> Generator[TurnEvent, None, llm.CallResult | None]:
         """Stream one call as token events; return its result, or None once its failure is recorded."""
         release_connection()  # no database connection is held while the model thinks
-        call = CallReader(llm.stream_call(model=self.model, messages=messages, tools=tools))
-        text: list[str] = []
+        call = ModelCall(llm.stream_call(model=self.model, messages=messages, tools=tools),
+                         stop_requested=self.stop_requested)
         saved_at = time.monotonic()
         try:
-            while True:
-                token = call.next(timeout=STOP_POLL_SECONDS)
-                if token is CallReader.DONE:
-                    return call.result
-                if self.stop_requested():  # also while the model is silent: the call is left, not waited out
-                    yield self._fail(llm.LLMError("cancelled", "stopped by the user", partial=call.leave(text)))
-                    return None
-                if token is CallReader.SILENT:
-                    continue
-                text.append(token)
+            for token in call.tokens():
                 if time.monotonic() - saved_at >= settings.ARBOR_PARTIAL_SAVE_SECONDS:
-                    records.save_partial(node, "".join(text))  # what a crash would otherwise lose
+                    records.save_partial(node, "".join(call.text))  # what a crash would otherwise lose
                     saved_at = time.monotonic()
                 yield TurnEvent(EventType.TOKEN, {"text": token, "node": node.pk})
         except GeneratorExit:
-            self._fail(llm.LLMError("cancelled", "stopped by the user", partial=call.leave(text)))
+            self._fail(llm.LLMError("cancelled", "stopped by the user", partial=call.leave()))
             raise
         except llm.LLMError as error:
             yield self._fail(error)
             return None
         except Exception as error:  # a bug mid-stream: leave the call and keep what it had received (D3)
-            self._fail(llm.LLMError("interrupted", f"the turn stopped: {error!r}", partial=call.leave(text)))
+            self._fail(llm.LLMError("interrupted", f"the turn stopped: {error!r}", partial=call.leave()))
             raise
+        if call.stopped:  # also while the model was silent: the call is left, not waited out
+            yield self._fail(llm.LLMError("cancelled", "stopped by the user", partial=call.leave()))
+            return None
+        return call.result
 
     # --- what is written -------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from conversations.selectors import (
 )
 from conversations.turns import calls, compaction, records, recovery
 from conversations.turns.runner import Turn
+from conversations.turns.tool_policy import client_calls
 
 T = TypeVar("T")
 
@@ -102,8 +103,7 @@ def turn_below(*, user, conversation_id: int, parent_id: int | None, items: list
     if len(supplied) > MAX_SUPPLIED_TURNS:
         raise BadInput(f"The list holds {len(supplied)} answered turns this server has not seen; send at most "
                        f"{MAX_SUPPLIED_TURNS} at a time.")
-    supplied = [(sent, [{**i, "client": True} if i.get("type") == "tool_call" else i for i in received])
-                for sent, received in supplied]
+    supplied = [(sent, client_calls(received)) for sent, received in supplied]
 
     def begin(conversation: Conversation, lock: TurnLock) -> Turn:
         if parent_id is not None and not Node.objects.can_be_head().filter(pk=parent_id,

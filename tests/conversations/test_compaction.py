@@ -586,3 +586,4 @@ def test_c3_a_window_root_is_never_a_head_a_tip_or_a_branch(conversation):
     assert not Node.objects.can_be_head().filter(pk=window.pk).exists()
     services.head_switch(conversation=conversation, node_id=first.pk)
     assert head(conversation).pk == tip.pk, "the branch's latest tip, not the newer window root"
+

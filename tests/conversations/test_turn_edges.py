@@ -23,7 +23,7 @@ from conversations.models import Bubble, Conversation, Node, ToolApproval
 from conversations.selectors import node_path
 from conversations.tools.errors import ToolError
 from conversations.tools.sql_query import sql_check
-from conversations.turns import compaction, records, retrieval
+from conversations.turns import compaction, records, retrieval, side_calls
 from conversations.turns.start import (
     turn_ask,
     turn_compact,
@@ -422,7 +422,7 @@ def test_t1_a_side_call_is_a_recorded_node_that_a_follow_up_can_hang_below(conve
     ask(conversation, "q1")
     parent = node_path(head(conversation).pk)[-1]
     messages = [{"role": "user", "content": "#title q1"}]
-    side = records.run_side_call(conversation=conversation, parent=parent, kind=Node.Kind.TURN,
+    side = side_calls.run_side_call(conversation=conversation, parent=parent, kind=Node.Kind.TURN,
                                  sent=[it.user("#title q1")], messages=messages, model="arbor/echo")
     assert side.result is not None and side.node.status == "succeeded" and side.node.parent_id == parent.id
     follow = side.path_node()

@@ -286,3 +286,34 @@ def test_issue_13_a_reader_has_at_most_one_wake_waiting_in_its_loop():
         assert len(posted) == 2
     finally:
         loop.close()
+
+
+def test_issue_25_a_stop_during_an_automatic_compaction_ends_the_turn_without_waiting_for_the_summary(
+        conversation, stub, settings):
+    """C2, F1: the summarising call is a side call read like any round, so a stop asked while the provider is
+    silent ends it within a poll: the summary node is recorded cancelled, the question is kept on a cancelled
+    node where the head now is, and no root is made. The provider would have kept the summary 30 s."""
+    from tests.conversations.test_compaction import STUB, _stub_compacting_soon
+    from tests.support.openai_stub import Reply
+
+    _stub_compacting_soon(conversation, settings, limit=200)
+    old_head = head(conversation).pk
+    stub.script(Reply.hang(30, then=Reply.text("a summary too late")))
+    run_id = _launch(conversation, "and now?")
+    deadline = time.monotonic() + 20
+    while not Node.objects.filter(kind="compaction", status="pending").exists():
+        assert time.monotonic() < deadline, "the summarising call never started"
+        time.sleep(0.05)
+    asked = time.monotonic()
+    assert detached.request_stop(conversation.pk)
+    events = [event for _, event in log.follow(run_id)]
+    took = time.monotonic() - asked
+    assert took < 5, f"the stop waited {took:.1f} s for the summary"
+    assert events[-1].type == EventType.ERROR and events[-1].data["code"] == "cancelled"
+    summary = Node.objects.get(kind="compaction", parent__isnull=False)
+    assert (summary.status, summary.failure_reason, summary.parent_id) == ("failed", "cancelled", old_head)
+    question = head(conversation)
+    assert (question.status, question.failure_reason, question.parent_id) == ("failed", "cancelled", old_head)
+    assert it.question_of(question.sent) == "and now?" and question.model == STUB
+    assert not Node.objects.filter(kind="compaction", parent__isnull=True).exists(), "no root without a summary"
+    assert set(events[-1].data["nodes"]) == {summary.pk, question.pk}

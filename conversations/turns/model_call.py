@@ -1,9 +1,11 @@
-"""A model call read in a thread of its own, so the turn can look up from it while it is silent.
+"""The one loop that reads a model call: a turn's rounds and the side calls (titles, summaries, playbook drafts)
+all read their stream through `ModelCall.tokens()`.
 
-A provider may think for a minute and send nothing; a blocked read cannot notice a stop. The reader
-hands each token over through a queue, so the turn waits at most `timeout` at a time. A turn that leaves
-the call (a stop) does not wait it out: the reader closes the call as soon as it next speaks, and the
-turn keeps the text it had passed on, with the call's other items when the call gives them back at once.
+The call is read in a thread of its own, so the reader can look up from it while it is silent: a provider may
+think for a minute and send nothing, and a blocked read cannot notice a stop. The thread hands each token over
+through a queue, so `tokens()` waits at most `STOP_POLL_SECONDS` at a time before asking `stop_requested`. A
+stopped call is not waited out: the thread closes it as soon as it next speaks, and `leave()` keeps the text
+passed on, with the call's other items when the call gives them back at once.
 """
 
 from __future__ import annotations
@@ -11,21 +13,26 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from conversations import items as it
 from conversations import llm
 
-LEAVE_WAIT_SECONDS = 0.2  # how long a leaving turn waits for the call's own partial items
+LEAVE_WAIT_SECONDS = 0.2  # how long a leaving reader waits for the call's own partial items
+STOP_POLL_SECONDS = 0.25  # how often a silent call looks up for a stop
 
 
-class CallReader:
+class ModelCall:
     SILENT = object()  # nothing arrived within the timeout
     DONE = object()  # the call ended: `result` holds what it returned
 
-    def __init__(self, call: Generator[str, None, llm.CallResult]):
+    def __init__(self, call: Generator[str, None, llm.CallResult], *,
+                 stop_requested: Callable[[], bool] | None = None):
         self.result: llm.CallResult | None = None
+        self.stopped = False  # `tokens()` ended on a stop: `leave()` what arrived
+        self.text: list[str] = []  # the tokens passed on so far
+        self._stop_requested = stop_requested or (lambda: False)
         self._queue: queue.Queue = queue.Queue()
         self._leaving = threading.Event()
         self._closed = threading.Event()
@@ -51,7 +58,22 @@ class CallReader:
         finally:
             self._closed.set()
 
-    def next(self, *, timeout: float) -> Any:
+    def tokens(self) -> Iterator[str]:
+        """Each token as it arrives. Ends when the call ends (`result` holds what it returned) or, also while the
+        model is silent, when a stop is asked (`stopped`; the caller then `leave()`s). A failure is raised."""
+        while True:
+            token = self._next(timeout=STOP_POLL_SECONDS)
+            if token is self.DONE:
+                return
+            if self._stop_requested():
+                self.stopped = True
+                return
+            if token is self.SILENT:
+                continue
+            self.text.append(token)
+            yield token
+
+    def _next(self, *, timeout: float) -> Any:
         """The next token, SILENT, or DONE; a failure of the call is raised here."""
         try:
             kind, value = self._queue.get(timeout=timeout)
@@ -64,15 +86,15 @@ class CallReader:
             raise value
         return value
 
-    def leave(self, text: list[str]) -> list[dict]:
-        """Stop reading; return what was received: the text the turn passed on, with the call's other
-        items when it gives them back at once."""
+    def leave(self) -> list[dict]:
+        """Stop reading; return what was received: the text passed on, with the call's other items when it gives
+        them back at once."""
         self._leaving.set()
         with contextlib.suppress(Exception):
             self._closed.wait(LEAVE_WAIT_SECONDS)
         # The reader may have read ahead of the turn: the text kept is what the turn passed on (and the
         # person saw), the call's other items (reasoning, tool calls) as the call gave them back.
-        delivered = [it.text("".join(text))] if text else []
+        delivered = [it.text("".join(self.text))] if self.text else []
         others = [item for item in self._partial or [] if item.get("type") != "text"]
         calls = [item for item in others if item.get("type") == "tool_call"]
         return [*(item for item in others if item.get("type") != "tool_call"), *delivered, *calls]
@@ -100,7 +122,7 @@ class _Readers:
     def _work(self) -> None:
         while True:
             read, args = self._jobs.get()
-            read(*args)  # `CallReader._read` hands every outcome, errors included, to its turn
+            read(*args)  # `ModelCall._read` hands every outcome, errors included, to its turn
             with self._lock:
                 self._idle += 1
 

@@ -1,0 +1,68 @@
+"""Whose tools a turn offers, and what a round's tool calls mean for the turn.
+
+Arbor's own tools (the chat page, the API, playbooks) run here: a call to an acting tool waits for a person's
+approval (F3, D4), the others run in the next round, and the last round offers none, so it must answer. A
+caller of the OpenAI-compatible surface offers its own tools: they are always offered, their calls are marked
+the client's (no later turn runs or approves them, whatever their names) and end the turn, for the client to
+run and send back (T4).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from conversations import items as it
+from conversations.tools import all_tools
+from conversations.turns import calls
+
+
+class RoundEnd(enum.Enum):
+    ANSWERED = "answered"  # no calls, or calls handed back to the client: the turn is done
+    WAITING = "waiting"  # calls that wait for a person's approval: the turn ends there (F3)
+    RUN_CALLS = "run_calls"  # calls run here, in the next round; the head stays until the turn ends
+
+
+def client_calls(received: list[it.Item]) -> list[it.Item]:
+    """`received` with its tool calls marked the client's (`calls.is_clients`)."""
+    return [{**item, "client": True} if item.get("type") == "tool_call" else item for item in received]
+
+
+class ArborTools:
+    """Arbor's registered tools, run here."""
+
+    runs_calls = True  # open calls at the tip are run (or given results) before the next call
+
+    def offered(self, *, last_round: bool) -> list[dict] | None:
+        return None if last_round else [tool.spec() for tool in all_tools()]
+
+    def received(self, received: list[it.Item]) -> list[it.Item]:
+        return received
+
+    def round_end(self, asked: list[it.Item], *, last_round: bool) -> tuple[RoundEnd, list[it.Item]]:
+        """How the round ends, and the calls that wait for a person."""
+        if not asked:
+            return RoundEnd.ANSWERED, []
+        # The last round offered no tools: calls asked anyway are left for the round limit to end the turn.
+        waiting = [] if last_round else [call for call in asked if calls.needs_approval(call)]
+        return (RoundEnd.WAITING, waiting) if waiting else (RoundEnd.RUN_CALLS, [])
+
+
+@dataclass(frozen=True)
+class CallerTools:
+    """The tools a caller of the OpenAI-compatible surface sent with its call; it runs them itself."""
+
+    specs: list[dict]
+    runs_calls = False  # the caller sends every result itself (`turn_below` checks each call has one)
+
+    def offered(self, *, last_round: bool) -> list[dict] | None:
+        return self.specs
+
+    def received(self, received: list[it.Item]) -> list[it.Item]:
+        return client_calls(received)
+
+    def round_end(self, asked: list[it.Item], *, last_round: bool) -> tuple[RoundEnd, list[it.Item]]:
+        return RoundEnd.ANSWERED, []
+
+
+ToolPolicy = ArborTools | CallerTools
