@@ -9,7 +9,7 @@ one transaction, with the same results. Either way a write can use an earlier on
     with together() as writes:
         node = writes.insert(Node(...))
         writes.insert(Bubble(node_id=node.pk, ...))
-        moved = writes.update(Conversation.objects.filter(pk=c, turn_token=t), head_id=node.pk)
+        moved = writes.update(Conversation.objects.filter(pk=c, version=v), head_id=node.pk)
         writes.insert(OutboxJob(...), when=moved)
     node.obj.pk, moved.count                # known once the block has ended
 

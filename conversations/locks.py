@@ -22,6 +22,8 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
@@ -29,7 +31,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, connections
-from django.db.models import BooleanField, Count, ExpressionWrapper, OuterRef, Q, Subquery
+from django.db.models import BooleanField, Count, ExpressionWrapper, F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -37,7 +39,7 @@ from config.api import INT64_MAX, INT64_MIN
 from config.errors import NotFound
 from config.together import update_sql
 from conversations.errors import TooManyTurns, TurnInProgress
-from conversations.models import Conversation, Preferences
+from conversations.models import Conversation, Preferences, TurnRun
 from conversations.selectors import conversation_for_user
 
 
@@ -58,12 +60,35 @@ def is_free(at: datetime | None = None) -> Q:
     return Q(turn_token__isnull=True) | Q(turn_expires_at__lt=at or now())
 
 
-def head_guard(lock: TurnLock | None) -> tuple[Q, dict[str, Any]]:
-    """The condition and extra changes for a head move: with a lock, only while it is held; without one,
-    only while nobody holds it, and then an expired lock is cleared so its late holder cannot move the head."""
+_CLEARED = {"turn_token": None, "turn_expires_at": None}
+
+
+def head_guard(lock: TurnLock | None, *, release: bool = False) -> tuple[Q, dict[str, Any]]:
+    """The condition and extra changes for a head move: with a lock, only while it is held (and, with
+    `release`, the same UPDATE gives it back: the turn's last move); without one, only while nobody holds it,
+    and then an expired lock is cleared so its late holder cannot move the head."""
     if lock is not None:
-        return Q(turn_token=lock.token), {}
-    return is_free(), {"turn_token": None, "turn_expires_at": None}
+        return Q(turn_token=lock.token), dict(_CLEARED) if release else {}
+    return is_free(), dict(_CLEARED)
+
+
+def left_unreleased() -> Q:
+    """Conversations whose lock a holder let run out without giving it back (it died between rounds)."""
+    return is_free() & Q(turn_token__isnull=False)
+
+
+def run_lock_gone() -> Q:
+    """Turn runs (`TurnRun`) whose turn no longer holds its conversation's lock: given back, taken over, or run
+    out. A run's id is its lock's token."""
+    return (Q(conversation__turn_token__isnull=True) | ~Q(conversation__turn_token=F("pk"))
+            | Q(conversation__turn_expires_at__lt=now()))
+
+
+def run_state(run_id: uuid.UUID) -> tuple[datetime | None, bool] | None:
+    """A run's end (None while it runs) and whether its turn still holds the lock, in one query; None if there
+    is no such run."""
+    row = TurnRun.objects.filter(pk=run_id).values("ended_at", "conversation__turn_token").first()
+    return None if row is None else (row["ended_at"], row["conversation__turn_token"] == run_id)
 
 
 def _held_by_owner(at: datetime):
@@ -150,6 +175,7 @@ class TurnLock:
         self.lost = False  # set when a renewal found another holder (this one outlived its lease)
         self.owner_instructions: str | None = None  # read with the lock by `take`
         self._released = False
+        self._handed_over = False
         self._stop = threading.Event()
 
     @classmethod
@@ -225,6 +251,19 @@ class TurnLock:
             logger.warning("turn lock of conversation %s: renewal failed: %r", self.conversation.pk, error)
         return True
 
+    @contextmanager
+    def until_handed_over(self) -> Iterator[TurnLock]:
+        """Hold the lock for the block; unless a `Turn` took it over meanwhile (`hand_over`), give it back when
+        the block ends, refused or not. From the hand-over on, the turn is the one owner that releases it."""
+        try:
+            yield self
+        finally:
+            if not self._handed_over:
+                self.release()
+
+    def hand_over(self) -> None:
+        self._handed_over = True
+
     def release(self) -> None:
         """Give the lock back; a second call costs nothing (a turn frees it before its last event, then its
         `with` block ends)."""
@@ -232,8 +271,7 @@ class TurnLock:
             return
         self._released = True
         self._stop.set()
-        Conversation.objects.filter(pk=self.conversation.pk, turn_token=self.token).update(
-            turn_token=None, turn_expires_at=None)
+        Conversation.objects.filter(pk=self.conversation.pk, turn_token=self.token).update(**_CLEARED)
         self.conversation.turn_token = self.conversation.turn_expires_at = None
 
     def released_with_head_move(self) -> None:

@@ -44,9 +44,7 @@ def head_move_held(*, conversation: Conversation, to: int, lock: TurnLock, relea
 
 def _move(conversation: Conversation, to: int | None, lock: TurnLock | None, *, release: bool = False,
           writes: Together | None = None, when: Written | None = None) -> Written:
-    guard, cleared = head_guard(lock)
-    if release:
-        cleared = {"turn_token": None, "turn_expires_at": None}
+    guard, cleared = head_guard(lock, release=release)
     changes = {"head_id": to, "version": F("version") + 1, "updated_at": timezone.now(), **cleared}
     with together(writes) as batch:
         moved = batch.update(Conversation.objects.filter(guard, pk=conversation.pk), when=when, **changes)

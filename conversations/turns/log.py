@@ -28,6 +28,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from config.db import release_connection
+from conversations import locks
 from conversations.models import TurnRun
 from conversations.turns import log_stores
 from conversations.turns.events import ENDINGS, EventType, TurnEvent
@@ -298,11 +299,14 @@ def follow(run_id: uuid.UUID, *, after: int = 0, stop: threading.Event | None = 
         if entries:
             after, lock_gone_since = entries[-1][0], None
             continue
-        run = TurnRun.objects.filter(pk=run_id).values("ended_at", "conversation__turn_token").first()
+        run = locks.run_state(run_id)
         release_connection()
-        if run is None or (run["ended_at"] is not None and not store.read(run_id, after)):
+        if run is None:
             return
-        if run["conversation__turn_token"] != run_id:
+        ended_at, holds_lock = run
+        if ended_at is not None and not store.read(run_id, after):
+            return
+        if not holds_lock:
             lock_gone_since = lock_gone_since or time.monotonic()
             if time.monotonic() - lock_gone_since > ORPHAN_SECONDS:
                 return

@@ -31,7 +31,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Max, Q
+from django.db.models import Max
 from django.utils import timezone
 
 from conversations import llm, locks, services
@@ -126,7 +126,7 @@ def sweep() -> list[int]:
     stranded = set(Node.objects.filter(status=Node.Status.PENDING).exclude(kind=Node.Kind.TITLE)
                    .filter(conversation__in=Conversation.objects.filter(is_free()))
                    .values_list("conversation_id", flat=True).distinct())
-    stranded |= set(Conversation.objects.filter(is_free(), turn_token__isnull=False).values_list("pk", flat=True))
+    stranded |= set(Conversation.objects.filter(locks.left_unreleased()).values_list("pk", flat=True))
     for conversation_id in sorted(stranded):
         conversation = Conversation.objects.filter(pk=conversation_id).first()
         if conversation is None:
@@ -138,9 +138,7 @@ def sweep() -> list[int]:
         with lock:
             recovered += recover(conversation, lock)
     lease_ago = timezone.now() - timedelta(seconds=settings.ARBOR_TURN_LOCK_SECONDS)
-    _end_runs(TurnRun.objects.filter(ended_at__isnull=True, started_at__lt=lease_ago).filter(
-        Q(conversation__turn_token__isnull=True) | ~Q(conversation__turn_token=F("pk"))
-        | Q(conversation__turn_expires_at__lt=locks.now())))
+    _end_runs(TurnRun.objects.filter(locks.run_lock_gone(), ended_at__isnull=True, started_at__lt=lease_ago))
     cutoff = timezone.now() - timedelta(seconds=settings.ARBOR_WORKER_LEASE_SECONDS)
     for node in Node.objects.filter(status=Node.Status.PENDING, kind=Node.Kind.TITLE, created_at__lt=cutoff):
         if records.interrupt(node, _interrupted(node)):

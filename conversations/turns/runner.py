@@ -19,7 +19,6 @@ recorder (`records.py`); the head moves only through `services.head_move`.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 
@@ -66,21 +65,17 @@ class Turn:
         self._open: PathNode | None = tip if self.tools.runs_calls and calls.open_calls(tip) else None
         self._pending: Node | None = None  # the node whose call is under way
         self._started = False
-        self._start_lock = threading.Lock()  # `events` (a worker thread) and `abandon` may race
         self._summary_failed = False  # a failed summary is not tried again in the same turn
         # Asked while a call streams or is silent (turns.detached sets it: a stop asked through the database).
         self.stop_requested: Callable[[], bool] = lambda: False
+        lock.hand_over()  # from here this turn is the lock's one owner: its `events()` gives it back
 
     # --- running ---------------------------------------------------------------------------------------
 
-    def _claim(self) -> bool:
-        with self._start_lock:
-            claimed, self._started = not self._started, True
-        return claimed
-
     def events(self) -> Iterator[TurnEvent]:
-        if not self._claim():
-            return  # abandoned before it began: the lock is already given back
+        if self._started:
+            return  # a turn runs once
+        self._started = True
         rounds = self._rounds()
         with self.lock:
             try:
@@ -97,15 +92,6 @@ class Turn:
             except BaseException as error:
                 self._fail(llm.LLMError("interrupted", f"the turn stopped: {error!r}"))
                 raise
-
-    def run(self) -> list[TurnEvent]:
-        """Run to the end without streaming (the plain JSON API, playbook runs, tests)."""
-        return list(self.events())
-
-    def abandon(self) -> None:
-        """Give the lock back if the turn was never started (its client left before the stream began)."""
-        if self._claim():
-            self.lock.release()
 
     # --- the rounds ------------------------------------------------------------------------------------
 

@@ -51,19 +51,16 @@ def check_content(content: str) -> str:
 
 
 def _under_lock(user, conversation_id: int, begin: Callable[[Conversation, TurnLock], T]) -> T:
-    """Take the turn lock, then `begin`; the lock goes to what `begin` returns, or back if it refuses.
+    """Take the turn lock, then `begin`; the lock goes to the `Turn` it returns, or back if it returns none or
+    refuses.
 
     The conversation is read by the UPDATE that takes the lock, so no turn that ended before can have moved
     its head since."""
     lock = TurnLock.take(owner=user, conversation_id=conversation_id)
-    conversation = lock.conversation
-    try:
+    with lock.until_handed_over():
         if lock.took_over:  # its last holder died: what it left pending is failed first (and may be the head)
-            recovery.recover(conversation, lock)
-        return begin(conversation, lock)
-    except BaseException:
-        lock.release()
-        raise
+            recovery.recover(lock.conversation, lock)
+        return begin(lock.conversation, lock)
 
 
 def _turn(conversation: Conversation, lock: TurnLock, path: list[PathNode], new_items: list[it.Item],
@@ -226,8 +223,7 @@ def turn_decide(*, user, conversation_id: int, call_id: str, approve: bool) -> T
                 services.approval_record(node_id=tip.id, call_id=call_id, approved=approve, user=user)
                 records.decision_bubble(tip.id, call, approved=approve)
         if calls.undecided(tip):
-            lock.release()
-            return None
+            return None  # more calls to decide: the lock goes back
         return Turn(conversation=conversation, lock=lock, path=path, new_items=[])
 
     return _under_lock(user, conversation_id, begin)

@@ -16,7 +16,7 @@ from conversations.context import assemble
 from conversations.models import Conversation, Node
 from conversations.selectors import node_path
 from conversations.turns.start import turn_ask, turn_compact
-from tests.conversations.helpers import ask, head
+from tests.conversations.helpers import ask, give_back, head
 from tests.support.trees import TreeBuilder
 
 pytestmark = pytest.mark.django_db
@@ -183,7 +183,7 @@ def test_move_head_here_is_refused_while_a_turn_runs(admin_client, tree):
         conversation.refresh_from_db()
         assert conversation.head_id == before
     finally:
-        turn.abandon()
+        give_back(turn)
     admin_client.post(move_url(conversation), {"node": failed.pk})
     conversation.refresh_from_db()
     assert conversation.head_id == failed.pk

@@ -13,6 +13,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from conversations import services
 from conversations.models import Node
+from conversations.turns.detached import run_here
 from conversations.turns.start import turn_edit
 from tests.conversations.helpers import ask, head
 from tests.support.browser import screenshot
@@ -29,8 +30,8 @@ def _branched_tree_with_compaction(conversation):
     ask(conversation, "Which region grew fastest?")
     second = head(conversation)
     ask(conversation, "And which one shrank?")
-    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=second.pk,
-                    content="Which region grew fastest, in percent?").run()
+    run_here(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=second.pk,
+                    content="Which region grew fastest, in percent?"))
     compacted = head(conversation)
     compaction = Node.objects.create(kind="compaction", status="succeeded", compacted_from=compacted,
                                      conversation=conversation,

@@ -28,6 +28,7 @@ from conversations.screen import branch_infos, latest_bubbles, path_bubbles
 from conversations.selectors import conversation_nodes, screen_history
 from conversations.transfer import arbor_tree
 from conversations.transfer.plan import _allocate_ids
+from conversations.turns.detached import run_here
 from conversations.turns.start import turn_compact, turn_edit
 from tests.conversations.helpers import ask, head
 from tests.conversations.test_transfer import _normalised, _rich_tree
@@ -172,7 +173,7 @@ def test_pages_finish_the_path_they_began_when_the_head_moves_to_another_branch_
     before = _whole_path(conversation)
     first = api.get(_url(conversation, "bubbles")).json()
     edited = Node.objects.get(conversation=conversation, sent=[it.user("question 1")])
-    turn_edit(user=user, conversation_id=conversation.pk, node_id=edited.pk, content="question 1, edited").run()
+    run_here(turn_edit(user=user, conversation_id=conversation.pk, node_id=edited.pk, content="question 1, edited"))
     assert first["results"] + _results(read_pages(api, first["next"])) == before
     assert _questions(_results(read_pages(api, _url(conversation, "bubbles")))) == ["question 0", "question 1, edited"]
 

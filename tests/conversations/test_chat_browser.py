@@ -19,6 +19,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from conversations import services
 from conversations.jobs import worker
 from conversations.models import Node, ToolApproval
+from conversations.turns.detached import run_here
 from conversations.turns.start import turn_ask
 from tests.support.browser import WAIT, screenshot, sign_in, wait
 
@@ -250,7 +251,7 @@ def test_issue_18_the_palette_finds_similar_messages_the_words_miss(browser, asg
     """Ctrl-K, "Similar messages to …": the search page opens at its similar messages, which list a misspelt
     paraphrase no word matches (arbor/echo-embed, embedded by the worker)."""
     notes = services.conversation_create(owner=user, title="Account notes")
-    turn_ask(user=user, conversation_id=notes.pk, content="Kancelling a zubscription takes effect next month").run()
+    run_here(turn_ask(user=user, conversation_id=notes.pk, content="Kancelling a zubscription takes effect next month"))
     worker.run_due()
     sign_in(browser, asgi_server, user)
     _open(browser, asgi_server, conversation)

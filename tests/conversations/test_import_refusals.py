@@ -17,6 +17,7 @@ from conversations.models import Bubble, Conversation, Node, ToolApproval
 from conversations.screen import path_bubbles
 from conversations.transfer import arbor_tree, chatgpt, importing, markdown
 from conversations.transfer.plan import ImportRefused
+from conversations.turns.detached import run_here
 from conversations.turns.start import turn_compact, turn_decide
 from tests.conversations.helpers import ask, head
 
@@ -480,7 +481,7 @@ def _eventful(conversation, settings):
     ask(conversation, '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"}')
     (call,) = head(conversation).received
     pending = markdown.export_markdown(conversation)
-    turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"], approve=False).run()
+    run_here(turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"], approve=False))
     ask(conversation, "#fail")
     turn_compact(user=conversation.owner, conversation_id=conversation.pk)
     ask(conversation, "after the compaction")

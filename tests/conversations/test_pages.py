@@ -13,6 +13,7 @@ from django.urls import reverse
 from conversations import services
 from conversations.locks import TurnLock
 from conversations.models import Bubble, Conversation, Node
+from conversations.turns.detached import run_here
 from conversations.turns.start import turn_edit, turn_regenerate
 from conversations.web.markdown import render_markdown
 from tests.conversations.helpers import ask, head
@@ -56,8 +57,8 @@ def test_the_chat_page_shows_the_path_with_branch_arrows_and_sanitised_markdown(
     """T8: the page shows the path's bubbles; an edited question shows k/n with arrows and a compare link."""
     ask(conversation, "first <script>alert(1)</script>")
     first = head(conversation)
-    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
-                    content="second **bold**").run()
+    run_here(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
+                    content="second **bold**"))
     html = page.get(reverse("chat-conversation", args=[conversation.pk])).content.decode()
     assert "2/2" in html and 'aria-label="Previous version of this question"' in html
     assert "echo: second **bold**" not in html and "<strong>bold</strong>" in html, "answers render as Markdown"
@@ -71,8 +72,8 @@ def test_switch_moves_the_head_to_the_other_branch_and_is_refused_while_a_turn_r
     """T8, T9: the arrows' form moves the head to the branch's latest tip; during a turn it changes nothing."""
     ask(conversation, "one")
     first = head(conversation)
-    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
-                    content="two").run()
+    run_here(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
+                    content="two"))
     second = head(conversation)
     url = reverse("chat-switch", args=[conversation.pk])
 
@@ -138,7 +139,7 @@ def test_what_the_model_saw_is_the_exact_context_of_that_call(page, conversation
 def test_compare_shows_two_branches_of_the_same_question_and_refuses_anything_else(page, conversation):
     ask(conversation, "left question")
     left = head(conversation)
-    turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
+    run_here(turn_regenerate(user=conversation.owner, conversation_id=conversation.pk))
     right = head(conversation)
     url = reverse("chat-compare", args=[conversation.pk])
     html = page.get(f"{url}?a={left.pk}&b={right.pk}").content.decode()
@@ -151,7 +152,7 @@ def test_compare_never_shows_another_persons_branches(page, conversation, other_
     theirs = services.conversation_create(owner=other_user)
     ask(theirs, "their secret question")
     first = head(theirs)
-    turn_regenerate(user=other_user, conversation_id=theirs.pk).run()
+    run_here(turn_regenerate(user=other_user, conversation_id=theirs.pk))
     url = reverse("chat-compare", args=[conversation.pk])
     response = page.get(f"{url}?a={first.pk}&b={head(theirs).pk}")
     assert response.status_code == 404 and "their secret" not in response.content.decode()

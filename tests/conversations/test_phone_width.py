@@ -13,6 +13,7 @@ from selenium.webdriver.common.by import By
 
 from conversations import services
 from conversations.models import Node
+from conversations.turns.detached import run_here
 from conversations.turns.start import turn_edit
 from playbooks import services as playbook_services
 from tests.conversations.helpers import ask
@@ -58,7 +59,8 @@ def pages(user, conversation):
         + '%\'"}')
     ask(conversation, "#fail")
     first = Node.objects.filter(conversation=conversation).order_by("id").first()
-    turn_edit(user=user, conversation_id=conversation.pk, node_id=first.pk, content="An edited first question").run()
+    run_here(turn_edit(user=user, conversation_id=conversation.pk, node_id=first.pk,
+                       content="An edited first question"))
     sales = services.conversation_create(owner=user, title="Sales")
     sales_conversation(sales)
     playbook = playbook_services.playbook_convert(user=user, conversation_id=sales.pk)

@@ -31,7 +31,7 @@ from conversations.models import Bubble, Conversation, Node
 from conversations.turns import recovery
 from conversations.turns.seen import call_context
 from conversations.turns.start import turn_ask
-from tests.conversations.helpers import ask, head
+from tests.conversations.helpers import ask, give_back, head
 from tests.support.servers import database_url, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -232,7 +232,7 @@ def test_issue_12_a_run_whose_turn_never_began_ends_for_its_readers(conversation
 
     turn = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="never run")
     run_id = detached.start(turn)
-    turn.abandon()  # the lock goes back; the run was opened and nobody runs it
+    give_back(turn)  # the lock goes back; the run was opened and nobody runs it
     monkeypatch.setattr(log, "ORPHAN_SECONDS", 0.3)
     assert list(log.follow(run_id)) == []
     settings.ARBOR_TURN_LOCK_SECONDS = -1

@@ -32,6 +32,7 @@ from conversations.models import Bubble, Conversation, Node, ToolApproval
 from conversations.selectors import path_node
 from conversations.tools import get_tool, registry
 from conversations.turns import calls, recovery
+from conversations.turns.detached import run_here
 from conversations.turns.seen import next_context
 from conversations.turns.start import turn_ask, turn_decide
 from tests.conversations.helpers import answer, ask, head
@@ -388,8 +389,8 @@ def test_issue_12_f3_d4_crash_while_an_approval_is_waiting_leaves_it_waiting_unt
     assert not _lock_held_by_the_dead(conversation)
     assert mail.outbox == [] and ran == {}
 
-    resumed = turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
-                          approve=True).run()
+    resumed = run_here(turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                          approve=True))
     assert resumed[-1].type == "done" and len(mail.outbox) == 1 and ran == {"send_email": 1}
     assert "assistant:[call send_email] | tool:{" in answer(resumed)
 
@@ -417,7 +418,7 @@ def test_issue_12_f3_d4_crash_after_one_of_two_decisions_keeps_it_and_waits_for_
     assert [c["id"] for c in calls.undecided(path_node(asked))] == ["call_b"]
     assert Node.objects.filter(conversation=stub_conversation).count() == 1 and mail.outbox == []
 
-    resumed = turn_decide(user=user, conversation_id=conversation_id, call_id="call_b", approve=True).run()
+    resumed = run_here(turn_decide(user=user, conversation_id=conversation_id, call_id="call_b", approve=True))
     assert resumed[-1].type == "done" and len(mail.outbox) == 2 and ran == {"send_email": 2}
     messages = stub.requests[-1]["messages"]
     assert _unanswered(messages) == [] and set(_tool_messages(messages)) == {"call_a", "call_b"}

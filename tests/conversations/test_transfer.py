@@ -12,6 +12,7 @@ from conversations.screen import path_bubbles
 from conversations.selectors import node_path
 from conversations.transfer import arbor_tree
 from conversations.transfer.check import item_paths
+from conversations.turns.detached import run_here
 from conversations.turns.seen import call_context, next_context
 from conversations.turns.start import turn_compact, turn_decide, turn_edit, turn_regenerate
 from tests.conversations.helpers import ask, head
@@ -29,14 +30,14 @@ def _rich_tree(conversation, settings):
     services.conversation_update(conversation=conversation, instructions="Be brief.")
     ask(conversation, "first question")
     first = head(conversation)
-    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
-                    content="edited first").run()
-    turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
+    run_here(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=first.pk,
+                    content="edited first"))
+    run_here(turn_regenerate(user=conversation.owner, conversation_id=conversation.pk))
     ask(conversation, '#tool sql_query {"sql": "select count(*) as n from customers"}')
     ask(conversation, '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"}')
     (call,) = head(conversation).received
-    turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
-                      approve=True).run()
+    run_here(turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                      approve=True))
     ask(conversation, "#fail")
     ask(conversation, "#overflow")
     turn_compact(user=conversation.owner, conversation_id=conversation.pk)
@@ -83,8 +84,8 @@ def test_the_tree_json_imports_back_losslessly(api, user, conversation, settings
 
 def test_markdown_is_the_current_path(api, conversation):
     ask(conversation, "kept question")
-    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=head(conversation).pk,
-                    content="shown question").run()
+    run_here(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=head(conversation).pk,
+                    content="shown question"))
     response = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "md"})
     text = b"".join(response.streaming_content).decode()  # issue 13: exports stream
     assert response["Content-Type"].startswith("text/markdown") and "attachment" in response["Content-Disposition"]
@@ -97,7 +98,7 @@ def test_chatgpt_export_keeps_branches_and_imports_back(api, user, conversation)
     ask(conversation, "apples?")
     first = head(conversation)
     ask(conversation, "and pears?")
-    turn_edit(user=user, conversation_id=conversation.pk, node_id=first.pk, content="bananas?").run()
+    run_here(turn_edit(user=user, conversation_id=conversation.pk, node_id=first.pk, content="bananas?"))
     document = json.loads(b"".join(api.get(f"/api/conversations/{conversation.pk}/export/",
                                            {"format": "chatgpt"}).streaming_content))
     (entry,) = document
@@ -235,8 +236,9 @@ def test_issue_15_t8_a_chatgpt_round_trip_keeps_every_branch_message_call_result
     were dropped); every node's path, and the head, are as they were."""
     services.conversation_update(conversation=conversation, instructions="Answer in one line.")
     ask(conversation, "first question")
-    turn_regenerate(user=user, conversation_id=conversation.pk).run()
-    turn_edit(user=user, conversation_id=conversation.pk, node_id=head(conversation).pk, content="first, edited").run()
+    run_here(turn_regenerate(user=user, conversation_id=conversation.pk))
+    run_here(turn_edit(user=user, conversation_id=conversation.pk, node_id=head(conversation).pk,
+                       content="first, edited"))
     ask(conversation, '#tool sql_query {"sql": "select count(*) as n from customers"}')
     ask(conversation, "and after the tool?")
 

@@ -14,6 +14,7 @@ from conversations.errors import BeforeCompaction, CorruptTree, TurnInProgress
 from conversations.models import Bubble, Conversation, Node
 from conversations.screen import path_bubbles
 from conversations.selectors import node_path
+from conversations.turns.detached import run_here
 from conversations.turns.start import turn_ask, turn_edit, turn_regenerate
 from tests.conversations.helpers import answer, ask, head
 from tests.support.trees import TreeBuilder
@@ -108,8 +109,8 @@ def test_t10_a_question_before_the_compaction_node_cannot_be_edited(conversation
     with pytest.raises(BeforeCompaction):
         turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=old.pk, content="x")
     assert head(conversation) == after and Node.objects.count() == count
-    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=after.pk,
-                    content="edited after compaction").run()
+    run_here(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=after.pk,
+                    content="edited after compaction"))
     assert head(conversation).parent_id == after.parent_id
 
 
@@ -128,7 +129,7 @@ def test_t11_delete_removes_its_nodes_but_keeps_those_another_path_passes_throug
     ask(source, "shared 1")
     ask(source, "shared 2")
     shared_head = head(source)
-    turn_regenerate(user=user, conversation_id=source.pk).run()  # a branch only `source` has
+    run_here(turn_regenerate(user=user, conversation_id=source.pk))  # a branch only `source` has
     ask(source, "source only")
     other = services.conversation_create(owner=user)
     services.head_move(conversation=other, to=shared_head.pk)  # P3's edit conversation, nothing copied
@@ -161,7 +162,7 @@ def test_t11_delete_is_refused_while_a_turn_runs(conversation):
     running = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="busy")
     with pytest.raises(TurnInProgress):
         services.conversation_delete(conversation=conversation)
-    running.run()
+    run_here(running)
     services.conversation_delete(conversation=conversation)
     assert Node.objects.count() == 0
 

@@ -11,6 +11,7 @@ from django.urls import reverse
 from conversations import services
 from conversations.jobs import worker
 from conversations.models import Node
+from conversations.turns.detached import run_here
 from conversations.turns.start import turn_compact, turn_edit, turn_regenerate
 from tests.conversations.helpers import ask, head
 
@@ -30,8 +31,8 @@ def test_issue_16_t8_the_tree_has_one_mark_a_turn_with_branches_tool_rounds_fold
     ask(conversation, "first question")
     worker.run_due()  # a title call hangs below the first answer: no mark
     first = head(conversation)
-    turn_edit(user=user, conversation_id=conversation.pk, node_id=first.pk, content="first, edited").run()
-    turn_regenerate(user=user, conversation_id=conversation.pk).run()
+    run_here(turn_edit(user=user, conversation_id=conversation.pk, node_id=first.pk, content="first, edited"))
+    run_here(turn_regenerate(user=user, conversation_id=conversation.pk))
     ask(conversation, '#tool sql_query {"sql": "select count(*) as n from customers"}')  # two nodes, one turn
     ask(conversation, "#fail")
     turn_compact(user=user, conversation_id=conversation.pk)
@@ -60,7 +61,7 @@ def test_issue_16_t8_the_tree_has_one_mark_a_turn_with_branches_tool_rounds_fold
 def test_issue_16_a_branch_is_named_and_starred_and_the_conversation_opens_on_the_star(api, page, user, conversation):
     ask(conversation, "apples")
     apples = head(conversation)
-    turn_edit(user=user, conversation_id=conversation.pk, node_id=apples.pk, content="pears").run()
+    run_here(turn_edit(user=user, conversation_id=conversation.pk, node_id=apples.pk, content="pears"))
     pears = head(conversation)
     response = api.patch(f"/api/nodes/{apples.pk}/", {"label": "Apple plan", "starred": True}, format="json")
     assert response.status_code == 200 and (response.json()["label"], response.json()["starred"]) == (
@@ -158,7 +159,7 @@ def test_issue_16_a_page_reloading_itself_keeps_the_head_where_the_person_put_it
     no-script ◀ / ▶ (its Referer is the conversation's own page)."""
     ask(conversation, "apples")
     apples = head(conversation)
-    turn_edit(user=user, conversation_id=conversation.pk, node_id=apples.pk, content="pears").run()
+    run_here(turn_edit(user=user, conversation_id=conversation.pk, node_id=apples.pk, content="pears"))
     pears = head(conversation)
     services.branch_mark(node=apples, starred=True)
     own = reverse("chat-conversation", args=[conversation.pk])
@@ -180,7 +181,7 @@ def test_issue_16_a_turns_label_stays_on_it_as_rounds_are_added_and_clears(api, 
     (mark,) = _tree(api, conversation)["nodes"]
     api.patch(f"/api/nodes/{mark['id']}/", {"label": "Mail", "starred": True}, format="json")
     (call,) = head(conversation).received
-    turn_decide(user=user, conversation_id=conversation.pk, call_id=call["id"], approve=True).run()
+    run_here(turn_decide(user=user, conversation_id=conversation.pk, call_id=call["id"], approve=True))
     (after,) = _tree(api, conversation)["nodes"]
     assert after["last"] != mark["last"] and (after["label"], after["starred"]) == ("Mail", True)
     api.patch(f"/api/nodes/{mark['id']}/", {"label": "", "starred": False}, format="json")
@@ -188,6 +189,6 @@ def test_issue_16_a_turns_label_stays_on_it_as_rounds_are_added_and_clears(api, 
     assert (cleared["label"], cleared["starred"]) == ("", False)
 
     ask(conversation, "#fail")
-    turn_retry(user=user, conversation_id=conversation.pk).run()
+    run_here(turn_retry(user=user, conversation_id=conversation.pk))
     marks = _tree(api, conversation)["nodes"]
     assert [m["snippet"] for m in marks] == [mark["snippet"], "#fail"], "the retry is part of its turn"

@@ -10,6 +10,7 @@ from selenium.webdriver.common.keys import Keys
 
 from conversations import services
 from conversations.models import Node
+from conversations.turns.detached import run_here
 from conversations.turns.start import turn_edit
 from tests.conversations.helpers import ask, head
 from tests.conversations.test_big_conversations import bulk_conversation
@@ -35,7 +36,7 @@ def test_issue_16_t8_the_map_shows_the_tree_and_a_click_or_enter_switches_branch
     ask(conversation, "apples")
     apples = head(conversation)
     ask(conversation, "and their price?")
-    turn_edit(user=user, conversation_id=conversation.pk, node_id=apples.pk, content="pears").run()
+    run_here(turn_edit(user=user, conversation_id=conversation.pk, node_id=apples.pk, content="pears"))
     ask(conversation, "#fail")
     sign_in(browser, asgi_server, user)
     _open(browser, asgi_server, conversation)
@@ -74,7 +75,7 @@ def test_issue_16_a_branch_is_named_and_starred_in_the_map_and_the_chat_opens_on
         browser, asgi_server, user, conversation):
     ask(conversation, "apples")
     apples = head(conversation)
-    turn_edit(user=user, conversation_id=conversation.pk, node_id=apples.pk, content="pears").run()
+    run_here(turn_edit(user=user, conversation_id=conversation.pk, node_id=apples.pk, content="pears"))
     sign_in(browser, asgi_server, user)
     _open(browser, asgi_server, conversation)
     _open_map(browser)
@@ -131,7 +132,7 @@ def test_issue_16_the_map_draws_a_2000_turn_tree_and_works_as_a_phone_sheet(brow
 def test_issue_16_the_arrows_name_the_branches_they_lead_to(browser, asgi_server, user, conversation):
     ask(conversation, "apples")
     apples = head(conversation)
-    turn_edit(user=user, conversation_id=conversation.pk, node_id=apples.pk, content="pears").run()
+    run_here(turn_edit(user=user, conversation_id=conversation.pk, node_id=apples.pk, content="pears"))
     services.branch_mark(node=apples, label="Apple plan")
     services.branch_mark(node=head(conversation), label="Pear plan")
     sign_in(browser, asgi_server, user)

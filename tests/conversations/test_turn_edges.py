@@ -24,9 +24,11 @@ from conversations.selectors import node_path
 from conversations.tools.errors import ToolError
 from conversations.tools.sql_query import sql_check
 from conversations.turns import compaction, records, retrieval, side_calls
+from conversations.turns.detached import run_here
 from conversations.turns.start import (
     turn_ask,
     turn_compact,
+    turn_decide,
     turn_edit,
     turn_regenerate,
     turn_retry,
@@ -58,14 +60,15 @@ def _crashing_stream(error: BaseException):
 # --- the crash path (R1, F1, D3) ---------------------------------------------------------------------
 
 
-def test_r1_f1_an_unexpected_error_mid_stream_fails_the_node_interrupted_frees_the_lock_and_propagates(
+def test_r1_f1_an_unexpected_error_mid_stream_fails_the_node_interrupted_frees_the_lock_and_says_so(
         conversation, monkeypatch):
     ask(conversation, "q1")
     q1 = head(conversation)
     monkeypatch.setattr(llm, "stream_call", _crashing_stream(RuntimeError("a bug mid-stream")))
     turn = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="q2")
-    with pytest.raises(RuntimeError, match="a bug mid-stream"):
-        turn.run()
+    events = run_here(turn)  # the run logs the bug and ends with an error event that says what is recorded
+    assert events[-1].type == "error" and events[-1].data["code"] == "server_error"
+    assert "a bug mid-stream" in events[-1].data["message"]
     node = Node.objects.get(sent=[{"type": "user", "text": "q2"}])
     assert (node.status, node.failure_reason, node.parent_id) == ("failed", "interrupted", q1.pk)
     assert "a bug mid-stream" in node.failure_message
@@ -76,14 +79,33 @@ def test_r1_f1_an_unexpected_error_mid_stream_fails_the_node_interrupted_frees_t
     assert answer(ask(conversation, "q3")).startswith("echo: q3"), "the conversation is free again"
 
 
-def test_r1_a_turn_given_back_before_it_began_never_runs(conversation):
-    """T9: a turn abandoned before its events began gives the lock back; running it afterwards does nothing."""
-    turn = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="never")
+def test_r1_a_turn_runs_once_and_its_run_is_the_one_owner_that_gives_the_lock_back(conversation):
+    """R1, T9: the lock taken for a turn stays held until the turn runs, which gives it back at its end;
+    running the same turn again does nothing (no second call, no second node)."""
+    turn = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="once")
     assert _locked(conversation)
-    turn.abandon()
+    assert run_here(turn)[-1].type == "done"
     assert not _locked(conversation)
-    assert turn.run() == []
-    assert Node.objects.count() == 0 and head(conversation) is None
+    assert list(turn.events()) == []
+    assert Node.objects.count() == 1
+
+
+def test_r1_a_refused_start_gives_the_lock_back_and_a_decision_that_leaves_calls_open_too(conversation, stub):
+    """R1: a start refused after the lock was taken (an edit of a node the conversation lacks) gives it back at once,
+    as does a decision on one of two calls waiting (no turn runs until both are decided, F3)."""
+    ask(conversation, "q1")
+    with pytest.raises(NotFound):
+        turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=head(conversation).pk + 1000,
+                  content="x")
+    assert not _locked(conversation)
+    services.conversation_update(conversation=conversation, model="openai/stub-model")
+    stub.script(Reply.tool_calls([("call_1", "send_email", '{"to": "a@example.com", "subject": "1", "body": "b"}'),
+                                  ("call_2", "send_email", '{"to": "b@example.com", "subject": "2", "body": "b"}')]))
+    assert ask(conversation, "mail both")[-1].type == "approval_required"
+    first = it.tool_calls(head(conversation).received)[0]
+    assert turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=first["id"],
+                       approve=False) is None
+    assert not _locked(conversation)
 
 
 def test_c4_f1_a_model_that_asks_for_tools_in_the_last_round_ends_the_turn_with_not_run_results(
@@ -100,7 +122,7 @@ def test_c4_f1_a_model_that_asks_for_tools_in_the_last_round_ends_the_turn_with_
         yield  # a generator, like the real call
 
     monkeypatch.setattr(llm, "stream_call", stream_call)
-    events = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="q").run()
+    events = run_here(turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="q"))
     assert offered == [None], "the only round is the last: no tools offered"
     assert events[-1].type == "error" and events[-1].data["code"] == "round_limit"
     failed = head(conversation)
@@ -264,7 +286,7 @@ def test_t7_edit_refuses_an_answer_a_node_off_the_path_and_an_unknown_node(conve
     ask(conversation, '#tool sql_query {"sql": "select 1"}')
     tool_round = head(conversation)  # answered the tool's result: sent no question
     question = Node.objects.get(pk=tool_round.parent_id)
-    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=question.pk, content="other").run()
+    run_here(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=question.pk, content="other"))
     theirs = services.conversation_create(owner=other_user)
     ask(theirs, "theirs")
     before = (head(conversation).pk, Node.objects.count())

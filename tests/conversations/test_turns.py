@@ -15,9 +15,10 @@ from conversations.locks import TurnLock
 from conversations.models import Bubble, Node, OutboxJob, ToolApproval
 from conversations.screen import path_bubbles
 from conversations.selectors import node_path
+from conversations.turns.detached import run_here
 from conversations.turns.seen import call_context, next_context
 from conversations.turns.start import turn_ask, turn_decide, turn_edit, turn_regenerate
-from tests.conversations.helpers import answer, ask, head
+from tests.conversations.helpers import answer, ask, give_back, head
 
 pytestmark = pytest.mark.django_db
 
@@ -158,7 +159,7 @@ def test_t9_r3_a_second_turn_is_refused_while_one_runs(conversation):
         turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="two")
     with pytest.raises(TurnInProgress):
         services.conversation_clear(conversation=conversation)
-    running.run()
+    run_here(running)
     assert answer(ask(conversation, "two")).startswith("echo: two")
 
 
@@ -185,8 +186,8 @@ def test_t7_edit_branches_from_the_turn_before_and_never_sees_the_old_answer(con
     ask(conversation, "q1")
     original = ask(conversation, "top 10 customers")
     old_head = head(conversation)
-    edited = turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=old_head.pk,
-                             content="top 10 customers including overseas").run()
+    edited = run_here(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=old_head.pk,
+                             content="top 10 customers including overseas"))
     new_head = head(conversation)
     assert new_head.parent_id == old_head.parent_id and new_head.pk != old_head.pk
     assert "top 10 customers\n" not in answer(edited) and "user:top 10 customers | " not in answer(edited)
@@ -198,7 +199,7 @@ def test_t7_edit_branches_from_the_turn_before_and_never_sees_the_old_answer(con
 def test_t7_regenerate_reruns_the_last_question_as_a_sibling(conversation):
     ask(conversation, "q1")
     first = head(conversation)
-    turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
+    run_here(turn_regenerate(user=conversation.owner, conversation_id=conversation.pk))
     second = head(conversation)
     assert second.pk != first.pk and second.parent_id == first.parent_id and second.sent == first.sent
 
@@ -212,7 +213,7 @@ def test_t7_edit_of_a_tool_turn_starts_before_its_first_round(conversation):
         turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=tool_turn_end.pk,
                         content="x")
     assert head(conversation) == tool_turn_end, "a refused edit changes nothing"
-    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=opener.pk, content="q2").run()
+    run_here(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=opener.pk, content="q2"))
     assert head(conversation).parent_id == opener.parent_id
 
 
@@ -222,7 +223,7 @@ def test_t8_switch_goes_to_the_latest_tip_and_bubbles_carry_branch_info(conversa
     ask(conversation, "q2")
     old_tip = head(conversation)
     q2 = old_tip
-    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=q2.pk, content="q2b").run()
+    run_here(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=q2.pk, content="q2b"))
     ask(conversation, "q3 on the new branch")
     views = path_bubbles(conversation=head_conversation(conversation))
     q2b_view = [v for v in views if v.bubble.content == "q2b"][0]
@@ -252,7 +253,7 @@ def test_t9_edit_regenerate_and_switch_are_refused_while_a_turn_runs(conversatio
         turn_regenerate(user=conversation.owner, conversation_id=conversation.pk)
     with pytest.raises(TurnInProgress):
         services.head_switch(conversation=conversation, node_id=node.pk)
-    running.run()
+    run_here(running)
 
 
 def test_f3_send_email_waits_for_approval_then_runs(conversation):
@@ -264,8 +265,8 @@ def test_f3_send_email_waits_for_approval_then_runs(conversation):
     assert mail.outbox == []
     with pytest.raises(ApprovalPending):
         ask(conversation, "something else")
-    resumed = turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
-                                approve=True).run()
+    resumed = run_here(turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                                approve=True))
     assert len(mail.outbox) == 1 and mail.outbox[0].to == ["cfo@example.com"]
     assert resumed[-1].type == "done"
     final = head(conversation)
@@ -276,8 +277,8 @@ def test_f3_send_email_waits_for_approval_then_runs(conversation):
 def test_f3_a_refused_call_gets_a_result_that_says_so(conversation):
     ask(conversation, '#tool send_email {"to": "x@example.com", "subject": "s", "body": "b"}')
     (call,) = head(conversation).received
-    turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
-                      approve=False).run()
+    run_here(turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                      approve=False))
     (result,) = head(conversation).sent
     assert result["is_error"] and result["content"].startswith("refused")
     assert mail.outbox == []
@@ -289,11 +290,11 @@ def test_f3_switching_branches_neither_undoes_nor_repeats_a_sent_email(conversat
     q1 = head(conversation)
     ask(conversation, '#tool send_email {"to": "x@example.com", "subject": "s", "body": "b"}')
     (call,) = head(conversation).received
-    turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
-                      approve=True).run()
+    run_here(turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                      approve=True))
     email_branch = head(conversation)
-    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=email_branch.parent_id,
-                    content="no email this time").run()
+    run_here(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=email_branch.parent_id,
+                    content="no email this time"))
     services.head_switch(conversation=conversation, node_id=email_branch.pk)
     assert head(conversation) == email_branch
     assert 'tool:{"sent": true' in answer(ask(conversation, "and now?"))
@@ -371,8 +372,8 @@ def test_f3_f2_an_approved_call_whose_next_round_overflows_does_not_lock_the_con
     ask(conversation, '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"} #overflow')
     paused = head(conversation)
     (call,) = paused.received
-    events = turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
-                               approve=True).run()
+    events = run_here(turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                               approve=True))
     assert events[-1].data["code"] == "context_overflow"
     assert head(conversation) == paused and len(mail.outbox) == 1
     follow = ask(conversation, "did it go out?")
@@ -387,9 +388,9 @@ def test_f3_deciding_again_the_same_way_resumes_without_running_the_tool_twice(c
     (call,) = head(conversation).received
     turn = turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
                              approve=True)
-    turn.abandon()  # the client left before the turn ran
-    again = turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
-                              approve=True).run()
+    give_back(turn)  # the client left before the turn ran
+    again = run_here(turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
+                              approve=True))
     assert again[-1].type == "done" and len(mail.outbox) == 1
     with pytest.raises(Exception, match="No tool call"):
         turn_decide(user=conversation.owner, conversation_id=conversation.pk, call_id=call["id"],
@@ -446,7 +447,7 @@ def test_t6_a_healthy_tool_turn_never_drops_anything(conversation, caplog):
     with caplog.at_level(logging.WARNING, logger="arbor.context"):
         ask(conversation, '#tool sql_query {"sql": "select 1"} #tool sql_query {"sql": "select 2"}')
         ask(conversation, "and then?")
-        turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).run()
+        run_here(turn_regenerate(user=conversation.owner, conversation_id=conversation.pk))
     assert [r for r in caplog.records if r.name == "arbor.context"] == []
 
 
@@ -472,15 +473,15 @@ def test_t7_an_edit_that_never_runs_moves_nothing(conversation):
     ask(conversation, "q1")
     ask(conversation, "q2")
     before = head(conversation)
-    turn_regenerate(user=conversation.owner, conversation_id=conversation.pk).abandon()
-    turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=before.pk,
-                    content="x").abandon()
+    give_back(turn_regenerate(user=conversation.owner, conversation_id=conversation.pk))
+    give_back(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=before.pk,
+                    content="x"))
     assert head(conversation) == before
 
 
 def test_t7_f2_an_edit_that_overflows_leaves_the_head_on_the_old_branch(conversation):
     ask(conversation, "q1")
     before = head(conversation)
-    events = turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=before.pk,
-                             content="#overflow").run()
+    events = run_here(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=before.pk,
+                             content="#overflow"))
     assert events[-1].data["code"] == "context_overflow" and head(conversation) == before

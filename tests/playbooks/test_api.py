@@ -8,6 +8,7 @@ from conversations import items as it
 from conversations.models import Conversation, Node
 from conversations.turns.start import turn_ask
 from playbooks.models import Playbook
+from tests.conversations.helpers import give_back
 from tests.playbooks.helpers import sales_conversation
 
 pytestmark = pytest.mark.django_db
@@ -127,7 +128,7 @@ def test_t9_convert_while_a_turn_runs_is_a_409_and_records_nothing(api, conversa
     try:
         response = _convert(api, conversation)
     finally:
-        turn.abandon()
+        give_back(turn)
     assert response.status_code == 409 and response.json()["error"]["code"] == "turn_in_progress"
     assert not Node.objects.filter(kind="playbook").exists()
 

@@ -19,7 +19,7 @@ from playbooks.errors import PlaybookInvalid
 from playbooks.models import Playbook, PlaybookVersion
 from playbooks.selectors import conversion_chain, conversion_chains
 from playbooks.serializers import PlaybookDetailOut
-from tests.conversations.helpers import answer, ask, head
+from tests.conversations.helpers import answer, ask, give_back, head
 from tests.playbooks.helpers import sales_conversation
 
 pytestmark = pytest.mark.django_db
@@ -118,7 +118,7 @@ def test_t9_a_conversion_waits_for_no_turn_it_is_refused_while_one_runs(conversa
         with pytest.raises(TurnInProgress):
             _convert(conversation)
     finally:
-        turn.abandon()
+        give_back(turn)
     assert not Node.objects.filter(kind="playbook").exists()
 
 

@@ -11,6 +11,7 @@ from config.errors import BadInput
 from conversations.models import Conversation, Node
 from conversations.selectors import node_path
 from conversations.tools.sql_query import sql_query
+from conversations.turns.detached import run_here
 from conversations.turns.start import turn_decide
 from playbooks import services
 from playbooks.models import PlaybookRun, PlaybookVersion
@@ -89,8 +90,8 @@ def test_f3_a_send_email_step_waits_for_approval_like_any_turn(playbook):
     assert result.status == "approval_required" and mail.outbox == []
     call = result.approval_required[0]
     assert call["name"] == "send_email" and json.loads(call["arguments"])["subject"] == "Sales for 2026-09"
-    turn_decide(user=playbook.owner, conversation_id=result.run.conversation_id, call_id=call["call_id"],
-                      approve=True).run()
+    run_here(turn_decide(user=playbook.owner, conversation_id=result.run.conversation_id, call_id=call["call_id"],
+                      approve=True))
     assert [m.subject for m in mail.outbox] == ["Sales for 2026-09"]
 
 

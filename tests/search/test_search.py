@@ -7,6 +7,7 @@ from django.urls import reverse
 
 from conversations import services
 from conversations.jobs import worker
+from conversations.turns.detached import run_here
 from conversations.turns.start import turn_edit
 from search.index import index_conversation
 from search.query import search_bubbles
@@ -43,7 +44,7 @@ def test_hits_on_another_branch_say_so_and_opening_one_switches_to_it(user, conv
     """T8: search covers every branch; a hit off the current path is marked, and switch moves the head there."""
     ask(conversation, "apples question")
     first = head(conversation)
-    turn_edit(user=user, conversation_id=conversation.pk, node_id=first.pk, content="bananas question").run()
+    run_here(turn_edit(user=user, conversation_id=conversation.pk, node_id=first.pk, content="bananas question"))
     worker.run_due()
     (apple,) = [h for h in search_bubbles(user=user, query="apples") if h.role == "user"]
     (banana,) = [h for h in search_bubbles(user=user, query="bananas") if h.role == "user"]

@@ -16,6 +16,7 @@ from conversations.jobs import worker
 from conversations.llm.echo import embed as echo_embed
 from conversations.models import Bubble, OutboxJob
 from conversations.transfer import importing
+from conversations.turns.detached import run_here
 from search import embedding, vectors
 from search.chunks import CHUNK_CHARS, MAX_CHUNKS, chunk_spans
 from search.models import ChunkVector
@@ -189,7 +190,7 @@ def test_similar_messages_are_the_owners_own_on_every_branch_never_cleared_or_de
     mine = _conversation(user, "Mine", "How do I cancel my subscription?")
     first = head(mine)
     from conversations.turns.start import turn_edit
-    turn_edit(user=user, conversation_id=mine.pk, node_id=first.pk, content="What is the weather like?").run()
+    run_here(turn_edit(user=user, conversation_id=mine.pk, node_id=first.pk, content="What is the weather like?"))
     _conversation(other_user, "Theirs", "Cancelling a subscription, step by step")
     cleared = _conversation(user, "Cleared", "Cancellation of subscriptions is final")
     deleted = _conversation(user, "Deleted", "Subscription cancelling policy")
