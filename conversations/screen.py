@@ -51,38 +51,15 @@ def branch_infos(*, conversation: Conversation, path: list[PathNode],
     openers = [p for p in path if opens_turn(p)]
     if not openers:
         return {}
-    nodes = {p.id: p for p in (*known, *path)}
-    missing = {p.parent_id for p in openers if p.parent_id is not None} - nodes.keys()
-    if missing:
-        for row in Node.objects.filter(pk__in=missing).values_list("id", "parent_id", "kind", "compacted_from_id"):
-            nodes[row[0]] = PathNode(row[0], row[1], row[2], "", [], [], compacted_from_id=row[3])
+    nodes = _with_parents(openers, {p.id: p for p in (*known, *path)})
 
     def key_of(parent_id: int | None) -> int | None:
         parent = nodes.get(parent_id)
         return parent.compacted_from_id if parent is not None and is_compaction_root(parent) else parent_id
 
     keys = {key_of(p.parent_id) for p in openers}  # None: the first question's versions
-    originals = keys - {None}
-    # The roots made from those originals: the turns below them are siblings too. The conversation's own (a
-    # partial index holds each conversation's parentless nodes), and a shared one an opener hangs below (P3).
-    roots = {p.id: p.compacted_from_id for p in map(nodes.get, {o.parent_id for o in openers})
-             if p is not None and is_compaction_root(p) and p.compacted_from_id in originals}
-    if originals:
-        roots.update(Node.objects.filter(
-            conversation=conversation, parent__isnull=True, kind=Node.Kind.COMPACTION, window_root=False,
-            compacted_from_id__in=originals).values_list("id", "compacted_from_id"))
-    below = Q(parent_id__in=[*originals, *roots])
-    if None in keys:
-        below |= Q(parent__isnull=True, conversation=conversation)
-    candidates = (Node.objects.can_be_head().filter(below, kind=Node.Kind.TURN)
-                  .alias(asks=RawSQL(asks_question_sql(_NODE), [], output_field=BooleanField())).filter(asks=True)
-                  .values_list("id", "parent_id", "conversation_id"))
-    opener_ids = {p.id for p in openers}
-    by_key: dict[int | None, list[int]] = {}
-    for node_id, parent_id, owner in candidates.order_by("id"):
-        key = roots.get(parent_id, parent_id)
-        if key in keys and (owner == conversation.pk or node_id in opener_ids):
-            by_key.setdefault(key, []).append(node_id)
+    roots = _roots_of(conversation, openers, nodes, originals=keys - {None})
+    by_key = _siblings(conversation, keys, roots, opener_ids={p.id for p in openers})
     infos = {}
     for opener in openers:
         siblings = by_key.get(key_of(opener.parent_id)) or [opener.id]
@@ -90,6 +67,48 @@ def branch_infos(*, conversation: Conversation, path: list[PathNode],
             siblings = sorted([*siblings, opener.id])
         infos[opener.id] = BranchInfo(index=siblings.index(opener.id) + 1, count=len(siblings), siblings=siblings)
     return infos
+
+
+def _with_parents(openers: list[PathNode], nodes: dict[int, PathNode]) -> dict[int, PathNode]:
+    """`nodes` and the openers' parents it lacks (one query; at most the node before a page)."""
+    missing = {p.parent_id for p in openers if p.parent_id is not None} - nodes.keys()
+    if missing:
+        for row in Node.objects.filter(pk__in=missing).values_list("id", "parent_id", "kind", "compacted_from_id"):
+            nodes[row[0]] = PathNode(row[0], row[1], row[2], "", [], [], compacted_from_id=row[3])
+    return nodes
+
+
+def _roots_of(conversation: Conversation, openers: list[PathNode], nodes: dict[int, PathNode], *,
+              originals: set[int]) -> dict[int, int]:
+    """The compaction roots made from `originals` (root id → original): the turns below them are siblings of
+    the turns below their originals too. The conversation's own (a partial index holds each conversation's
+    parentless nodes), and a shared one an opener hangs below (P3)."""
+    roots = {p.id: p.compacted_from_id for p in map(nodes.get, {o.parent_id for o in openers})
+             if p is not None and is_compaction_root(p) and p.compacted_from_id in originals}
+    if originals:
+        roots.update(Node.objects.filter(
+            conversation=conversation, parent__isnull=True, kind=Node.Kind.COMPACTION, window_root=False,
+            compacted_from_id__in=originals).values_list("id", "compacted_from_id"))
+    return roots
+
+
+def _siblings(conversation: Conversation, keys: set[int | None], roots: dict[int, int], *,
+              opener_ids: set[int]) -> dict[int | None, list[int]]:
+    """The question-asking turns below each key (a parent, or None for the first question), oldest first: the
+    conversation's own, and the openers themselves."""
+    originals = keys - {None}
+    below = Q(parent_id__in=[*originals, *roots])
+    if None in keys:
+        below |= Q(parent__isnull=True, conversation=conversation)
+    candidates = (Node.objects.can_be_head().filter(below, kind=Node.Kind.TURN)
+                  .alias(asks=RawSQL(asks_question_sql(_NODE), [], output_field=BooleanField())).filter(asks=True)
+                  .values_list("id", "parent_id", "conversation_id"))
+    by_key: dict[int | None, list[int]] = {}
+    for node_id, parent_id, owner in candidates.order_by("id"):
+        key = roots.get(parent_id, parent_id)
+        if key in keys and (owner == conversation.pk or node_id in opener_ids):
+            by_key.setdefault(key, []).append(node_id)
+    return by_key
 
 
 class ShownBubble(NamedTuple):

@@ -161,13 +161,21 @@ def history_after(tip: int, *, after: int | None, size: int, marks: int = 0, roo
             return None
         before, page = _screen_node(page[0]), page[1:]
     more, page = len(page) > size, page[:size]
-    nodes = [_screen_node(row) for row in page]
     if marks == 0 and latest is None and root is not None:  # it lies ahead of the page: all of it is before it
-        sealed, ahead = len(nodes), root
+        sealed, ahead = len(page), root
     else:
-        sealed = sum(1 for row in page if latest is not None and row[6] >= latest[1])
-        ahead = latest[0] if latest is not None and page and latest[1] < page[-1][6] else None
-    return Stretch(nodes, before, more, sealed, tuple(row[1] for row in rows if row[0] == 2), ahead)
+        sealed, ahead = _sealed(page, latest)
+    return Stretch([_screen_node(row) for row in page], before, more, sealed,
+                   tuple(row[1] for row in rows if row[0] == 2), ahead)
+
+
+def _sealed(page: list[tuple], latest: tuple[int, int] | None) -> tuple[int, int | None]:
+    """How many of the page's nodes lie up to the latest compaction root walked (`latest`: its id and depth), and
+    that root if it lies ahead of the page (T10: nothing before it can be edited)."""
+    if latest is None:
+        return 0, None
+    sealed = sum(1 for row in page if row[6] >= latest[1])
+    return sealed, latest[0] if page and latest[1] < page[-1][6] else None
 
 
 def history_before(node_id: int, *, size: int, include: bool = False) -> Stretch:

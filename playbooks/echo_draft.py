@@ -58,6 +58,32 @@ def _parameterise_sql(sql: str, parameters: dict[str, dict[str, Any]]) -> str:
     return sql
 
 
+def _opener(messages: list[dict], users: list[int]) -> int | None:
+    """The question of the path's last tool-using turn (the last question when no turn used tools)."""
+    calling = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and m.get("tool_calls")]
+    return max((i for i in users if not calling or i < calling[-1]), default=None)
+
+
+def _step(call: dict, parameters: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One tool call as a playbook step; a query's values become parameters."""
+    try:
+        arguments = json.loads(call["function"]["arguments"] or "{}")
+    except json.JSONDecodeError:
+        arguments = {}  # the validator then says what is missing, as it would to a model
+    if not isinstance(arguments, dict):
+        arguments = {}
+    if call["function"]["name"] == "sql_query" and isinstance(arguments.get("sql"), str):
+        arguments["sql"] = _parameterise_sql(arguments["sql"], parameters)
+    return {"tool": call["function"]["name"], "arguments": arguments}
+
+
+def _draft_invalid(messages: list[dict], users: list[int]) -> bool:
+    """Whether this draft is one a `#draft-invalid N` asked to be invalid (N: the first N tries, or always)."""
+    tries = sum(1 for m in messages if m.get("role") == "user" and PLAYBOOK_DRAFT_MARKER in text_of(m.get("content")))
+    invalid = [match.group(1) for i in users for match in _DRAFT_INVALID.finditer(text_of(messages[i]["content"]))]
+    return bool(invalid) and (invalid[-1] == "always" or tries <= int(invalid[-1]))
+
+
 def draft(messages: list[dict]) -> str:
     """A deterministic playbook draft: one tool step per tool call of the path's last tool-using turn.
 
@@ -66,28 +92,15 @@ def draft(messages: list[dict]) -> str:
     """
     users = [i for i, m in enumerate(messages)
              if m.get("role") == "user" and PLAYBOOK_DRAFT_MARKER not in text_of(m.get("content"))]
-    calling = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and m.get("tool_calls")]
-    opener = max((i for i in users if not calling or i < calling[-1]), default=None)
+    opener = _opener(messages, users)
     question = _plain_question(text_of(messages[opener].get("content"))) if opener is not None else ""
     parameters: dict[str, dict[str, Any]] = {}
-    steps: list[dict[str, Any]] = []
     turn = messages[opener + 1 if opener is not None else 0:]
-    calls = [call for m in turn if m.get("role") == "assistant" for call in m.get("tool_calls") or []]
-    for call in calls:
-        try:
-            arguments = json.loads(call["function"]["arguments"] or "{}")
-        except json.JSONDecodeError:
-            arguments = {}  # the validator then says what is missing, as it would to a model
-        if not isinstance(arguments, dict):
-            arguments = {}
-        if call["function"]["name"] == "sql_query" and isinstance(arguments.get("sql"), str):
-            arguments["sql"] = _parameterise_sql(arguments["sql"], parameters)
-        steps.append({"tool": call["function"]["name"], "arguments": arguments})
+    steps = [_step(call, parameters)
+             for m in turn if m.get("role") == "assistant" for call in m.get("tool_calls") or []]
     steps.append({"instruction": "Answer the question from the results above." if steps else
                   f"Answer: {question or 'the question'}"})
-    tries = sum(1 for m in messages if m.get("role") == "user" and PLAYBOOK_DRAFT_MARKER in text_of(m.get("content")))
-    invalid = [match.group(1) for i in users for match in _DRAFT_INVALID.finditer(text_of(messages[i]["content"]))]
-    if invalid and (invalid[-1] == "always" or tries <= int(invalid[-1])):
+    if _draft_invalid(messages, users):
         steps.insert(0, {"tool": "sql_query", "arguments": {"sql": "SELECT no_such_column FROM orders"}})
     draft = {"name": (question or "Playbook")[:80], "description": f"From the question: {question}",
              "parameters": list(parameters.values()), "steps": steps,

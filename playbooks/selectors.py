@@ -170,6 +170,13 @@ def run_view(run: PlaybookRun) -> RunView:
     on_path = {p.id for p in path}
     view = RunView(run=run, status="done", head=conversation.head_id,
                    nodes=sorted([n for n in nodes if n.pk in on_path] + after, key=lambda n: n.pk))
+    _settle_view(view, nodes, head, after)
+    view.deviated = run_deviated(run, path, finished=view.status == "done")
+    return view
+
+
+def _settle_view(view: RunView, nodes: list[Node], head: PathNode | None, after: list[Node]) -> None:
+    """The run's status (with its error, waiting calls or answer) from the head and the turn nodes after it."""
     if after and after[-1].status != Node.Status.FAILED:
         view.status = "running"
     elif after or head is None or head.status == Node.Status.FAILED:
@@ -182,5 +189,3 @@ def run_view(run: PlaybookRun) -> RunView:
                                   if getattr(get_tool(c["name"]), "needs_approval", False)]
     else:
         view.answer = it.answer_text(head.received)
-    view.deviated = run_deviated(run, path, finished=view.status == "done")
-    return view

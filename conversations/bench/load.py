@@ -263,20 +263,31 @@ class LoadResult:
         return len(self.done) / self.wall if self.wall else 0.0
 
 
+def _mean(values: list[float]) -> float:
+    return statistics.mean(values) if values else 0.0
+
+
+def _turn_figures(done: list) -> dict:
+    """The finished turns' timings and sizes."""
+    messages = sum(t.messages for t in done)
+    return {
+        "latency": [t.latency for t in done], "accepted": [t.accepted for t in done if t.accepted is not None],
+        "first_token": [t.first_token for t in done if t.first_token],
+        "gaps": [g for t in done for g in t.gaps],
+        "words": _mean([t.words for t in done]),
+        "per_message": sum(t.words for t in done) / messages if messages else 0,
+    }
+
+
 def pooled(results: list[LoadResult]) -> dict:
+    """The repeats of one configuration as one: every turn's figures together, the rates and loads averaged."""
     done = [t for r in results for t in r.done]
     return {
         "turns": sum(len(r.turns) for r in results), "done": len(done),
         "errors": [(t.error, t.failed_after) for r in results for t in r.turns if t.error],
-        "rate": statistics.mean(r.rate for r in results) if results else 0.0,
-        "latency": [t.latency for t in done], "accepted": [t.accepted for t in done if t.accepted is not None],
-        "first_token": [t.first_token for t in done if t.first_token],
-        "gaps": [g for t in done for g in t.gaps],
-        "words": statistics.mean(t.words for t in done) if done else 0,
-        "per_message": (sum(t.words for t in done) / sum(t.messages for t in done)) if done and any(
-            t.messages for t in done) else 0,
+        "rate": _mean([r.rate for r in results]), **_turn_figures(done),
         "probe": [p for r in results for p in r.probe], "probe_errors": sum(r.probe_errors for r in results),
-        **{cpu: statistics.mean(getattr(r.machine, cpu) for r in results) if results else 0
+        **{cpu: _mean([getattr(r.machine, cpu) for r in results])
            for cpu in ("server_cpu", "db_cpu", "client_cpu", "machine_cpu")},
     }
 

@@ -326,6 +326,7 @@ def _cost(model: str, usage: dict[str, Any]) -> float | None:
 
 
 def _absorb(state: _StreamState, chunk: Any) -> str:
+    """Add one streamed chunk to `state`; return its answer text (empty when it brought none)."""
     usage = getattr(chunk, "usage", None)
     if usage:
         state.usage = {
@@ -337,14 +338,29 @@ def _absorb(state: _StreamState, chunk: Any) -> str:
         return ""
     delta = chunk.choices[0].delta
     for call in getattr(delta, "tool_calls", None) or []:
-        slot = state.calls.setdefault(call.index or 0, {"id": "", "name": "", "arguments": ""})
-        if call.id:
-            slot["id"] = call.id
-        if call.function and call.function.name:
-            slot["name"] = call.function.name
-        if call.function and call.function.arguments:
-            slot["arguments"] += call.function.arguments
-            state.size += len(call.function.arguments.encode())
+        _absorb_call(state, call)
+    _absorb_extras(state, delta)
+    token = delta.content or ""
+    if token:
+        state.text.append(token)
+        state.size += len(token.encode())
+    return token
+
+
+def _absorb_call(state: _StreamState, call: Any) -> None:
+    """A tool call's piece: its id and name arrive once, its arguments in pieces (by `index`)."""
+    slot = state.calls.setdefault(call.index or 0, {"id": "", "name": "", "arguments": ""})
+    if call.id:
+        slot["id"] = call.id
+    if call.function and call.function.name:
+        slot["name"] = call.function.name
+    if call.function and call.function.arguments:
+        slot["arguments"] += call.function.arguments
+        state.size += len(call.function.arguments.encode())
+
+
+def _absorb_extras(state: _StreamState, delta: Any) -> None:
+    """What a delta carries beside text and calls: a provider's opaque compaction result, reasoning, thinking."""
     opaque = (getattr(delta, "provider_specific_fields", None) or {}).get("arbor_compaction")
     if opaque:
         state.opaque_summary.append(opaque)
@@ -356,11 +372,6 @@ def _absorb(state: _StreamState, chunk: Any) -> str:
     for block in getattr(delta, "thinking_blocks", None) or []:
         state.thinking_blocks.append(dict(block))
         state.size += len(json.dumps(dict(block), default=str).encode())
-    token = delta.content or ""
-    if token:
-        state.text.append(token)
-        state.size += len(token.encode())
-    return token
 
 
 def _close(stream: Any) -> None:

@@ -260,21 +260,31 @@ def _part_text(part: Any) -> str:
     return f"[{kind}: {part['asset_pointer']}]" if part.get("asset_pointer") else f"[{kind}]"
 
 
+def _joined(values: Any, separator: str = "\n") -> str:
+    return separator.join(x for x in values if isinstance(x, str) and x)
+
+
+def _parts_text(content: dict) -> str:
+    """Text, multimodal text, a system error and whatever comes next: its parts, else its text."""
+    parts = content.get("parts")
+    if isinstance(parts, list):
+        return "\n".join(t for t in map(_part_text, parts) if t)
+    return content.get("text") if isinstance(content.get("text"), str) else ""
+
+
+# What each kind of content shows as text, by `content_type`.
+_CONTENT_TEXT = {
+    "code": lambda c: c.get("text") or "",
+    "execution_output": lambda c: c.get("text") or "",
+    "tether_quote": lambda c: _joined((c.get("title"), c.get("url"), c.get("text"))),
+    "tether_browsing_display": lambda c: _joined((c.get("summary"), c.get("result"))),
+    "thoughts": lambda c: "\n\n".join(_joined((t.get("summary"), t.get("content")))
+                                       for t in c.get("thoughts") or [] if isinstance(t, dict)),
+}
+
+
 def _content_text(content: dict, metadata: dict) -> str:
-    kind = content.get("content_type")
-    if kind == "code" or kind == "execution_output":
-        text = content.get("text") or ""
-    elif kind == "tether_quote":
-        text = "\n".join(x for x in (content.get("title"), content.get("url"), content.get("text")) if x)
-    elif kind == "tether_browsing_display":
-        text = "\n".join(x for x in (content.get("summary"), content.get("result")) if isinstance(x, str) and x)
-    elif kind == "thoughts":
-        text = "\n\n".join("\n".join(x for x in (t.get("summary"), t.get("content")) if isinstance(x, str) and x)
-                            for t in content.get("thoughts") or [] if isinstance(t, dict))
-    else:  # text, multimodal_text, system_error and whatever comes next: its parts, else its text
-        parts = content.get("parts")
-        text = ("\n".join(t for t in map(_part_text, parts) if t) if isinstance(parts, list)
-                else content.get("text") if isinstance(content.get("text"), str) else "")
+    text = _CONTENT_TEXT.get(content.get("content_type"), _parts_text)(content)
     files = [f"[file: {a.get('name') or a.get('id', '')}" + (f" ({a['mime_type']})" if a.get("mime_type") else "") + "]"
              for a in metadata.get("attachments") or [] if isinstance(a, dict)]
     return capped("\n".join(x for x in (text.strip("\n"), *files) if x))
@@ -318,30 +328,39 @@ def _reply(key: str, message: dict, text: str, at: At) -> Read:
     """What an assistant's or a tool's message becomes: a call, thoughts, an answer, a call's output."""
     role, name = message["author"]["role"], message["author"].get("name") or "tool"
     content, recipient = message["content"], message.get("recipient") or "all"
-    kind = content.get("content_type")
     # What Arbor's own export keeps beside ChatGPT's fields (a call's id and arguments, a result's error flag,
     # whose reasoning it was), so a round trip loses nothing.
     arbor = {k: v for k, v in (message.get("metadata") or {}).items() if k.startswith("arbor_")}
-    if role == "assistant" and recipient != "all":
+    if role == "assistant":
+        return _assistant(key, content, recipient, text, arbor)
+    if role == "tool":
+        return _tool_output(content, name, text, at, arbor)
+    return Read(None)
+
+
+def _assistant(key: str, content: dict, recipient: str, text: str, arbor: dict) -> Read:
+    """The assistant's message: a call (to a recipient other than all), its thoughts, or its answer."""
+    if recipient != "all":
         if isinstance(arbor.get("arbor_call_id"), str):
             return Read(RECEIVED, (it.tool_call(arbor["arbor_call_id"], recipient, content.get("text") or "{}"),))
         arguments = json.dumps({"code": text, **({"language": content["language"]}
                                                   if content.get("language") not in (None, "unknown") else {})})
         return Read(RECEIVED, (it.tool_call(f"call_{key}", recipient, arguments),))
-    if role == "assistant" and kind == "thoughts":
+    if content.get("content_type") == "thoughts":
         provider = arbor.get("arbor_provider") if isinstance(arbor.get("arbor_provider"), str) else READING_PROVIDER
         return Read(RECEIVED, ({"type": "reasoning", "provider": provider, "text": text,
                                 "data": shallow(arbor.get("arbor_data"), f"mapping.{key}.metadata.arbor_data")},)
                     if text else ())
-    if role == "assistant":
-        return Read(RECEIVED, (it.text(text),)) if text else Read(None)
-    if role == "tool":
-        if at.call is not None:
-            return Read(SENT, (it.tool_result(at.call["id"], at.call["name"], text or "(no output)",
-                                              is_error=kind == "system_error" or arbor.get("arbor_is_error") is True),))
-        # Output with no call before it (a tool that spoke on its own): the person saw it as the assistant's.
-        return Read(RECEIVED, (it.text(f"[{name}] {text}"),)) if text else Read(None)
-    return Read(None)
+    return Read(RECEIVED, (it.text(text),)) if text else Read(None)
+
+
+def _tool_output(content: dict, name: str, text: str, at: At, arbor: dict) -> Read:
+    """A tool's message: the result of the call before it (T4)."""
+    if at.call is not None:
+        is_error = content.get("content_type") == "system_error" or arbor.get("arbor_is_error") is True
+        return Read(SENT, (it.tool_result(at.call["id"], at.call["name"], text or "(no output)", is_error=is_error),))
+    # Output with no call before it (a tool that spoke on its own): the person saw it as the assistant's.
+    return Read(RECEIVED, (it.text(f"[{name}] {text}"),)) if text else Read(None)
 
 
 def entries(document: Any) -> list | None:

@@ -66,15 +66,7 @@ def _block_text(content: Any) -> str:
 def _read(key: str, message: dict, at: At) -> list[Read]:
     blocks = [b for b in message.get("content") or [] if isinstance(b, dict)]
     if message.get("sender") == "human":
-        text = _block_text(blocks) or (message.get("text") if isinstance(message.get("text"), str) else "")
-        names = {}
-        for attached in [*(message.get("attachments") or []), *(message.get("files") or [])]:
-            if isinstance(attached, dict) and attached.get("file_name"):
-                kind = attached.get("file_type") or attached.get("file_kind") or ""
-                names.setdefault(attached["file_name"], kind)
-        files = [placeholder("file", name, f"({kind})" if kind else "") for name, kind in names.items()]
-        question = capped("\n".join(x for x in (text, *files) if x))
-        return [Read(SENT, (it.user(question),))] if question else []
+        return _question(message, blocks)
     if message.get("sender") != "assistant":
         return []
     if not blocks:
@@ -82,19 +74,40 @@ def _read(key: str, message: dict, at: At) -> list[Read]:
         return [Read(RECEIVED, (it.text(capped(text)),))] if text else []
     reads, call = [], at.call
     for index, block in enumerate(blocks):
-        kind = block.get("type")
-        if kind == "text" and block.get("text"):
-            reads.append(Read(RECEIVED, (it.text(capped(block["text"])),)))
-        elif kind == "thinking" and block.get("thinking"):
-            reads.append(Read(RECEIVED, ({"type": "reasoning", "provider": PROVIDER,
-                                          "text": capped(block["thinking"]), "data": None},)))
-        elif kind == "tool_use":
-            call = it.tool_call(str(block.get("id") or f"call_{key}_{index}"), str(block.get("name") or "tool"),
-                                json.dumps(block.get("input") or {}))
-            reads.append(Read(RECEIVED, (call,)))
-        elif kind == "tool_result" and call is not None:
-            reads.append(Read(SENT, (it.tool_result(call["id"], call["name"],
-                                                    capped(_block_text(block.get("content")) or "(no output)"),
-                                                    is_error=bool(block.get("is_error"))),)))
-            call = None
+        read, call = _answer_block(key, index, block, call)
+        if read is not None:
+            reads.append(read)
     return reads
+
+
+def _question(message: dict, blocks: list[dict]) -> list[Read]:
+    """A person's message: its text, and a placeholder for each attached file (named once)."""
+    text = _block_text(blocks) or (message.get("text") if isinstance(message.get("text"), str) else "")
+    names = {}
+    for attached in [*(message.get("attachments") or []), *(message.get("files") or [])]:
+        if isinstance(attached, dict) and attached.get("file_name"):
+            kind = attached.get("file_type") or attached.get("file_kind") or ""
+            names.setdefault(attached["file_name"], kind)
+    files = [placeholder("file", name, f"({kind})" if kind else "") for name, kind in names.items()]
+    question = capped("\n".join(x for x in (text, *files) if x))
+    return [Read(SENT, (it.user(question),))] if question else []
+
+
+def _answer_block(key: str, index: int, block: dict, call: it.Item | None) -> tuple[Read | None, it.Item | None]:
+    """One block of an answer as what it adds, with the tool call still waiting for its result afterwards (a
+    `tool_result` block answers the `tool_use` before it, T4)."""
+    kind = block.get("type")
+    if kind == "text" and block.get("text"):
+        return Read(RECEIVED, (it.text(capped(block["text"])),)), call
+    if kind == "thinking" and block.get("thinking"):
+        return Read(RECEIVED, ({"type": "reasoning", "provider": PROVIDER, "text": capped(block["thinking"]),
+                                "data": None},)), call
+    if kind == "tool_use":
+        call = it.tool_call(str(block.get("id") or f"call_{key}_{index}"), str(block.get("name") or "tool"),
+                            json.dumps(block.get("input") or {}))
+        return Read(RECEIVED, (call,)), call
+    if kind == "tool_result" and call is not None:
+        return Read(SENT, (it.tool_result(call["id"], call["name"],
+                                          capped(_block_text(block.get("content")) or "(no output)"),
+                                          is_error=bool(block.get("is_error"))),)), None
+    return None, call

@@ -76,20 +76,25 @@ def _read(message: dict) -> list[Read]:
         return [Read(RECEIVED, (it.text(capped(text)),))] if text else []
     reads = []
     for index, part in enumerate(p for p in parts if isinstance(p, dict)):
-        kind = part.get("type")
-        value = part.get(kind) if kind in part else part.get("text")
-        value = value.get("value", "") if isinstance(value, dict) and kind != "tool_call" else value
-        if kind == "text" and value:
-            reads.append(Read(RECEIVED, (it.text(capped(str(value))),)))
-        elif kind == "think" and value:
-            reads.append(Read(RECEIVED, ({"type": "reasoning", "provider": PROVIDER, "text": capped(str(value)),
-                                          "data": None},)))
-        elif kind == "tool_call" and isinstance(value, dict):
-            call_id = str(value.get("id") or f"call_{message['messageId']}_{index}")
-            name = str(value.get("name") or "tool")
-            arguments = value.get("args")
-            reads.append(Read(RECEIVED, (it.tool_call(call_id, name, arguments if isinstance(arguments, str)
-                                                      else json.dumps(arguments or {})),)))
-            if value.get("output") is not None:
-                reads.append(Read(SENT, (it.tool_result(call_id, name, capped(str(value["output"]))),)))
+        reads += _part(part, fallback_id=f"call_{message['messageId']}_{index}")
     return reads or ([Read(RECEIVED, (it.text(capped(text)),))] if text else [])
+
+
+def _part(part: dict, *, fallback_id: str) -> list[Read]:
+    """One content part of an answer: text, thinking, or a tool call with its output (T4)."""
+    kind = part.get("type")
+    value = part.get(kind) if kind in part else part.get("text")
+    value = value.get("value", "") if isinstance(value, dict) and kind != "tool_call" else value
+    if kind == "text" and value:
+        return [Read(RECEIVED, (it.text(capped(str(value))),))]
+    if kind == "think" and value:
+        return [Read(RECEIVED, ({"type": "reasoning", "provider": PROVIDER, "text": capped(str(value)),
+                                 "data": None},))]
+    if kind != "tool_call" or not isinstance(value, dict):
+        return []
+    call_id, name, arguments = str(value.get("id") or fallback_id), str(value.get("name") or "tool"), value.get("args")
+    reads = [Read(RECEIVED, (it.tool_call(call_id, name, arguments if isinstance(arguments, str)
+                                          else json.dumps(arguments or {})),))]
+    if value.get("output") is not None:
+        reads.append(Read(SENT, (it.tool_result(call_id, name, capped(str(value["output"]))),)))
+    return reads
