@@ -8,9 +8,9 @@ class ConversationsConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported here, not at the top: they import models, which exist only once the registry is ready.
-        from conversations import jobs
+        from conversations import outbox
         from conversations.jobs import recount, title
 
         echo.register()  # the offline model is a litellm provider like any other
-        jobs.register("title", title.run, after_turn=True)
-        jobs.register("recount", recount.run)
+        outbox.register("title", title.run, after_turn=True)
+        outbox.register("recount", recount.run)

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from config.errors import ArborError, BadInput, NotFound
 from config.together import Together, Written, together
-from conversations import jobs
+from conversations import outbox
 from conversations.errors import NotABranch, TurnInProgress
 from conversations.locks import TurnLock, head_guard
 from conversations.models import Bubble, Conversation, Node, Preferences, ToolApproval
@@ -132,7 +132,7 @@ def conversation_update(*, conversation: Conversation, **fields: Any) -> Convers
     with transaction.atomic():
         conversation.save(update_fields=[*fields, "updated_at"])
         if switched:  # C1: the stored counts were made for the old model's tokenizer
-            jobs.enqueue(kind="recount", payload={"conversation": conversation.pk, "model": conversation.model})
+            outbox.enqueue(kind="recount", payload={"conversation": conversation.pk, "model": conversation.model})
     return conversation
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Exists, F, OuterRef, Q
 
-from conversations import jobs, llm
+from conversations import llm, outbox
 from conversations.models import Bubble
 from search.chunks import chunk_spans
 from search.index import INDEXED_ROLES
@@ -131,7 +131,7 @@ def run(payload: dict[str, Any]) -> None:
     model = settings.ARBOR_EMBEDDING_MODEL
     embed_conversation(conversation, seconds=settings.ARBOR_WORKER_LEASE_SECONDS * JOB_SECONDS_SHARE_OF_LEASE)
     if model and _unembedded(model).filter(conversation_id=conversation).exists():
-        jobs.enqueue(kind="embed", payload=payload)
+        outbox.enqueue(kind="embed", payload=payload)
 
 
 def backfill() -> bool:

@@ -20,7 +20,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 
 from conversations import items as it
-from conversations import jobs as job_kinds
+from conversations import outbox as job_kinds
 from conversations import services
 from conversations.jobs import worker
 from conversations.models import Bubble, Conversation, Node, OutboxJob

@@ -21,7 +21,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.models import F
 from django.utils import timezone
 
-from conversations import jobs
+from conversations import outbox
 from conversations.models import OutboxJob
 from conversations.turns import log, recovery
 
@@ -72,7 +72,7 @@ def _backoff(attempts: int) -> timedelta:
 
 def run_job(job: OutboxJob) -> str:
     """Run one claimed job; record done, a retry, or the final failure. Return which."""
-    handler = jobs.handler_for(job.kind)
+    handler = outbox.handler_for(job.kind)
     try:
         if handler is None:
             raise LookupError(f"no handler for job kind {job.kind!r}")
@@ -110,7 +110,7 @@ class Sweeper:
 
     def run(self) -> bool:
         busy = False
-        for name, (sweep, every) in jobs.sweeps().items():
+        for name, (sweep, every) in outbox.sweeps().items():
             if self.clock() < self.due.get(name, 0.0):
                 continue
             try:

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from config.api import MAX_JSON_DEPTH, nesting
 from config.errors import BadInput, TooLarge
-from conversations import budget, jobs, services
+from conversations import budget, outbox, services
 from conversations import items as it
 from conversations.models import Bubble, Conversation, Node, ToolApproval
 
@@ -265,5 +265,5 @@ def write(*, owner, plan: Plan) -> Conversation:
             raise ImportRefused("conversation.head must be a turn or a compaction node that a head can rest on.")
         services.head_move(conversation=conversation, to=ids[plan.head])
     # R4: indexed for search (and titled if it has none) by the worker, after the commit.
-    jobs.enqueue_after_turn(conversation_id=conversation.pk, head=conversation.head_id)
+    outbox.enqueue_after_turn(conversation_id=conversation.pk, head=conversation.head_id)
     return conversation

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from config.db import release_connection
 from config.together import Together, Written, together
-from conversations import budget, jobs, llm
+from conversations import budget, llm, outbox
 from conversations import items as it
 from conversations.context import PathNode
 from conversations.models import Bubble, Conversation, Node, ToolStatus
@@ -174,5 +174,5 @@ def committed(conversation: Conversation, *, head: int | None = None, writes: To
               when: Written | None = None) -> None:
     """R4: queue the work after the commit (indexing, a title), with the caller's writes; `head`: the head
     the writes leave (default: the conversation's as it is in memory)."""
-    jobs.enqueue_after_turn(conversation_id=conversation.pk, head=conversation.head_id if head is None else head,
+    outbox.enqueue_after_turn(conversation_id=conversation.pk, head=conversation.head_id if head is None else head,
                             writes=writes, when=when)

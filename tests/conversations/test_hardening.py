@@ -13,7 +13,7 @@ from django.test import Client
 from django.urls import reverse
 from rest_framework.authtoken.models import Token
 
-from conversations import jobs
+from conversations import outbox
 from conversations.jobs import worker
 from conversations.models import Conversation
 from tests.support.async_db import in_own_thread
@@ -68,7 +68,7 @@ def test_medium_6_view_only_staff_cannot_see_api_tokens_and_superusers_see_only_
 
 def test_medium_8_failed_jobs_are_visible_in_the_admin(admin_client, settings):
     settings.ARBOR_WORKER_MAX_ATTEMPTS = 1
-    job = jobs.enqueue(kind="title", payload={"conversation": "not a number"})
+    job = outbox.enqueue(kind="title", payload={"conversation": "not a number"})
     assert worker.run_due().failed == 1
     page = admin_client.get(reverse("admin:conversations_outboxjob_changelist") + "?status__exact=failed")
     assert page.status_code == 200

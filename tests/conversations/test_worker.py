@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from conversations import jobs, services
+from conversations import outbox, services
 from conversations.jobs import worker
 from conversations.models import Node, OutboxJob
 from conversations.screen import path_bubbles
@@ -39,8 +39,8 @@ def test_r4_running_a_job_twice_changes_nothing_more(conversation):
     ask(conversation, "hello")
     job = OutboxJob.objects.get(kind="index")
     for _ in range(2):
-        jobs.handler_for("index")(job.payload)
-        jobs.handler_for("title")(job.payload)
+        outbox.handler_for("index")(job.payload)
+        outbox.handler_for("title")(job.payload)
     assert BubbleDocument.objects.count() == 2
 
 
@@ -84,7 +84,7 @@ def test_r4_a_worker_whose_lease_ran_out_does_not_overwrite_the_newer_claim(conv
 
 def test_r4_failures_are_retried_with_backoff_then_kept_as_failed(settings, monkeypatch):
     settings.ARBOR_WORKER_MAX_ATTEMPTS = 2
-    job = jobs.enqueue(kind="index", payload={"conversation": "not a number"})
+    job = outbox.enqueue(kind="index", payload={"conversation": "not a number"})
     before = timezone.now()
     assert worker.run_due().retried == 1
     job.refresh_from_db()
@@ -94,7 +94,7 @@ def test_r4_failures_are_retried_with_backoff_then_kept_as_failed(settings, monk
     assert worker.run_due().failed == 1
     job.refresh_from_db()
     assert (job.status, job.attempts) == ("failed", 2)
-    unknown = jobs.enqueue(kind="no_such_kind", payload={})
+    unknown = outbox.enqueue(kind="no_such_kind", payload={})
     assert worker.run_due().failed == 1
     unknown.refresh_from_db()
     assert unknown.status == "failed" and "no handler" in unknown.last_error
@@ -153,7 +153,7 @@ def test_r4_a_long_untitled_conversation_is_titled_from_its_opening_turns(conver
     for n in range(9):
         ask(conversation, f"question number {n}")
     OutboxJob.objects.all().delete()  # only the job below
-    jobs.enqueue(kind="title", payload={"conversation": conversation.pk})
+    outbox.enqueue(kind="title", payload={"conversation": conversation.pk})
     worker.run_due()
     conversation.refresh_from_db()
     assert conversation.title == "question number 0"
