@@ -10,7 +10,8 @@ from typing import Any
 
 from django.db import transaction
 
-from conversations.models import Bubble, Conversation, Node, ToolApproval, offered_model
+from conversations import items as it
+from conversations.models import Bubble, Conversation, Node, ToolApproval, ToolStatus, offered_model
 from conversations.selectors import tree_node_ids
 from conversations.transfer.chunks import id_chunks, json_array, json_object_start, snapshot
 from conversations.transfer.plan import (
@@ -30,6 +31,7 @@ from conversations.transfer.plan import (
     when_field,
     write,
 )
+from conversations.turns.calls import needs_approval
 
 TREE_FORMAT = "arbor.tree"
 
@@ -108,6 +110,7 @@ def _tree_plan(document: dict[str, Any]) -> Plan:
     if len(starred) > 1:
         raise ImportRefused(f"nodes: {len(starred)} nodes are starred; a conversation has one star at most.")
     _attach_bubbles_and_approvals(document, nodes)
+    _tool_bubbles_from_calls(nodes)
     plan = Plan(title=text_field(meta.get("title", ""), "conversation.title", limit=200),
                 model=offered_model(text_field(meta.get("model", ""), "conversation.model", limit=200)),
                 instructions=text_field(meta.get("instructions", ""), "conversation.instructions", limit=20000),
@@ -197,6 +200,42 @@ def _attach_bubbles_and_approvals(document: dict[str, Any], nodes: dict[Any, Pla
         if result["type"] != "tool_result" or result["call_id"] != call_id:
             raise ImportRefused(f"{where}.result: expected the tool_result of call {call_id!r}.")
         nodes[raw["node"]].approvals.append({"call_id": call_id, "approved": raw["approved"], "result": result})
+
+
+def _tool_bubbles_from_calls(nodes: dict[Any, PlannedNode]) -> None:
+    """What a tool bubble shows (the call's name, arguments, state and result) comes from the tree, never from the
+    file's bubble (issue 26): the approval card must show the call that Approve would run, and no file may mark a
+    waiting call done (or a done one waiting). The file's bubble only says which call of its node it shows."""
+    results: dict[Any, dict[str, it.Item]] = {}  # the results each node's calls got, from the nodes below it
+    for node in nodes.values():
+        results.setdefault(node.parent, {}).update(
+            (item["call_id"], item) for item in node.fields["sent"] if item["type"] == "tool_result")
+    for key, node in nodes.items():
+        calls = {call["id"]: call for call in it.tool_calls(node.fields["received"])}
+        decisions = {approval["call_id"]: approval for approval in node.approvals}
+        for index, bubble in enumerate(node.bubbles):
+            if bubble["role"] != Bubble.Role.TOOL:
+                continue
+            call = calls.get(bubble["data"].get("call_id"))
+            if call is None:
+                raise ImportRefused(f"A tool bubble of node {key!r} names no tool call of that node "
+                                    f"(data.call_id {bubble['data'].get('call_id')!r}); bubble {index} of it.")
+            bubble["content"] = call["name"]
+            bubble["data"] = call_state(call, results.get(key, {}).get(call["id"]), decisions.get(call["id"]))
+
+
+def call_state(call: it.Item, result: it.Item | None, decision: dict[str, Any] | None) -> dict[str, Any]:
+    """A tool bubble's data as the tree has it: the call's own name and arguments; its result (from the node below,
+    or stored with a person's decision) and status; waiting for approval only while nobody decided it."""
+    data = {"call_id": call["id"], "name": call["name"], "arguments": call["arguments"]}
+    result = result or (decision or {}).get("result")
+    if result is None:  # open: it waits for a person (F3), or for the turn that runs it
+        waiting = needs_approval(call) and decision is None
+        return {**data, "status": ToolStatus.AWAITING_APPROVAL if waiting else ToolStatus.RUNNING}
+    status = ToolStatus.ERROR if result["is_error"] else ToolStatus.DONE
+    if decision is not None and not decision["approved"]:
+        status = ToolStatus.REFUSED
+    return {**data, "status": status, "result": result["content"], "is_error": result["is_error"]}
 
 
 def import_tree(*, owner, document: dict[str, Any]) -> Conversation:
