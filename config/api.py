@@ -7,13 +7,12 @@ import json
 import logging
 import math
 import re
-from collections.abc import AsyncIterator
 from itertools import accumulate
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
-from django.http import Http404, HttpRequest, JsonResponse, StreamingHttpResponse
+from django.http import Http404, HttpRequest, JsonResponse
 from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
@@ -201,7 +200,10 @@ _CODES = {
 
 def exception_handler(exc, context):
     if isinstance(exc, ArborError):
-        return Response(error_body(exc.code, exc.message, **exc.extra), status=exc.status)
+        response = Response(error_body(exc.code, exc.message, **exc.extra), status=exc.status)
+        if "retry_after" in exc.extra:  # when to ask again, in the header clients and proxies read
+            response["Retry-After"] = str(exc.extra["retry_after"])
+        return response
     if isinstance(exc, RefusedJSON):
         extra = {"path": exc.path} if exc.path else {}
         return Response(error_body("bad_input", str(exc.detail), **extra), status=status.HTTP_400_BAD_REQUEST)
@@ -262,13 +264,3 @@ def not_found(request: HttpRequest, *args, **kwargs) -> JsonResponse:
         if slashed is not None and slashed.func is not not_found:
             message += f" Did you mean {request.path}/ (API paths end with a slash)?"
     return JsonResponse(error_body("not_found", message), status=404)
-
-
-class EventStream(StreamingHttpResponse):
-    """The one server-sent event response: the turn API's events and the OpenAI surface's chunks and events alike.
-    Never cached, never buffered by a proxy in front: each event leaves when it is written."""
-
-    def __init__(self, events: AsyncIterator[bytes]):
-        super().__init__(events, content_type="text/event-stream")
-        self["Cache-Control"] = "no-cache"
-        self["X-Accel-Buffering"] = "no"

@@ -30,6 +30,13 @@ class NotFound(ArborError):
     status = 404
 
 
+class TooManyStreams(ArborError):
+    """The person already follows ARBOR_MAX_STREAMS_PER_USER streams in this process (issue 26)."""
+
+    code = "too_many_streams"
+    status = 429
+
+
 class TooLarge(ArborError):
     code = "too_large"
     status = 413

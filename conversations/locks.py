@@ -245,7 +245,8 @@ class TurnLock:
         took meanwhile is renewed, and one that was taken is reported lost."""
         try:
             if not self.renew():
-                self.lost = True
+                # A renewal that raced the holder's own release found no row: given back, not lost.
+                self.lost = not self._released
                 return False
         except DatabaseError as error:
             logger.warning("turn lock of conversation %s: renewal failed: %r", self.conversation.pk, error)

@@ -14,9 +14,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import EventStream, error_body
+from config.api import error_body
 from config.errors import BadInput
 from config.schema import SSE
+from config.streams import EventStream, StreamSlotView
 from conversations.apis import serializers as s
 from conversations.apis.schema import TURN_EVENT
 from conversations.models import Node, TurnRun
@@ -86,8 +87,11 @@ _AFTER = OpenApiParameter("after", {"type": "integer", "minimum": 0, "maximum": 
                           description="resume after this event number (as `Last-Event-ID` does)")
 
 
-class TurnStreamFollow(APIView):
+class TurnStreamFollow(StreamSlotView):
     renderer_classes = [JSONRenderer, EventStreamRenderer]  # an EventSource asks for text/event-stream
+
+    def wants_stream(self, request: Request) -> bool:
+        return True
 
     @extend_schema(parameters=[_AFTER, FORMAT], responses={
         (200, SSE): OpenApiResponse(TURN_EVENT, description="the running (or just ended) turn's events after "

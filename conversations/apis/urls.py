@@ -17,7 +17,7 @@ urlpatterns = [
     path("conversations/<int:conversation_id>/retry/", _turn_view(v.TurnRetry.as_view()), name="turn-retry"),
     path("conversations/<int:conversation_id>/approvals/", _turn_view(v.ToolApprovalCreate.as_view()),
          name="tool-approval"),
-    path("conversations/<int:conversation_id>/stream/", streams.TurnStreamFollow.as_view(),
+    path("conversations/<int:conversation_id>/stream/", _turn_view(streams.TurnStreamFollow.as_view()),
          name="turn-stream"),
     path("conversations/<int:conversation_id>/stop/", _turn_view(streams.TurnStop.as_view()), name="turn-stop"),
     path("conversations/<int:conversation_id>/switch/", v.HeadSwitch.as_view(), name="head-switch"),

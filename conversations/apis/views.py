@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from config.api import error_body, paginated, valid_input
 from config.errors import NotFound
 from config.schema import SSE, PaginatedList
+from config.streams import StreamSlotView
 from conversations import services
 from conversations.apis import serializers as s
 from conversations.apis.paging import CursorPages, page_body, page_nodes, read_cursor
@@ -102,8 +103,11 @@ def _turn_response(request: Request, turn: Turn | None) -> Response | StreamingH
     return Response(body, status=outcome.http_status)
 
 
-class TurnView(APIView):
+class TurnView(StreamSlotView):
     renderer_classes = [JSONRenderer, EventStreamRenderer]
+
+    def wants_stream(self, request: Request) -> bool:
+        return _wants_stream(request)
 
 
 

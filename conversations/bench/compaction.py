@@ -39,6 +39,7 @@ from conversations.llm import echo
 from conversations.models import Bubble, Conversation, Node
 from conversations.screen import path_bubbles
 from conversations.selectors import context_path, node_path
+from conversations.turns.detached import run_here
 from conversations.turns.seen import call_context
 from conversations.turns.start import _before_compaction, turn_ask, turn_compact
 
@@ -57,7 +58,7 @@ def question(k: int) -> str:
 
 
 def ask(conversation: Conversation, k: int) -> None:
-    events = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=question(k)).run()
+    events = run_here(turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=question(k)))
     if events[-1].type != "done":
         raise CommandError(f"bench turn {k} of {conversation.title} ended with {events[-1]}")
 

@@ -12,16 +12,15 @@ import logging
 import time
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from config.api import EventStream
 from config.errors import ArborError, BadInput, NotFound
+from config.streams import EventStream, StreamSlotView
+from config.web import in_pool_thread
 from conversations import items as it
 from conversations import services
 from conversations.models import Conversation, Node
@@ -47,9 +46,16 @@ logger = logging.getLogger("arbor.openai")
 
 
 @extend_schema(exclude=True)  # OpenAI's own schema describes this surface; Arbor's documents its API
-class GatewayView(APIView):
+def _node(pk: int) -> Node:
+    return Node.objects.get(pk=pk)
+
+
+class GatewayView(StreamSlotView):
     authentication_classes = [BearerTokenAuthentication]
     permission_classes = [IsAuthenticated]
+
+    def wants_stream(self, request: Request) -> bool:
+        return request.method == "POST" and isinstance(request.data, dict) and request.data.get("stream") is True
 
     def get_exception_handler(self):
         return errors.exception_handler
@@ -166,7 +172,7 @@ async def _chat_chunks(run_id, model: str, usage: bool):
                 elif event.type == EventType.DONE:
                     yield chunk({}, "tool_calls" if calls else "stop")
                     if usage:
-                        node = await sync_to_async(Node.objects.get)(pk=event.data["head"])
+                        node = await in_pool_thread(_node, event.data["head"])
                         used = node.usage or {}
                         yield chunk(None, usage={k: used.get(k, 0) for k in ("prompt_tokens",
                                                                              "completion_tokens",
@@ -233,7 +239,7 @@ class _ResponsesEvents:
     async def _open(self, node_id: int) -> bytes:
         if self.node is not None:
             return b""
-        self.node = await sync_to_async(Node.objects.get)(pk=node_id)
+        self.node = await in_pool_thread(_node, node_id)
         started = response_of(self.node, status="in_progress", tools=self.tools)
         return self._event("response.created", response=started) + self._event("response.in_progress",
                                                                                 response=started)
@@ -273,7 +279,7 @@ class _ResponsesEvents:
         if event.type == EventType.DONE:
             self.ended = True
             opened = await self._open(event.data["head"])
-            done = await sync_to_async(Node.objects.get)(pk=self.node.pk)  # written before DONE was logged
+            done = await in_pool_thread(_node, self.node.pk)  # written before DONE was logged
             return opened + self._closed(done)
         if event.type == EventType.ERROR:
             self.ended = True
@@ -282,7 +288,7 @@ class _ResponsesEvents:
                                    param=None, error=errors.openai_error_body(
                                        502, event.data.get("message", ""), event.data.get("code"))["error"])
             opened = await self._open(event.data["node"])
-            failed = await sync_to_async(Node.objects.get)(pk=event.data["node"])
+            failed = await in_pool_thread(_node, event.data["node"])
             return opened + self._event("response.failed", response=response_of(failed, tools=self.tools))
         return b""  # compaction and the like: not part of OpenAI's stream
 
