@@ -75,3 +75,9 @@ def stub(openai_stub, settings, monkeypatch):
     settings.ARBOR_MODELS = [*settings.ARBOR_MODELS, "openai/stub-model", "hosted_vllm/stub-model"]
     settings.ARBOR_API_BASE = openai_stub.base_url
     return openai_stub
+
+
+def pytest_collection_modifyitems(config, items):
+    """The `slow` tests first (in their own order), so parallel workers (scripts/test) start the long ones at once
+    instead of one worker finishing a six-minute test while the others wait at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

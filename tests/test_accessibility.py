@@ -61,6 +61,7 @@ def _report(found: dict[str, list[dict]]) -> str:
     return json.dumps({k: sorted(v) for k, v in by_problem.items()}, indent=1)[:8000]
 
 
+@pytest.mark.slow
 def test_issue_16_axe_finds_no_serious_or_critical_violation_on_any_page(browser, asgi_server, user, pages):  # noqa: F811
     browser.set_script_timeout(60)
     sign_in(browser, asgi_server, user)

@@ -210,6 +210,7 @@ def _count(client, url):
     return len(queries)
 
 
+@pytest.mark.slow
 def test_query_counts_do_not_grow_with_the_tree_or_the_list(admin_client, user, django_user_model):
     small = _grow(user, 5, 0)
     small_tree = _count(admin_client, tree_url(small))

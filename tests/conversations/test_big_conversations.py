@@ -254,6 +254,7 @@ def _queries(call) -> int:
     return len(captured.captured_queries)
 
 
+@pytest.mark.slow
 def test_a_page_costs_the_same_queries_whatever_the_conversations_size_t8(api, user, settings):
     """Issue 13, T8: the branch places of a page are read for that page (by its openers' parents), so the queries
     of a /bubbles/ or /nodes/ page, the chat screen and a page's branch places do not grow with the conversation."""
@@ -443,6 +444,7 @@ def test_an_export_is_one_snapshot_on_postgresql(user):
     assert Bubble.objects.filter(node=pending).count() == 2
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_an_export_streams_through_the_asgi_server(asgi_server, user):
     """Issue 13: under ASGI (Daphne) the export goes out in parts as it is made, from a thread of its own (Django

@@ -204,6 +204,7 @@ def test_model_html_shows_as_text_and_what_the_model_saw(browser, asgi_server, u
     screenshot(browser, "chat-what-the-model-saw")
 
 
+@pytest.mark.slow
 def test_another_users_conversation_is_not_found_over_http_and_websocket(browser, asgi_server, user, other_user):
     """Access: anyone else's conversation is a 404 page and a socket closed with 4404."""
     theirs = services.conversation_create(owner=other_user, title="private")

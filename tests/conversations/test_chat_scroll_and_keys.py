@@ -49,6 +49,7 @@ def _streamed_length(browser) -> int:
         "const b = document.querySelector('.msg.streaming .body'); return b ? b.textContent.length : -1")
 
 
+@pytest.mark.slow
 def test_issue_16_the_view_follows_a_stream_until_the_person_scrolls_up_then_offers_jump_to_latest(
         browser, asgi_server, user):
     """Opened at the newest message; a streaming answer is followed (scrollTop at the bottom as it grows); once the

@@ -94,6 +94,7 @@ def test_c1_every_node_stores_its_count_and_its_paths(conversation, small_echo):
 # --- compacting in the turn runner (C1, C2) ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_c1_c2_a_200_turn_conversation_never_passes_the_budget_and_its_path_stays_short(conversation, small_echo,
                                                                                        caplog):
     """C1, C2: 200 turns with echo's small limit (some with tool rounds): no call fails, none passes the

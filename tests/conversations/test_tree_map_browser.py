@@ -99,6 +99,7 @@ def test_issue_16_a_branch_is_named_and_starred_in_the_map_and_the_chat_opens_on
     assert _questions(browser) == ["apples"], "the chat opens on the starred branch"
 
 
+@pytest.mark.slow
 def test_issue_16_the_map_draws_a_2000_turn_tree_and_works_as_a_phone_sheet(browser, asgi_server, user):
     """2,000 turns with a branch every 10: every turn a mark, the head's in view. The time the drawing took is
     recorded in the panel (data-draw-ms) for the benchmark; it is not asserted here (a shared 2-core machine)."""
@@ -129,6 +130,7 @@ def test_issue_16_the_map_draws_a_2000_turn_tree_and_works_as_a_phone_sheet(brow
     wait(browser).until(lambda d: d.find_element(By.ID, "tree-map").get_attribute("hidden") is not None)
 
 
+@pytest.mark.slow
 def test_issue_16_the_arrows_name_the_branches_they_lead_to(browser, asgi_server, user, conversation):
     ask(conversation, "apples")
     apples = head(conversation)

@@ -36,6 +36,7 @@ def _manage(url: str, *args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_the_pgvector_scorer_ranks_like_exact_scoring_per_owner_with_an_hnsw_index(pgvector_url):
     migrated = _manage(pgvector_url, "migrate", "-v0")
     assert migrated.returncode == 0, migrated.stderr

@@ -25,6 +25,7 @@ def _ask(client, messages, **options):
     return completion, completion.choices[0].message
 
 
+@pytest.mark.slow
 def test_issue_17_a_resent_list_records_only_what_is_new_and_an_edited_message_makes_a_branch(client, admin_client):
     system = {"role": "system", "content": "Be brief."}
     first, answer = _ask(client, [system, {"role": "user", "content": "Hello"}])
@@ -69,6 +70,7 @@ def test_issue_17_an_edit_with_later_answers_records_them_as_the_client_made_the
         ("user", "two (asked elsewhere)"), ("assistant", "an answer from another model")], "shown in the chat"
 
 
+@pytest.mark.slow
 def test_issue_17_tool_calls_and_their_results_in_the_list(client):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}]
