@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -13,6 +14,7 @@ import jsonschema
 from django.conf import settings
 
 from conversations import items as it
+from conversations.tools.cancel import running_with
 from conversations.tools.output import capped_text
 from conversations.tools.registry import get_tool
 
@@ -53,15 +55,20 @@ def run_tool_call(call: it.Item, *, approved: bool | None = None, max_bytes: int
     except jsonschema.ValidationError as exc:
         return error(f"error: invalid arguments: {exc.message}")
 
+    cancel = threading.Event()
+
     def run() -> str:
+        running_with(cancel)
         return capped_text(tool.function(**arguments), cell_max=settings.ARBOR_TOOL_CELL_MAX_BYTES,
                            total_max=total_max)
 
     try:
         text = _wait(_pool.submit(run), stop_requested)
     except FutureTimeout:
+        cancel.set()  # a tool that can stop (a query) ends now instead of running on unseen
         return error(f"error: {name} did not finish within {settings.ARBOR_TOOL_TIMEOUT_SECONDS:g} s")
     except _Stopped:
+        cancel.set()
         return error(f"stopped: the turn was stopped while {name} ran; whether it finished is not known")
     except Exception as exc:  # a raising tool still yields a result (C4)
         logger.info("tool %s raised %r", name, exc)

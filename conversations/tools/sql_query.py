@@ -11,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
+from conversations.tools.cancel import cancelled
 from conversations.tools.errors import ToolError
 from conversations.tools.registry import Tool, register
 from conversations.tools.sales_db import DOMESTIC, FIRST_YEAR, LAST_YEAR, OVERSEAS, PRODUCTS, ensure_sales_db
@@ -18,6 +19,16 @@ from conversations.tools.sales_db import DOMESTIC, FIRST_YEAR, LAST_YEAR, OVERSE
 DEFAULT_ROW_CAP = 200
 DEFAULT_TIME_LIMIT_SECONDS = 2.0
 PROGRESS_EVERY = 1_000  # SQLite VM instructions between deadline checks
+# What one statement may build (issue 26): a deadline is checked between VM instructions, so one instruction that
+# builds a huge value (printf('%.*c', 900000000, 'x'), zeroblob, replace) once ran 21 s and took 900 MB. SQLite
+# refuses any string or blob past LENGTH, and these bound the statement's text, a LIKE pattern, and nesting.
+_LIMITS = {
+    sqlite3.SQLITE_LIMIT_LENGTH: 1_000_000,
+    sqlite3.SQLITE_LIMIT_SQL_LENGTH: 100_000,
+    sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH: 1_000,
+    sqlite3.SQLITE_LIMIT_EXPR_DEPTH: 200,
+    sqlite3.SQLITE_LIMIT_COMPOUND_SELECT: 50,
+}
 
 # The authorizer is an allow-list: anything a plain SELECT does not need is denied at
 # prepare time. mode=ro and query_only already stop writes to the database, but not
@@ -29,6 +40,31 @@ _ALLOWED_ACTIONS = {
     sqlite3.SQLITE_FUNCTION,
     sqlite3.SQLITE_RECURSIVE,
 }
+# printf's width and precision repeat a character in one VM instruction, inside SQLite, without a look at the
+# deadline or LENGTH until the end: `printf('%.*c', 900000000, 'x')` ran 16 s. Over this, printf gives NULL (as
+# SQLite's own printf does for a result past LENGTH).
+MAX_PRINTF_WIDTH = 10_000
+_PRINTF_FIELD = re.compile(r"%[-+ 0#,!]*(\*|\d+)?(?:\.(\*|\d+))?([a-zA-Z%])")
+
+
+def _bounded_printf(fmt: Any, *args: Any) -> Any:
+    """SQLite's printf (and format), with every width and precision at most MAX_PRINTF_WIDTH."""
+    if isinstance(fmt, str):
+        taken = 0
+        for field in _PRINTF_FIELD.finditer(fmt):
+            for size in field.group(1, 2):
+                if size == "*":
+                    value, taken = (args[taken] if taken < len(args) else 0), taken + 1
+                    size = value if isinstance(value, int) else 0
+                if size is not None and abs(int(size)) > MAX_PRINTF_WIDTH:
+                    return None
+            if field.group(3) != "%":
+                taken += 1
+    with contextlib.closing(sqlite3.connect(":memory:")) as plain:
+        marks = ", ".join("?" * (1 + len(args)))
+        return plain.execute(f"SELECT printf({marks})", (fmt, *args)).fetchone()[0]
+
+
 # A statement's first keyword, after any whitespace and comments.
 _LEADING_EXPLAIN = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?(?:\*/|$))*(?:EXPLAIN|QUERY)\b",
                               re.IGNORECASE | re.DOTALL)
@@ -80,9 +116,14 @@ def _read_only_connection() -> Iterator[tuple[sqlite3.Connection, list[int], flo
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
         conn.execute("PRAGMA query_only=ON")
         conn.set_authorizer(authorize)
+        for limit, value in _LIMITS.items():
+            conn.setlimit(limit, value)
+        for name in ("printf", "format"):
+            conn.create_function(name, -1, _bounded_printf, deterministic=True)
         deadline = time.monotonic() + time_limit
-        # A non-zero return from the progress handler makes SQLite abort with "interrupted".
-        conn.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_EVERY)
+        # A non-zero return from the progress handler makes SQLite abort with "interrupted": past the deadline,
+        # or once the runner stopped waiting (a timeout, or the turn stopped).
+        conn.set_progress_handler(lambda: time.monotonic() > deadline or cancelled(), PROGRESS_EVERY)
         yield conn, denied, time_limit
 
 
@@ -154,6 +195,9 @@ def _tool_error(exc: Exception, denied: list[int], time_limit: float) -> ToolErr
     name = getattr(exc, "sqlite_errorname", "")
     if name == "SQLITE_INTERRUPT":
         return ToolError(f"query took longer than {time_limit} s and was stopped")
+    if name == "SQLITE_TOOBIG":
+        return ToolError(f"a value the query builds is longer than {_LIMITS[sqlite3.SQLITE_LIMIT_LENGTH]:,} bytes "
+                         "(or the statement or a LIKE pattern is too long): build smaller values")
     if denied or name == "SQLITE_READONLY":
         return ToolError("read-only database: writes are refused; only a single SELECT query may run")
     if "one statement at a time" in message:

@@ -110,13 +110,13 @@ def _tree_plan(document: dict[str, Any]) -> Plan:
     if len(starred) > 1:
         raise ImportRefused(f"nodes: {len(starred)} nodes are starred; a conversation has one star at most.")
     _attach_bubbles_and_approvals(document, nodes)
-    _tool_bubbles_from_calls(nodes)
     plan = Plan(title=text_field(meta.get("title", ""), "conversation.title", limit=200),
                 model=offered_model(text_field(meta.get("model", ""), "conversation.model", limit=200)),
                 instructions=text_field(meta.get("instructions", ""), "conversation.instructions", limit=20000),
                 head=meta.get("head"), nodes=nodes, retrieval=meta.get("retrieval") is True,
                 keep_retrieved=meta.get("keep_retrieved") is True)
     check_graph(plan)
+    _tool_bubbles_from_calls(nodes)  # once every parent is known to be a node of the file
     return plan
 
 

@@ -1,6 +1,8 @@
 """The sql_query tool and its bundled sample sales database."""
 
 import hashlib
+import json
+import threading
 
 import pytest
 
@@ -214,3 +216,75 @@ def test_the_tool_schema_allows_a_params_object_of_scalars(sales_db):
     params = get_tool("sql_query").parameters["properties"]["params"]
     assert params["type"] == "object"
     assert params["additionalProperties"] == {"type": ["string", "number", "boolean", "null"]}
+
+
+def test_issue_26_one_query_cannot_build_a_huge_value(sales_db):
+    """Issue 26: a single VM instruction that builds 900 MB used to run 21 s past the 2 s limit; SQLite's own
+    limits refuse it at once, with a clear error."""
+    import time
+
+    began = time.monotonic()
+    assert query("select length(printf('%.*c', 900000000, 'x'))")["rows"] == [[None]], "printf gives up: NULL"
+    with pytest.raises(ToolError, match="longer than 1,000,000 bytes"):
+        query("select length(zeroblob(900000000))")
+    with pytest.raises(ToolError, match="pattern too complex"):
+        query("select count(*) from customers where name like :p", {"p": "%" * 5000})
+    assert time.monotonic() - began < 2
+
+
+def test_issue_26_a_query_nobody_waits_for_any_more_is_interrupted(sales_db, settings):
+    """Issue 26: the runner cancels a tool it stopped waiting for (a timeout, or the turn stopped): the query is
+    interrupted within a progress check instead of running on in its thread."""
+    import threading
+    import time
+
+    from conversations.tools.cancel import running_with
+
+    settings.ARBOR_SQL_TIME_LIMIT_SECONDS = 60
+    cancel = threading.Event()
+    outcome = {}
+
+    def run() -> None:
+        running_with(cancel)
+        began = time.monotonic()
+        try:
+            query("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c")
+        except ToolError as error:
+            outcome["error"], outcome["took"] = str(error), time.monotonic() - began
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.3)
+    cancel.set()
+    thread.join(5)
+    assert not thread.is_alive() and "stopped" in outcome["error"] and outcome["took"] < 2
+
+
+def test_issue_26_the_runner_cancels_a_tool_on_timeout_and_on_stop(sales_db, settings):
+    """Issue 26: Stop frees the turn at once, and the query thread does not run on: the runner sets the call's
+    cancel event, which the query's progress handler reads."""
+    import time
+
+    from conversations.tools.runner import run_tool_call
+
+    settings.ARBOR_SQL_TIME_LIMIT_SECONDS = 60
+    forever = json.dumps({"sql": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+                                 "SELECT count(*) FROM c"})
+    asked = time.monotonic()
+    stopped = run_tool_call({"type": "tool_call", "id": "c1", "name": "sql_query", "arguments": forever},
+                            stop_requested=lambda: time.monotonic() - asked > 0.3)
+    assert stopped["is_error"] and stopped["content"].startswith("stopped")
+    settings.ARBOR_TOOL_TIMEOUT_SECONDS = 0.5
+    timed_out = run_tool_call({"type": "tool_call", "id": "c2", "name": "sql_query", "arguments": forever})
+    assert timed_out["is_error"] and "did not finish within 0.5 s" in timed_out["content"]
+    deadline = time.monotonic() + 5
+    from conversations.tools import runner
+
+    while any(thread.name.startswith("arbor-tool") and _busy(runner._pool) for thread in threading.enumerate()):
+        assert time.monotonic() < deadline, "a cancelled query still runs"
+        time.sleep(0.05)
+
+
+def _busy(pool) -> bool:
+    """Whether any of the pool's threads runs a task (its queue empty and every thread idle, it is 0)."""
+    return pool._work_queue.qsize() > 0 or pool._idle_semaphore._value < len(pool._threads)
