@@ -8,6 +8,7 @@ retries a 5xx twice by default, and each retry would ask the question again as a
 from __future__ import annotations
 
 from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 
 from config.api import exception_handler as api_exception_handler
 
@@ -28,11 +29,13 @@ def exception_handler(exc, context):
     if response is None:
         return None
     error = (response.data or {}).get("error", {})
-    response.data = openai_error_body(response.status_code, error.get("message", ""), error.get("code"))
+    param = error.get("param") if isinstance(error.get("param"), str) else None  # the field at fault, if named
+    response.data = openai_error_body(response.status_code, error.get("message", ""), error.get("code"), param)
     response["x-should-retry"] = "false"
     return response
 
 
+@csrf_exempt  # a POST to a path this server does not serve is the same 404, not Django's CSRF page
 def not_found(request, *args, **kwargs) -> JsonResponse:
     """Every other /v1/ path, in OpenAI's format."""
     return JsonResponse(openai_error_body(404, f"Unknown path {request.path} on this server.", "not_found"),

@@ -45,11 +45,11 @@ from conversations.turns.streaming import follow_log_batches
 logger = logging.getLogger("arbor.openai")
 
 
-@extend_schema(exclude=True)  # OpenAI's own schema describes this surface; Arbor's documents its API
 def _node(pk: int) -> Node:
     return Node.objects.get(pk=pk)
 
 
+@extend_schema(exclude=True)  # OpenAI's own schema describes this surface; Arbor's documents its API
 class GatewayView(StreamSlotView):
     authentication_classes = [BearerTokenAuthentication]
     permission_classes = [IsAuthenticated]

@@ -355,9 +355,12 @@ def _assistant(key: str, content: dict, recipient: str, text: str, arbor: dict) 
 
 
 def _tool_output(content: dict, name: str, text: str, at: At, arbor: dict) -> Read:
-    """A tool's message: the result of the call before it (T4)."""
+    """A tool's message: the result of the call before it (T4); of the call Arbor's own export names, when two
+    calls of one round come before their outputs."""
+    is_error = content.get("content_type") == "system_error" or arbor.get("arbor_is_error") is True
+    if isinstance(arbor.get("arbor_call_id"), str):
+        return Read(SENT, (it.tool_result(arbor["arbor_call_id"], name, text or "(no output)", is_error=is_error),))
     if at.call is not None:
-        is_error = content.get("content_type") == "system_error" or arbor.get("arbor_is_error") is True
         return Read(SENT, (it.tool_result(at.call["id"], at.call["name"], text or "(no output)", is_error=is_error),))
     # Output with no call before it (a tool that spoke on its own): the person saw it as the assistant's.
     return Read(RECEIVED, (it.text(f"[{name}] {text}"),)) if text else Read(None)

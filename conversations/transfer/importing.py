@@ -78,9 +78,21 @@ def import_any(*, owner, document: Any) -> Imported:
     plans, skipped = [], []
     for index, entry in enumerate(entries):
         try:
-            plans.append(plan_of(entry, index))
+            plan = plan_of(entry, index)
         except ImportRefused as refused:
             skipped.append({"index": index, "error": refused.message})
+            continue
+        except (TypeError, AttributeError, KeyError, ValueError) as error:
+            # A field of a type the reader never met (a number where the format has a list): this entry cannot
+            # be read, which is the file's fault, not the server's (issue 26: a 500 before).
+            skipped.append({"index": index, "error": f"conversation {index}: a field holds a value of a type "
+                                                     f"a {name} export does not have ({error})."})
+            continue
+        if not plan.nodes:  # nothing readable: no empty conversation is made of it (issue 26)
+            skipped.append({"index": index, "error": f"conversation {index}: it holds no message that could be "
+                                                     "read."})
+            continue
+        plans.append(plan)
     if not plans:
         raise ImportRefused(f"Nothing in this {name} file could be imported: "
                             + "; ".join(entry["error"] for entry in skipped[:5]))

@@ -463,11 +463,13 @@ def test_a_chatgpt_current_node_that_names_no_turn_falls_back_to_the_newest(api)
         ("user", "one"), ("user", "two"), ("assistant", "2")], "an empty answer leaves no bubble"
 
 
-def test_a_chatgpt_conversation_of_only_a_root_imports_empty_with_no_head(api):
+def test_issue_26_a_chatgpt_file_of_nothing_readable_is_refused_and_creates_nothing(api):
+    """Issue 26 (the README's promise): conversations with no message that can be read make no empty
+    conversation; a file of only such is refused, naming each, and creates nothing."""
     response = _post(api, [_chat(), _chat(title="second")])
-    assert response.status_code == 201, response.json()
-    created = response.json()["conversations"]
-    assert [c["head"] for c in created] == [None, None] and Node.objects.count() == 0
+    assert response.status_code == 400
+    assert "conversation 0: it holds no message that could be read" in response.json()["error"]["message"]
+    assert Conversation.objects.count() == 0 and Node.objects.count() == 0
 
 
 # --- exports of a path with tools, a failure and a compaction (T8, F1, F3, C2) -------------------------------
