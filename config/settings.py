@@ -173,7 +173,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # The anonymous rate first: a caller with no credentials is throttled, not answered 401 for ever (issue 26).
+    "DEFAULT_PERMISSION_CLASSES": ["config.throttles.AnonRateFirst", "rest_framework.permissions.IsAuthenticated"],
     # NUL, lone surrogates, out-of-range integers and deep nesting are a 400 before any view sees the body.
     "DEFAULT_PARSER_CLASSES": ["config.api.StrictJSONParser"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",

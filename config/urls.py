@@ -3,10 +3,11 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from config import api
-from config.throttles import ThrottledLoginView
+from config.throttles import ThrottledLoginView, throttled_admin_login
 from search.apis import Search
 
 urlpatterns = [
+    path("admin/login/", throttled_admin_login, name="admin-login"),  # before admin.site.urls' own
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's start-up script from a URL: the CSP allows no inline script.

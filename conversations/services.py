@@ -130,7 +130,11 @@ def conversation_update(*, conversation: Conversation, **fields: Any) -> Convers
     for name, value in fields.items():
         setattr(conversation, name, value)
     with transaction.atomic():
-        conversation.save(update_fields=[*fields, "updated_at"])
+        # An UPDATE, not save(update_fields=): a conversation deleted meanwhile is the 404 it now is (issue 26: a
+        # PATCH racing a DELETE answered 503, "did not affect any rows").
+        conversation.updated_at = timezone.now()
+        if not Conversation.objects.filter(pk=conversation.pk).update(**fields, updated_at=conversation.updated_at):
+            raise NotFound("No such conversation.")
         if switched:  # C1: the stored counts were made for the old model's tokenizer
             outbox.enqueue(kind="recount", payload={"conversation": conversation.pk, "model": conversation.model})
     return conversation

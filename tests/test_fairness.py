@@ -73,6 +73,22 @@ def test_issue_13_the_api_is_throttled_per_caller(api, other_user, monkeypatch):
     assert _client_for(other_user).get(reverse("conversation-list")).status_code == 200, "others go on"
 
 
+def test_issue_26_the_anonymous_rate_applies_before_any_permission_refuses(monkeypatch):
+    """Issue 26: a caller with no credentials was answered 401 for ever (permissions run before throttles), so the
+    anonymous rate never applied. Now it is counted first, on the API and on /v1, once a request."""
+    from rest_framework.test import APIClient
+    from rest_framework.throttling import SimpleRateThrottle
+
+    monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {"user": "100/min", "anon": "3/min"})
+    anonymous = APIClient()
+    codes = [anonymous.get(reverse("conversation-list")).status_code for _ in range(3)]
+    assert codes == [401, 401, 401], "three requests are three, not six (counted once each)"
+    refused = anonymous.get(reverse("conversation-list"))
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "throttled"
+    assert int(refused["Retry-After"]) >= 1
+    assert anonymous.get("/v1/models").status_code == 429, "the same address, the same count on /v1"
+
+
 def test_issue_13_a_throttle_whose_cache_is_away_lets_requests_through(api, monkeypatch):
     def away(*args, **kwargs):
         raise ConnectionError("redis is down")
@@ -89,12 +105,34 @@ def test_issue_13_sign_in_is_refused_with_429_after_too_many_attempts(client, us
         assert client.post(url, {"username": user.username, "password": "wrong"}).status_code == 200
     refused = client.post(url, {"username": user.username, "password": "wrong"})
     assert refused.status_code == 429 and b"Too many sign-in attempts" in refused.content
+    assert int(refused["Retry-After"]) >= 1
     user.set_password("right-password-123")
     user.save()
     assert client.post(url, {"username": user.username, "password": "right-password-123"}).status_code == 429, \
         "even the right password waits: the attempts are counted, not only the failures"
     cache.clear()
     assert client.post(url, {"username": user.username, "password": "right-password-123"}).status_code == 302
+
+
+def test_issue_26_the_admins_sign_in_has_the_same_limit(client, django_user_model, settings):
+    """Issue 26: /admin/login/ had no limit (54 wrong superuser passwords, then the right one worked). Now the
+    same attempts count, across both forms, and a refusal says when to come back (Retry-After)."""
+    settings.ARBOR_SIGNIN_RATE = "3/min"
+    root = django_user_model.objects.create_superuser(username="root", password="right-password-123")
+    url = reverse("admin:login")
+    assert url == "/admin/login/"
+    for _ in range(3):
+        assert client.post(url, {"username": root.username, "password": "wrong"}).status_code == 200
+    refused = client.post(url, {"username": root.username, "password": "right-password-123"})
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    assert b"Too many sign-in attempts" in refused.content
+    assert client.get("/admin/").status_code == 302, "the right password, refused, signed nobody in"
+    assert client.post(reverse("login"), {"username": root.username, "password": "right-password-123"}
+                       ).status_code == 429, "the site's form counts the same attempts"
+    cache.clear()
+    assert client.post(url, {"username": root.username, "password": "right-password-123",
+                             "next": "/admin/"}).status_code == 302
+    assert client.get("/admin/").status_code == 200
 
 
 def test_issue_13_a_busy_conversation_whose_lease_runs_out_meanwhile_is_409_not_429(user, settings, monkeypatch):

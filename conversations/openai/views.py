@@ -20,6 +20,7 @@ from rest_framework.response import Response
 
 from config.errors import ArborError, BadInput, NotFound
 from config.streams import EventStream, StreamSlotView
+from config.throttles import AnonRateFirst
 from config.web import in_pool_thread
 from conversations import items as it
 from conversations import services
@@ -52,7 +53,7 @@ def _node(pk: int) -> Node:
 @extend_schema(exclude=True)  # OpenAI's own schema describes this surface; Arbor's documents its API
 class GatewayView(StreamSlotView):
     authentication_classes = [BearerTokenAuthentication]
-    permission_classes = [IsAuthenticated]
+    permission_classes = [AnonRateFirst, IsAuthenticated]
 
     def wants_stream(self, request: Request) -> bool:
         return request.method == "POST" and isinstance(request.data, dict) and request.data.get("stream") is True

@@ -134,3 +134,27 @@ def test_issue_26_the_migration_redraws_cards_an_earlier_import_stored(conversat
     assert shown.content == "send_email" and ATTACKER in shown.data["arguments"]
     assert shown.data["status"] == "awaiting_approval"
     assert forged.data["status"] == "error" and "names no call" in forged.data["result"]
+
+
+def test_issue_26_a_patch_racing_a_delete_is_a_404_and_writes_nothing(user, conversation, monkeypatch):
+    """Issue 26: a PATCH that read the conversation just before another request deleted it answered 503 ("did not
+    affect any rows") in 7 of 105 races; it is the 404 the conversation now is, and nothing is queued for it."""
+    from conversations import selectors
+    from conversations.apis import views
+    from conversations.models import OutboxJob
+
+    read = selectors.conversation_for_user
+
+    def read_then_deleted(**kwargs):
+        found = read(**kwargs)
+        Conversation.objects.filter(pk=found.pk).delete()  # the other request's DELETE lands here
+        return found
+
+    monkeypatch.setattr(views, "conversation_for_user", read_then_deleted)
+    browser = Client()
+    browser.force_login(user)
+    response = browser.patch(f"/api/conversations/{conversation.pk}/", data={"title": "late", "model": "arbor/echo"},
+                             content_type="application/json")
+    assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+    assert not Conversation.objects.filter(pk=conversation.pk).exists()
+    assert not OutboxJob.objects.filter(kind="recount").exists()
