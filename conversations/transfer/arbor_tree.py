@@ -174,12 +174,21 @@ def _entries(document: dict[str, Any], name: str) -> list[Any]:
 
 
 def _attach_bubbles_and_approvals(document: dict[str, Any], nodes: dict[Any, PlannedNode]) -> None:
+    shown: set[tuple[Any, str]] = set()  # (node, role) of the roles a node shows once
     for index, raw in enumerate(_entries(document, "bubbles")):
         where = f"bubbles[{index}]"
         if not isinstance(raw, dict) or not is_reference(raw.get("node")) or raw["node"] not in nodes:
             raise ImportRefused(f"{where}: its node is not in the file.")
         data = object_field(raw.get("data"), f"{where}.data")
-        nodes[raw["node"]].bubbles.append({"role": choice_field(raw.get("role"), Bubble.Role.values, f"{where}.role"),
+        role = choice_field(raw.get("role"), Bubble.Role.values, f"{where}.role")
+        # Issue 26: bubbles are bounded by the tree, as a live node's are: one question, one answer and one error a
+        # node at most, and a tool bubble a call (`_tool_bubbles_from_calls`). A million bubbles on one node made
+        # a 131 MB page.
+        if role != Bubble.Role.TOOL:
+            if (raw["node"], role) in shown:
+                raise ImportRefused(f"{where}: node {raw['node']!r} already has its {role} bubble; a node shows one.")
+            shown.add((raw["node"], role))
+        nodes[raw["node"]].bubbles.append({"role": role,
                                            "content": text_field(raw.get("content", ""), f"{where}.content"),
                                            "data": data})
     decided: set[tuple[Any, str]] = set()
@@ -213,6 +222,7 @@ def _tool_bubbles_from_calls(nodes: dict[Any, PlannedNode]) -> None:
     for key, node in nodes.items():
         calls = {call["id"]: call for call in it.tool_calls(node.fields["received"])}
         decisions = {approval["call_id"]: approval for approval in node.approvals}
+        shown: set[str] = set()
         for index, bubble in enumerate(node.bubbles):
             if bubble["role"] != Bubble.Role.TOOL:
                 continue
@@ -220,6 +230,9 @@ def _tool_bubbles_from_calls(nodes: dict[Any, PlannedNode]) -> None:
             if call is None:
                 raise ImportRefused(f"A tool bubble of node {key!r} names no tool call of that node "
                                     f"(data.call_id {bubble['data'].get('call_id')!r}); bubble {index} of it.")
+            if call["id"] in shown:
+                raise ImportRefused(f"Node {key!r} has two tool bubbles for call {call['id']!r}; a call shows one.")
+            shown.add(call["id"])
             bubble["content"] = call["name"]
             bubble["data"] = call_state(call, results.get(key, {}).get(call["id"]), decisions.get(call["id"]))
 

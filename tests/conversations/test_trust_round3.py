@@ -158,3 +158,20 @@ def test_issue_26_a_patch_racing_a_delete_is_a_404_and_writes_nothing(user, conv
     assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
     assert not Conversation.objects.filter(pk=conversation.pk).exists()
     assert not OutboxJob.objects.filter(kind="recount").exists()
+
+
+def test_issue_26_an_import_is_bounded_by_its_tree_not_by_how_many_bubbles_a_file_repeats(api, conversation):
+    """Issue 26: one file with 1,000,000 bubbles on one node was accepted and made a 131 MB page. A node shows one
+    question, one answer, one error and one bubble a tool call, as live nodes do; more is a 400 creating nothing."""
+    ask(conversation, '#tool sql_query {"sql": "select 1 as n"}')
+    conversation.refresh_from_db()
+    document = arbor_tree.export_tree(conversation)
+    before = (Conversation.objects.count(), Node.objects.count(), Bubble.objects.count())
+    answer = next(b for b in document["bubbles"] if b["role"] == "assistant")
+    cases = ((answer, "already has its assistant bubble"), (_tool_bubble(document), "two tool bubbles"))
+    for repeated, needle in cases:
+        copy = {**document, "bubbles": [*document["bubbles"], *[dict(repeated) for _ in range(1000)]]}
+        response = _import(api, copy)
+        assert response.status_code == 400 and needle in response.json()["error"]["message"]
+    assert (Conversation.objects.count(), Node.objects.count(), Bubble.objects.count()) == before
+    assert _import(api, document).status_code == 201, "the file as exported imports"
