@@ -1,6 +1,8 @@
-"""Which conversations shown by this process's chat sockets have a turn running: one query per process every
-`WATCH_SECONDS` for all of them, not one per socket (issue 12: a socket joins a turn started in another tab,
-process or through the API; issue 13: hundreds of idle sockets cost one query).
+"""Which conversations shown by this process's chat sockets have a turn running, or had one since the last look:
+one query per process every `WATCH_SECONDS` for all of them, not one per socket (issue 12: a socket joins a turn
+started in another tab, process or through the API; issue 13: hundreds of idle sockets cost one query). A quick
+turn can start and end between two looks: it is still shown (issue 26: a second tab missed 6 of 6), to the
+sockets that were open when it started.
 """
 
 from __future__ import annotations
@@ -10,6 +12,10 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from django.db.models import Q
+from django.utils import timezone
 
 from config.web import in_pool_thread
 from conversations.models import TurnRun
@@ -22,42 +28,54 @@ Notify = Callable[[uuid.UUID], None]
 
 
 class RunWatch:
-    """The sockets of one event loop, by conversation; a task that tells them of running turns."""
+    """The sockets of one event loop, by conversation (each with when it was added); a task that tells them of
+    running turns, and of turns that started since the last look."""
 
     def __init__(self):
-        self._sockets: dict[int, set[Notify]] = {}
+        self._sockets: dict[int, dict[Notify, datetime]] = {}
         self._task: asyncio.Task | None = None
 
     def add(self, conversation_id: int, notify: Notify) -> None:
-        self._sockets.setdefault(conversation_id, set()).add(notify)
+        self._sockets.setdefault(conversation_id, {})[notify] = timezone.now()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     def remove(self, conversation_id: int, notify: Notify) -> None:
         sockets = self._sockets.get(conversation_id)
         if sockets is not None:
-            sockets.discard(notify)
+            sockets.pop(notify, None)
             if not sockets:
                 del self._sockets[conversation_id]
 
     async def _run(self) -> None:
+        since = timezone.now()
         while self._sockets:
+            looked = timezone.now()
             try:
-                running = await in_pool_thread(_running_runs, list(self._sockets))
+                runs = await in_pool_thread(_runs_to_show, list(self._sockets), since - LOOK_MARGIN)
             except Exception:  # the database is away: sockets stay open, and it is asked again
                 logger.exception("could not look for running turns")
-                running = {}
-            for conversation_id, run_id in running.items():
-                for notify in list(self._sockets.get(conversation_id, ())):
-                    notify(run_id)
+            else:
+                since = looked
+                for conversation_id, run_id, started_at, running in runs:
+                    for notify, added in list(self._sockets.get(conversation_id, {}).items()):
+                        if running or started_at >= added:  # an ended turn: only to the tabs open when it began
+                            notify(run_id)
             await asyncio.sleep(WATCH_SECONDS)
 
 
-def _running_runs(conversation_ids: list[int]) -> dict[int, uuid.UUID]:
-    """Each conversation's latest running turn."""
-    rows = (TurnRun.objects.filter(conversation_id__in=conversation_ids, ended_at__isnull=True)
-            .order_by("started_at").values_list("conversation_id", "pk"))
-    return dict(rows)  # the latest last
+# Clocks of server processes and the database differ a little: look a little before the last look.
+LOOK_MARGIN = timedelta(seconds=2)
+
+
+def _runs_to_show(conversation_ids: list[int], since: datetime) -> list[tuple[int, uuid.UUID, datetime, bool]]:
+    """Each conversation's latest run that is running or started after `since`: (conversation, run, started at,
+    running)."""
+    rows = (TurnRun.objects.filter(Q(ended_at__isnull=True) | Q(started_at__gte=since),
+                                   conversation_id__in=conversation_ids)
+            .order_by("started_at").values_list("conversation_id", "pk", "started_at", "ended_at"))
+    latest = {row[0]: row for row in rows}  # the latest last
+    return [(conversation, run, started, ended is None) for conversation, run, started, ended in latest.values()]
 
 
 _watches: dict[asyncio.AbstractEventLoop, RunWatch] = {}

@@ -265,3 +265,27 @@ async def test_issue_13_a_socket_signs_in_and_asks_while_the_shared_sync_thread_
     finally:
         release.set()
         await holding
+
+
+async def test_issue_26_another_tab_sees_a_turn_that_starts_and_ends_between_two_looks(chat, settings):
+    """Issue 26: a quick turn made elsewhere (another tab, the API) often started and ended between the watch's
+    looks (every 0.5 s) and was never shown in an open tab (6 of 6). Now a tab open when it began joins it and
+    replays it to its end; a tab opened after it ended is not sent it again (its page already shows it)."""
+    from conversations.turns.detached import run_here
+    from conversations.turns.start import turn_ask
+
+    conversation, cookie = chat
+    settings.ARBOR_ECHO_WORD_SECONDS = 0
+    watching = chat_socket(conversation.pk, cookie)
+    await watching.connect()
+    await asyncio.sleep(0.1)  # the socket is registered with the watch
+    events = await in_own_thread(lambda: run_here(turn_ask(user=conversation.owner, conversation_id=conversation.pk,
+                                                            content="a quick one")))()
+    assert events[-1].type == "done"
+    messages = await receive_until(watching, "done")
+    assert messages[0] == {"type": "joined"} and messages[-1]["answer"] == events[-1].data["answer"]
+    later = chat_socket(conversation.pk, cookie)
+    await later.connect()
+    assert await later.receive_nothing(timeout=2), "a tab opened after the turn ended is not sent it again"
+    await watching.disconnect()
+    await later.disconnect()
