@@ -11,10 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from importlib import import_module
+from types import SimpleNamespace
 from typing import Any
 
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.contrib import auth
 
 from config.api import UnsafeJSON, strict_loads
 from config.errors import ArborError, BadInput, NotFound
@@ -135,9 +139,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if not isinstance(content, dict) or not isinstance(content.get("type"), str):
             await self.send_json({"type": "error", "code": "bad_input", "message": "Send a JSON object with a type."})
             return
-        if not await self._owns():  # checked on every message: access may have changed since connect
-            await self.send_json({"type": "error", "code": "not_found", "message": "No such conversation."})
-            await self.close(code=4404)
+        refusal = await self._refusal()  # checked on every message: access may have changed since connect
+        if refusal is not None:
+            code, message, close_code = refusal
+            await self.send_json({"type": "error", "code": code, "message": message})
+            await self.close(code=close_code)
             return
         if content["type"] == "stop":
             await self._stop_turn()
@@ -268,3 +274,23 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return True
 
         return await in_pool_thread(owns)
+
+    async def _refusal(self) -> tuple[str, str, int] | None:
+        """Why this socket may no longer act (its session signed out, in this tab or another, or the conversation
+        is not the person's any more), or None (issue 26: a signed-out tab could still ask, and was answered)."""
+        if not await in_pool_thread(_still_signed_in, self.scope, self.user.pk):
+            return "signed_out", "You are signed out: sign in again to go on.", 4401
+        if not await self._owns():
+            return "not_found", "No such conversation.", 4404
+        return None
+
+
+def _still_signed_in(scope, user_id: int) -> bool:
+    """Whether the socket's session, read again from the session store now, still signs in `user_id` (a sign-out
+    deletes it; a password change makes its hash stale)."""
+    key = getattr(scope.get("session"), "session_key", None)
+    if not key:
+        return False
+    store = import_module(settings.SESSION_ENGINE).SessionStore(key)
+    user = auth.get_user(SimpleNamespace(session=store))
+    return user.is_authenticated and user.pk == user_id

@@ -588,3 +588,25 @@ def test_c3_a_window_root_is_never_a_head_a_tip_or_a_branch(conversation):
     services.head_switch(conversation=conversation, node_id=first.pk)
     assert head(conversation).pk == tip.pk, "the branch's latest tip, not the newer window root"
 
+
+
+def test_c2_t4_the_kept_turns_never_begin_with_results_whose_calls_would_be_summarised(settings):
+    """C2, T4: a turn that opens with the results of an earlier turn's calls (a question asked while calls were
+    open) pulls that earlier turn into the kept part, so no call is split from its result; when that reaches the
+    first turn, everything is kept."""
+    from conversations import items as it
+    from conversations.context import PathNode
+    from conversations.turns.compaction import kept_from
+
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+
+    def node(i: int, sent: list, tokens: int = 10) -> PathNode:
+        return PathNode(i, i - 1 or None, "turn", "succeeded", sent, [], tokens=tokens, path_tokens=10 * i)
+
+    call_answered_late = [it.tool_result("c1", "sql_query", "not run: the conversation went on"), it.user("q3")]
+    path = [node(1, [it.user("q1")]), node(2, [it.user("q2")]), node(3, call_answered_late)]
+    assert kept_from(path, threshold=10_000) == 1, "the turn whose call q3's results answer is kept too"
+    first_opens_with_results = [node(1, call_answered_late), node(2, call_answered_late),
+                                node(3, call_answered_late)]
+    assert kept_from(first_opens_with_results, threshold=10_000) == 0
+    assert kept_from([node(1, [it.user("q1")]), node(2, [it.user("q2")])], threshold=10_000) == 1

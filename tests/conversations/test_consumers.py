@@ -289,3 +289,21 @@ async def test_issue_26_another_tab_sees_a_turn_that_starts_and_ends_between_two
     assert await later.receive_nothing(timeout=2), "a tab opened after the turn ended is not sent it again"
     await watching.disconnect()
     await later.disconnect()
+
+
+async def test_issue_26_a_tab_signed_out_elsewhere_can_no_longer_ask(chat):
+    """Issue 26: after signing out in one tab, an already open chat tab could still send messages, and the model
+    calls were recorded. Every message now reads the session again: signed out, the socket says so and closes,
+    and nothing is written."""
+    from django.contrib.sessions.models import Session
+
+    conversation, cookie = chat
+    socket = chat_socket(conversation.pk, cookie)
+    assert (await socket.connect())[0]
+    session_key = cookie.decode().split("=", 1)[1]
+    await in_own_thread(lambda: Session.objects.filter(session_key=session_key).delete())()  # signed out elsewhere
+    await socket.send_json_to({"type": "ask", "content": "still there?"})
+    reply = await socket.receive_json_from(timeout=10)
+    assert reply["type"] == "error" and reply["code"] == "signed_out"
+    assert (await socket.receive_output(timeout=5))["type"] == "websocket.close"
+    assert await in_own_thread(lambda: Node.objects.count())() == 0

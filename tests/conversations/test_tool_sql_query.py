@@ -288,3 +288,22 @@ def test_issue_26_the_runner_cancels_a_tool_on_timeout_and_on_stop(sales_db, set
 def _busy(pool) -> bool:
     """Whether any of the pool's threads runs a task (its queue empty and every thread idle, it is 0)."""
     return pool._work_queue.qsize() > 0 or pool._idle_semaphore._value < len(pool._threads)
+
+
+def test_issue_26_printf_keeps_working_within_its_bounds(sales_db):
+    """Issue 26: printf and format are SQLite's own, with widths and precisions (given or `*`) bounded."""
+    rows = query("select printf('%.2f', 3.14159), printf('%*d|%-5s|', 4, 7, 'ab'), format('%%%s', 'x'), "
+                 "printf('%*c', 20000, 'x'), printf(NULL)")["rows"]
+    assert rows == [["3.14", "   7|ab   |", "%x", None, None]]
+
+
+def test_issue_26_a_query_that_slows_down_between_rows_is_stopped_while_it_is_read(sales_db, settings):
+    """The time limit holds while rows are read too: the first rows come at once, the third would take ages (the
+    driver steps one row ahead of the one it hands over)."""
+    settings.ARBOR_SQL_TIME_LIMIT_SECONDS = 0.5
+    result = sql_query("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+                       "SELECT x FROM c WHERE x <= 2 OR x % 500000000 = 0")
+    rows = result["rows"]
+    assert next(rows) == [1]
+    with pytest.raises(ToolError, match="was stopped"):
+        next(rows)
