@@ -113,7 +113,8 @@ def chat_conversation(request: HttpRequest, conversation_id: int) -> HttpRespons
     # Opened afresh (from the sidebar, a link, a bookmark), a conversation opens on its starred branch; the page
     # reloading itself (after a rename, a no-script ◀ / ▶) stays where the person put it.
     own = reverse("chat-conversation", args=[conversation.pk])
-    if not urlparse(request.headers.get("Referer", "")).path.startswith(own):
+    switched = request.session.pop(_SWITCHED, None) == conversation.pk  # a branch chosen a moment ago (search)
+    if not switched and not urlparse(request.headers.get("Referer", "")).path.startswith(own):
         services.open_on_star(conversation=conversation)
     labelled = Node.objects.filter(conversation=conversation).exclude(label="").exists()  # the arrows name them
     context = {"conversation": conversation, "labelled": labelled, **_bubbles_context(conversation)}
@@ -146,6 +147,9 @@ def chat_earlier(request: HttpRequest, conversation_id: int) -> HttpResponse:
     return render(request, "chat/earlier.html", context)
 
 
+_SWITCHED = "arbor-switched-conversation"
+
+
 @require_POST
 @page
 def chat_switch(request: HttpRequest, conversation_id: int) -> HttpResponse:
@@ -153,6 +157,9 @@ def chat_switch(request: HttpRequest, conversation_id: int) -> HttpResponse:
     conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
     if not request.headers.get("X-Fragment"):
         services.head_switch(conversation=conversation, node_id=request.POST.get("node"))
+        # The page this redirect opens shows the branch just chosen, not the star (issue 26: search's "Open its
+        # branch" landed on the starred branch, the browser's Referer being the search page).
+        request.session[_SWITCHED] = conversation.pk
         return redirect("chat-conversation", conversation.pk)
     # The page's script switches in place: the new message list, or the reason in plain text.
     try:

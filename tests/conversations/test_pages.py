@@ -89,6 +89,25 @@ def test_switch_moves_the_head_to_the_other_branch_and_is_refused_while_a_turn_r
     assert "must be a node id" in response.content.decode() and head(conversation).pk == first.pk
 
 
+def test_issue_26_t8_open_its_branch_from_search_shows_that_branch_even_with_a_star(page, conversation):
+    """Issue 26: search's "Open its branch" (a switch whose redirect the browser makes with the search page as
+    Referer) opened the starred branch instead of the hit's whenever the conversation had a star."""
+    from conversations import services
+
+    ask(conversation, "the starred question")
+    starred = head(conversation)
+    services.branch_mark(node=starred, starred=True)
+    run_here(turn_edit(user=conversation.owner, conversation_id=conversation.pk, node_id=starred.pk,
+                       content="the question search found"))
+    found = head(conversation)
+    services.head_switch(conversation=conversation, node_id=starred.pk)
+    response = page.post(reverse("chat-switch", args=[conversation.pk]), {"node": found.pk}, follow=True,
+                         HTTP_REFERER="http://testserver/search/?q=found")
+    assert head(conversation).pk == found.pk and "the question search found" in response.content.decode()
+    page.get(reverse("chat-conversation", args=[conversation.pk]), HTTP_REFERER="http://testserver/")
+    assert head(conversation).pk == starred.pk, "opened afresh later, it opens on its star again"
+
+
 def test_rename_model_and_instructions_use_the_apis_rules_and_bad_input_changes_nothing(page, conversation, settings):
     settings.ARBOR_MODELS = ["arbor/echo", "openai/gpt-4o-mini"]
     url = reverse("chat-update", args=[conversation.pk])
