@@ -54,9 +54,12 @@ def retrieved_items(conversation: Conversation, question: str) -> list[it.Item]:
     if not hits:
         return []
     contents = dict(Bubble.objects.filter(pk__in=[h.bubble for h in hits]).values_list("pk", "content"))
-    items = []
+    items, sent = [], set()
     for hit in hits:
         text = contents.get(hit.bubble, "")[hit.start:hit.start + RETRIEVED_CHARS]
+        if not text.strip() or " ".join(text.split()) in sent:  # the same words once a call (issue 26)
+            continue
+        sent.add(" ".join(text.split()))
         who = "the person asked" if hit.role == "user" else "the answer was"
         item = it.system(f"From the person's conversation “{hit.conversation_title}”, {who}: {text}")
         items.append({**item, "ephemeral": True, "source": {"conversation": hit.conversation, "bubble": hit.bubble}})

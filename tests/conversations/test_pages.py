@@ -362,3 +362,26 @@ def test_issue_16_a_streaming_answer_is_rendered_by_the_finished_answers_rendere
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(user)
     assert strict.post(reverse("chat-render"), data=text, content_type="text/plain").status_code == 403
+
+
+def test_issue_26_a_stopped_answer_is_drawn_as_stopped_not_as_a_failure(page, conversation):
+    """Issue 26: a Stop is the person's own choice; its card is a plain "stopped" card with the partial answer,
+    not the red failure card a provider error gets."""
+    from conversations.models import Bubble
+
+    ask(conversation, "q")
+    node = head(conversation)
+    Bubble.objects.create(conversation=conversation, node=node, role=Bubble.Role.ERROR, content="stopped by the user",
+                          data={"reason": "cancelled", "partial": "half an answer"})
+    html = page.get(reverse("chat-conversation", args=[conversation.pk])).content.decode()
+    assert 'class="msg stopped reason-cancelled"' in html and 'aria-label="A stopped answer"' in html
+    assert "half an answer" in html and "msg error reason-cancelled" not in html
+
+
+def test_issue_26_a_page_that_is_not_there_is_a_styled_404_with_a_way_back(client, settings):
+    """Issue 26: bare unstyled 404 pages. With DEBUG off (production), a missing page is Arbor's own page, styled,
+    with links back to the chats and to search."""
+    settings.DEBUG = False
+    response = client.get("/no/such/page/")
+    html = response.content.decode()
+    assert response.status_code == 404 and "arbor/chat.css" in html and 'href="/chat/"' in html

@@ -123,6 +123,11 @@ def test_issue_16_at_375_px_send_and_every_action_are_reachable_and_the_header_i
     screenshot(browser, "phone-chat-menu")
     browser.find_element(By.CSS_SELECTOR, ".chat-menu-toggle").click()
 
+    small = [(b.get_attribute("aria-label") or b.text, b.size) for b in
+             browser.find_elements(By.CSS_SELECTOR, ".msg .controls button") if b.is_displayed()
+             and (b.size["height"] < 44 or b.size["width"] < 44)]
+    assert not small, f"issue 26: every message control is a 44 px touch target: {small[:5]}"
+
     browser.find_element(By.CSS_SELECTOR, ".sidebar-toggle").click()
     for tag, name in (("a", "Playbooks"), ("a", "Settings"), ("button", "Log out")):
         link = browser.find_element(By.XPATH, f"//nav[@id='sidebar']//{tag}[normalize-space()='{name}']")

@@ -113,3 +113,17 @@ def test_r2_kept_retrieved_items_survive_a_compaction(user, notes, settings):
     assert any(m["role"] == "system" for m in call_context(summary_call)), "what it saw includes them"
     later = answer(ask(conversation, "unrelated zebra question"))
     assert "system:From the person's conversation" in later
+
+
+def test_r2_the_same_words_found_twice_go_to_the_call_once(user, notes):
+    """Issue 26: the same text asked in two other conversations (and the answers echoing it) was sent twice in one
+    call; each distinct text goes once."""
+    twin = services.conversation_create(owner=user, title="Pricing notes, again")
+    ask(twin, "Our enterprise tier costs 900 dollars per seat")
+    worker.run_due()
+    conversation = services.conversation_create(owner=user)
+    services.conversation_update(conversation=conversation, retrieval=True)
+    ask(conversation, "What does the enterprise tier cost?")
+    texts = [i["text"].split(": ", 1)[1] for i in head(conversation).sent if i.get("ephemeral")]
+    assert texts and len(texts) == len(set(texts)), texts
+    assert texts.count("Our enterprise tier costs 900 dollars per seat") == 1
