@@ -73,7 +73,14 @@ def _bubbles_context(conversation: Conversation) -> dict[str, Any]:
     page = latest_bubbles(conversation=conversation, tip=conversation.head_id, size=settings.ARBOR_SCREEN_NODES)
     return {"conversation": conversation, "bubbles": _messages(conversation, page),
             "earlier": _earlier(conversation, page), "overflow": _overflow_notice(conversation),
-            "turn_running": conversation.turn_running}
+            "turn_running": conversation.turn_running or _cut_off(conversation)}
+
+
+def _cut_off(conversation: Conversation) -> bool:
+    """A turn call still pending with nobody holding the lock: its process went away (a restart) and recovery has
+    not marked it yet. The page keeps looking until it is marked interrupted, with its text and Retry (issue
+    26: an open page stayed on "the answer goes on")."""
+    return Node.objects.filter(conversation=conversation, kind=Node.Kind.TURN, status=Node.Status.PENDING).exists()
 
 
 # --- views -------------------------------------------------------------------------------------------

@@ -124,10 +124,20 @@
 
   // --- the socket ------------------------------------------------------------------------------------
 
+  let dropped = false;  // the socket closed and is being opened again
+
   function connect() {
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     socket = new WebSocket(`${scheme}//${location.host}${chat.dataset.wsPath}`);
-    socket.addEventListener("open", () => { chat.dataset.connected = "1"; });
+    socket.addEventListener("open", () => {
+      chat.dataset.connected = "1";
+      if (dropped) {
+        // Back after a drop (a restart, a network change): show what the server has now, and keep looking while
+        // a turn runs or was cut off, so a cut answer appears with its Retry without a reload (issue 26).
+        dropped = false;
+        finish("Reconnected.");
+      }
+    });
     socket.addEventListener("message", (message) => onEvent(JSON.parse(message.data)));
     socket.addEventListener("close", (event) => {
       chat.dataset.connected = "0";
@@ -137,6 +147,7 @@
         say("This conversation is not available any more.");
         return;
       }
+      dropped = true;
       if (running) finish("The connection dropped; the answer goes on and shows here again once reconnected.");
       setTimeout(connect, 1000);
     });

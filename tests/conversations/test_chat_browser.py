@@ -139,7 +139,8 @@ def test_stop_mid_answer_keeps_the_node_and_the_conversation_goes_on(browser, as
         "const b = document.querySelector('.msg.streaming .body'); return b && b.textContent.length > 10"))
     browser.find_element(By.ID, "stop").click()
     # Read inside the wait: the list is redrawn from the server's record as the turn ends (a stale element).
-    stopped = wait(browser).until(lambda d: d.find_element(By.CSS_SELECTOR, "article.msg.error.reason-cancelled").text)
+    stopped = wait(browser).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "article.msg.stopped.reason-cancelled").text)
     assert "Stopped." in stopped and "echo: #slow" in stopped
     _wait_idle(browser)
     node = Node.objects.get(conversation=conversation)

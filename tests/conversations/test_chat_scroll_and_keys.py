@@ -197,7 +197,7 @@ def test_issue_16_keyboard_esc_stops_up_edits_ctrl_shift_o_opens_a_new_chat_and_
     _send(browser, "#slow " + " ".join(f"w{i}" for i in range(80)))
     wait(browser).until(lambda d: _streamed_length(d) > 10)
     browser.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
-    wait(browser).until(lambda d: d.find_elements(By.CSS_SELECTOR, "article.msg.error.reason-cancelled"))
+    wait(browser).until(lambda d: d.find_elements(By.CSS_SELECTOR, "article.msg.stopped.reason-cancelled"))
     _wait_idle(browser)
     assert Node.objects.get(conversation=conversation).failure_reason == "cancelled"
 
@@ -242,7 +242,7 @@ def test_issue_16_a_failure_is_a_plain_sentence_with_the_details_behind_a_disclo
     _send(browser, "#slow " + " ".join(f"w{i}" for i in range(80)))
     wait(browser).until(lambda d: _streamed_length(d) > 20)
     browser.find_element(By.ID, "stop").click()
-    stopped = wait(browser).until(lambda d: d.find_element(By.CSS_SELECTOR, "article.msg.error.reason-cancelled"))
+    stopped = wait(browser).until(lambda d: d.find_element(By.CSS_SELECTOR, "article.msg.stopped.reason-cancelled"))
     _wait_idle(browser)
     partial_on_chat = stopped.find_element(By.CSS_SELECTOR, ".body.partial").text
     browser.find_element(By.CSS_SELECTOR, "article.msg.user button[data-action=edit]")  # the stopped question

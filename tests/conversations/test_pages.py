@@ -385,3 +385,19 @@ def test_issue_26_a_page_that_is_not_there_is_a_styled_404_with_a_way_back(clien
     response = client.get("/no/such/page/")
     html = response.content.decode()
     assert response.status_code == 404 and "arbor/chat.css" in html and 'href="/chat/"' in html
+
+
+def test_issue_26_a_page_keeps_looking_while_a_cut_off_call_waits_for_recovery(page, conversation):
+    """Issue 26: after a restart an open page reconnects and redraws; while a call its dead process left pending
+    waits for recovery (nobody holds the lock), the page still says a turn runs, so it keeps redrawing until the
+    call is marked interrupted and shows its text with Retry."""
+    from conversations.models import Node
+
+    ask(conversation, "q1")
+    url = reverse("chat-messages", args=[conversation.pk])
+    assert 'data-turn-running="0"' in page.get(url, HTTP_X_FRAGMENT="1").content.decode()
+    cut = Node.objects.create(conversation=conversation, parent=head(conversation), kind="turn", status="pending",
+                              sent=[{"type": "user", "text": "q2"}], received=[{"type": "text", "text": "half"}])
+    assert 'data-turn-running="1"' in page.get(url, HTTP_X_FRAGMENT="1").content.decode()
+    Node.objects.filter(pk=cut.pk).update(status="failed", failure_reason="interrupted")
+    assert 'data-turn-running="0"' in page.get(url, HTTP_X_FRAGMENT="1").content.decode()
