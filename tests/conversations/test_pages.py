@@ -401,3 +401,9 @@ def test_issue_26_a_page_keeps_looking_while_a_cut_off_call_waits_for_recovery(p
     assert 'data-turn-running="1"' in page.get(url, HTTP_X_FRAGMENT="1").content.decode()
     Node.objects.filter(pk=cut.pk).update(status="failed", failure_reason="interrupted")
     assert 'data-turn-running="0"' in page.get(url, HTTP_X_FRAGMENT="1").content.decode()
+
+
+def test_issue_26_the_sign_in_page_says_where_the_first_password_is(client):
+    """Issue 26 (a newcomer's first hour): the sign-in page says where the first user's password is."""
+    html = client.get(reverse("login")).content.decode()
+    assert "var/first-user-password.txt" in html and "arbor_bootstrap" in html
