@@ -87,9 +87,11 @@ def _cut_off(conversation: Conversation) -> bool:
 
 
 def home(request: HttpRequest) -> HttpResponse:
+    """A person lands in the chat, or signs in first (issue 26: `/` was a page written for developers; its links
+    to the API documentation and the admin are on the sign-in page now)."""
     if request.user.is_authenticated:
         return redirect("chat")
-    return render(request, "home.html")
+    return redirect(f"{reverse('login')}?next={reverse('chat')}")
 
 
 @require_GET

@@ -407,3 +407,14 @@ def test_issue_26_the_sign_in_page_says_where_the_first_password_is(client):
     """Issue 26 (a newcomer's first hour): the sign-in page says where the first user's password is."""
     html = client.get(reverse("login")).content.decode()
     assert "var/first-user-password.txt" in html and "arbor_bootstrap" in html
+
+
+def test_issue_26_a_newcomer_lands_in_the_chat_or_signs_in_first_and_is_shown_what_to_try(client, page, conversation):
+    """Issue 26 (the first hour): `/` signs a person in and then opens the chat (no developer page); an empty chat
+    on the offline model shows prompts to try and says what its `seen:` line means."""
+    response = client.get("/")
+    assert response.status_code == 302 and response.url == "/accounts/login/?next=/chat/"
+    assert "API documentation" in client.get(response.url).content.decode(), "the developers' links moved here"
+    assert page.get("/").url == "/chat/"
+    html = page.get(reverse("chat-conversation", args=[conversation.pk])).content.decode()
+    assert "<code>seen:</code> line" in html and "#tool send_email" in html
