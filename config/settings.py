@@ -270,6 +270,9 @@ ARBOR_PARTIAL_SAVE_SECONDS = float(os.environ.get("ARBOR_PARTIAL_SAVE_SECONDS", 
 ARBOR_TURN_LOG_RETENTION_SECONDS = float(os.environ.get("ARBOR_TURN_LOG_RETENTION_SECONDS", "600"))
 ARBOR_PATH_DEPTH_LIMIT = int(os.environ.get("ARBOR_PATH_DEPTH_LIMIT", "100000"))
 ARBOR_TOOL_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_TOOL_TIMEOUT_SECONDS", "30"))
+# Tools one person may have running in a process at once (a timed-out or stopped one counts until its thread
+# ends); past it a call is not started and the model reads why. 0: no limit (issue 26.3).
+ARBOR_MAX_TOOLS_PER_USER = int(os.environ.get("ARBOR_MAX_TOOLS_PER_USER", "4"))
 # What a tool may hand back, cut while it is read (every tool, through the tool runner): one text or binary
 # value, and the whole result. A node stores at most ARBOR_NODE_MAX_BYTES of items (a model's answer
 # included); a round's tool results share it.

@@ -20,7 +20,15 @@ def offered_model(name: str | None) -> str:
 
 
 class Conversation(models.Model):
+    class Origin(models.TextChoices):
+        """Where a conversation came from, so the sidebar can tell a person's chats from the rest (issue 26)."""
+
+        CHAT = "chat", "Chat"
+        PLAYBOOK = "playbook", "Playbook"  # a playbook's run, or its edit conversation
+        API = "api", "API call"  # made by a call to the OpenAI-compatible /v1 API
+
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations")
+    origin = models.CharField(max_length=10, choices=Origin.choices, default=Origin.CHAT)
     title = models.CharField(max_length=200, blank=True)
     model = models.CharField(max_length=200)
     instructions = models.TextField(blank=True)

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from django.db.models import BooleanField, Q
 from django.db.models.expressions import RawSQL
 
+from conversations import items as it
 from conversations.context import PathNode, is_compaction_root
 from conversations.models import Bubble, Conversation, Node
 from conversations.selectors import (
@@ -30,9 +31,26 @@ CHUNK = 500  # nodes whose branch places and bubbles one query reads, when a who
 
 @dataclass(frozen=True)
 class BranchInfo:
+    """A turn's place among the turns that share its parent (T8). `siblings` are all of them, oldest first;
+    `versions` the same turns grouped by the question they ask: an edit starts a group, a regenerate (T7, the
+    same question again) joins its question's. The question's ◀ ▶ step through the groups, the answer's
+    through the group."""
+
     index: int
     count: int
     siblings: list[int]
+    versions: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def version(self) -> int:
+        """The index, in `versions`, of the group this turn is in."""
+        opener = self.siblings[self.index - 1]
+        return next((i for i, group in enumerate(self.versions) if opener in group), 0)
+
+    @property
+    def regenerations(self) -> tuple[int, ...]:
+        """The turns that ask this turn's question (itself among them), oldest first."""
+        return self.versions[self.version] if self.versions else (self.siblings[self.index - 1],)
 
 
 def branch_infos(*, conversation: Conversation, path: list[PathNode],
@@ -60,13 +78,23 @@ def branch_infos(*, conversation: Conversation, path: list[PathNode],
     keys = {key_of(p.parent_id) for p in openers}  # None: the first question's versions
     roots = _roots_of(conversation, openers, nodes, originals=keys - {None})
     by_key = _siblings(conversation, keys, roots, opener_ids={p.id for p in openers})
+    asked = {p.id: it.question_of(p.sent) for p in openers}
     infos = {}
     for opener in openers:
-        siblings = by_key.get(key_of(opener.parent_id)) or [opener.id]
-        if opener.id not in siblings:
-            siblings = sorted([*siblings, opener.id])
-        infos[opener.id] = BranchInfo(index=siblings.index(opener.id) + 1, count=len(siblings), siblings=siblings)
+        found = by_key.get(key_of(opener.parent_id)) or {}
+        questions = {opener.id: asked[opener.id], **found}
+        siblings = sorted(questions)
+        infos[opener.id] = BranchInfo(index=siblings.index(opener.id) + 1, count=len(siblings), siblings=siblings,
+                                      versions=_versions(siblings, questions))
     return infos
+
+
+def _versions(siblings: list[int], questions: dict[int, str | None]) -> tuple[tuple[int, ...], ...]:
+    """`siblings` grouped by the question each asks, groups in the order their first turn was made."""
+    groups: dict[str | None, list[int]] = {}
+    for node_id in siblings:
+        groups.setdefault(questions[node_id], []).append(node_id)
+    return tuple(tuple(group) for group in groups.values())
 
 
 def _with_parents(openers: list[PathNode], nodes: dict[int, PathNode]) -> dict[int, PathNode]:
@@ -93,21 +121,22 @@ def _roots_of(conversation: Conversation, openers: list[PathNode], nodes: dict[i
 
 
 def _siblings(conversation: Conversation, keys: set[int | None], roots: dict[int, int], *,
-              opener_ids: set[int]) -> dict[int | None, list[int]]:
-    """The question-asking turns below each key (a parent, or None for the first question), oldest first: the
-    conversation's own, and the openers themselves."""
+              opener_ids: set[int]) -> dict[int | None, dict[int, str | None]]:
+    """The question-asking turns below each key (a parent, or None for the first question), each with its
+    question: the conversation's own, and the openers themselves."""
     originals = keys - {None}
     below = Q(parent_id__in=[*originals, *roots])
     if None in keys:
         below |= Q(parent__isnull=True, conversation=conversation)
     candidates = (Node.objects.can_be_head().filter(below, kind=Node.Kind.TURN)
                   .alias(asks=RawSQL(asks_question_sql(_NODE), [], output_field=BooleanField())).filter(asks=True)
-                  .values_list("id", "parent_id", "conversation_id"))
-    by_key: dict[int | None, list[int]] = {}
-    for node_id, parent_id, owner in candidates.order_by("id"):
+                  .filter(Q(conversation=conversation) | Q(pk__in=opener_ids))
+                  .values_list("id", "parent_id", "sent"))
+    by_key: dict[int | None, dict[int, str | None]] = {}
+    for node_id, parent_id, sent in candidates:
         key = roots.get(parent_id, parent_id)
-        if key in keys and (owner == conversation.pk or node_id in opener_ids):
-            by_key.setdefault(key, []).append(node_id)
+        if key in keys:
+            by_key.setdefault(key, {})[node_id] = it.question_of(sent)
     return by_key
 
 
@@ -296,19 +325,48 @@ class Message:
         return bool(self.editable and self.branch and self.branch.count > 1)
 
     @property
-    def previous_sibling(self) -> int | None:
-        return self.branch.siblings[self.branch.index - 2] if self.has_siblings and self.branch.index > 1 else None
+    def has_versions(self) -> bool:
+        """Was the question edited: do the question's ◀ ▶ show?"""
+        return self.has_siblings and len(self.branch.versions) > 1
 
     @property
-    def next_sibling(self) -> int | None:
-        if self.has_siblings and self.branch.index < self.branch.count:
-            return self.branch.siblings[self.branch.index]
+    def has_regenerations(self) -> bool:
+        """Was the answer regenerated: do the answer's ◀ ▶ show?"""
+        return self.has_siblings and len(self.branch.regenerations) > 1
+
+    def _step(self, steps: tuple[int, ...], here: int, by: int) -> int | None:
+        return steps[here + by] if 0 <= here + by < len(steps) else None
+
+    @property
+    def previous_version(self) -> int | None:
+        """The previous question's latest answer (its newest regeneration)."""
+        versions = self.branch.versions
+        return versions[self.branch.version - 1][-1] if self.has_versions and self.branch.version > 0 else None
+
+    @property
+    def next_version(self) -> int | None:
+        versions = self.branch.versions
+        if self.has_versions and self.branch.version + 1 < len(versions):
+            return versions[self.branch.version + 1][-1]
         return None
+
+    @property
+    def regeneration_index(self) -> int:
+        return self.branch.regenerations.index(self.question_node) + 1 if self.branch else 1
+
+    @property
+    def previous_regeneration(self) -> int | None:
+        return self._step(self.branch.regenerations, self.regeneration_index - 1, -1) if self.branch else None
+
+    @property
+    def next_regeneration(self) -> int | None:
+        return self._step(self.branch.regenerations, self.regeneration_index - 1, 1) if self.branch else None
 
     @property
     def other_sibling(self) -> int | None:
         """The sibling a compare link opens next to this one."""
-        return self.next_sibling or self.previous_sibling
+        siblings, index = self.branch.siblings, self.branch.index
+        return siblings[index] if index < len(siblings) else siblings[index - 2]
 
     @property
     def can_retry(self) -> bool:

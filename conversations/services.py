@@ -114,10 +114,10 @@ def open_on_star(*, conversation: Conversation) -> None:
 
 
 def conversation_create(*, owner, title: str = "", model: str = "", instructions: str = "", retrieval: bool = False,
-                        keep_retrieved: bool = False) -> Conversation:
+                        keep_retrieved: bool = False, origin: str = Conversation.Origin.CHAT) -> Conversation:
     return Conversation.objects.create(
         owner=owner, title=title, model=model or settings.ARBOR_MODEL, instructions=instructions,
-        retrieval=retrieval, keep_retrieved=keep_retrieved,
+        retrieval=retrieval, keep_retrieved=keep_retrieved, origin=origin,
     )
 
 

@@ -182,7 +182,7 @@ def playbook_edit_conversation(*, user, playbook_id: Any) -> Conversation:
     source = playbook.source_conversation
     conversation = services.conversation_create(
         owner=user, title=f"Edit playbook: {playbook.name}"[:200], model=source.model if source else "",
-        instructions=source.instructions if source else "",
+        instructions=source.instructions if source else "", origin=Conversation.Origin.PLAYBOOK,
     )
     services.head_move(conversation=conversation, to=current.head_id if current else playbook.source_head_id)
     playbook.edit_conversation = conversation
@@ -232,7 +232,8 @@ def playbook_run(*, user, playbook_id: Any, values: Any, progress: Progress | No
     shown = ", ".join(f"{name}={value}" for name, value in bound.items())
     with transaction.atomic():
         conversation = services.conversation_create(
-            owner=user, title=f"Run: {playbook.name}{f' ({shown})' if shown else ''}"[:200], model=model)
+            owner=user, title=f"Run: {playbook.name}{f' ({shown})' if shown else ''}"[:200], model=model,
+            origin=Conversation.Origin.PLAYBOOK)
         run = PlaybookRun.objects.create(playbook=playbook, playbook_version=version, version=version.number,
                                          values=bound, conversation=conversation)
     turn = turn_ask(user=user, conversation_id=conversation.pk, content=question)

@@ -65,7 +65,8 @@ class ConversationOut(serializers.ModelSerializer):
     class Meta:
         model = Conversation
         fields = ["id", "title", "model", "instructions", "retrieval", "keep_retrieved", "head", "version",
-                  "turn_running", "created_at", "updated_at"]
+                  "turn_running", "origin", "created_at", "updated_at"]
+        read_only_fields = ["origin"]
 
 
 class NodeOut(serializers.ModelSerializer):

@@ -194,7 +194,7 @@ def _turn_in(user, conversation: Conversation | None, model: str, **start):
     answer, R4) that goes again if the turn is refused: a refused request leaves nothing behind."""
     created = conversation is None
     if created:
-        conversation = services.conversation_create(owner=user, model=model)
+        conversation = services.conversation_create(owner=user, model=model, origin=Conversation.Origin.API)
     try:
         return turn_below(user=user, conversation_id=conversation.pk, model=model, **start)
     except Exception:

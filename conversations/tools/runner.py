@@ -27,11 +27,13 @@ STOP_POLL_SECONDS = 0.25
 
 
 def run_tool_call(call: it.Item, *, approved: bool | None = None, max_bytes: int | None = None,
-                  stop_requested: Callable[[], bool] = lambda: False) -> it.Item:
+                  stop_requested: Callable[[], bool] = lambda: False, owner_id: int | None = None) -> it.Item:
     """Return the tool_result item for `call`. `approved=False` means a person refused it (F3).
 
     Its content is at most `max_bytes` (and ARBOR_TOOL_OUTPUT_MAX_BYTES) of UTF-8, read within the time
     limit in the tool's own thread: a tool's iterator (and the cursor behind it) is read there and no further.
+    The run counts against `owner_id` (the person whose turn asked for it) until its thread ends: past
+    ARBOR_MAX_TOOLS_PER_USER it is not started (issue 26.3). Without `owner_id` it is not counted.
     """
     name, call_id = call["name"], call["id"]
     total_max = min(settings.ARBOR_TOOL_OUTPUT_MAX_BYTES, max_bytes or settings.ARBOR_TOOL_OUTPUT_MAX_BYTES)
@@ -63,7 +65,10 @@ def run_tool_call(call: it.Item, *, approved: bool | None = None, max_bytes: int
                            total_max=total_max)
 
     try:
-        text = _wait(_pool.submit(run), stop_requested)
+        text = _wait(_submit(run, owner_id=owner_id), stop_requested)
+    except _Busy as busy:
+        return error(f"You already have {busy.running} tools running; {name} was not started. Wait for one of "
+                     "them to end (a stopped or timed-out one ends soon), then call it again.")
     except FutureTimeout:
         cancel.set()  # a tool that can stop (a query) ends now instead of running on unseen
         return error(f"error: {name} did not finish within {settings.ARBOR_TOOL_TIMEOUT_SECONDS:g} s")
@@ -78,6 +83,58 @@ def run_tool_call(call: it.Item, *, approved: bool | None = None, max_bytes: int
 
 class _Stopped(Exception):
     pass
+
+
+# Tool threads still running, per person, in this process (issue 26.3). A thread cannot be killed: one whose call
+# timed out or whose turn was stopped runs on until it returns, and counts until then, so nobody can pile up
+# threads (and the queries in them) by asking and stopping again and again.
+_running: dict[int, int] = {}
+_running_lock = threading.Lock()
+
+
+class _Busy(Exception):
+    def __init__(self, running: int):
+        super().__init__(running)
+        self.running = running
+
+
+def running_tools(owner_id: int) -> int:
+    """How many of the person's tools run in this process now (cancelled ones included, until their thread ends)."""
+    with _running_lock:
+        return _running.get(owner_id, 0)
+
+
+def _submit(run: Callable[[], str], *, owner_id: int | None) -> Future:
+    """Start `run` in the pool, counted against `owner_id` until it ends in any way; `_Busy` past the limit."""
+    if owner_id is None:
+        return _pool.submit(run)
+    limit = settings.ARBOR_MAX_TOOLS_PER_USER
+    with _running_lock:
+        running = _running.get(owner_id, 0)
+        if limit and running >= limit:
+            raise _Busy(running)
+        _running[owner_id] = running + 1
+
+    def counted() -> str:
+        try:
+            return run()
+        finally:  # before the result is set: whoever reads it sees the count already down
+            _release(owner_id)
+
+    try:
+        return _pool.submit(counted)
+    except BaseException:
+        _release(owner_id)
+        raise
+
+
+def _release(owner_id: int) -> None:
+    with _running_lock:
+        left = _running[owner_id] - 1
+        if left:
+            _running[owner_id] = left
+        else:
+            del _running[owner_id]
 
 
 def _wait(future: Future, stop_requested: Callable[[], bool]) -> str:

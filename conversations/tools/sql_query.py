@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -60,9 +61,21 @@ def _bounded_printf(fmt: Any, *args: Any) -> Any:
                     return None
             if field.group(3) != "%":
                 taken += 1
-    with contextlib.closing(sqlite3.connect(":memory:")) as plain:
-        marks = ", ".join("?" * (1 + len(args)))
-        return plain.execute(f"SELECT printf({marks})", (fmt, *args)).fetchone()[0]
+    marks = ", ".join("?" * (1 + len(args)))
+    return _plain_connection().execute(f"SELECT printf({marks})", (fmt, *args)).fetchone()[0]
+
+
+# printf runs once a row: each thread keeps one plain connection for SQLite's own printf instead of opening one a
+# call (a sqlite3 connection is used only in the thread that made it; it closes when its thread ends).
+_plain = threading.local()
+
+
+def _plain_connection() -> sqlite3.Connection:
+    """This thread's plain in-memory connection (no limits, no functions of ours), made on first use."""
+    conn = getattr(_plain, "connection", None)
+    if conn is None:
+        conn = _plain.connection = sqlite3.connect(":memory:")
+    return conn
 
 
 # A statement's first keyword, after any whitespace and comments.

@@ -52,11 +52,12 @@ def undecided(tip: PathNode | None) -> list[it.Item]:
     return [c for c in calls if c["id"] not in decided]
 
 
-def resolve(node: PathNode, *, run: bool, note: str = "",
+def resolve(node: PathNode, *, run: bool, note: str = "", owner_id: int | None = None,
             stop_requested: Callable[[], bool] = lambda: False) -> list[it.Item]:
     """Results for `node`'s open calls (C4: every call gets one). Without `run`, nothing new executes:
     a call with no stored result gets an error result that says `note`. A stop asked while a tool runs
-    leaves it with a result that says so."""
+    leaves it with a result that says so. The model's own calls count against `owner_id`'s running tools
+    (issue 26); an approved action does not: a person's click paces it, and a refusal would spend the approval."""
     calls = open_calls(node)
     decisions = ({a.call_id: a for a in ToolApproval.objects.filter(node_id=node.id)}
                  if any(needs_approval(c) for c in calls) else {})
@@ -76,5 +77,5 @@ def resolve(node: PathNode, *, run: bool, note: str = "",
             services.approval_store_result(node_id=node.id, call_id=call["id"], result=result)
             results.append(result)
         else:
-            results.append(run_tool_call(call, max_bytes=share, stop_requested=stop_requested))
+            results.append(run_tool_call(call, max_bytes=share, stop_requested=stop_requested, owner_id=owner_id))
     return results

@@ -124,7 +124,8 @@ class Turn:
                      ) -> Generator[TurnEvent, None, tuple[list[PathNode], Node | None, list[dict]]]:
         """The round's sent items (the open calls' results first), a compaction if the call needs one, and its
         pending node; None for the node when a stop ended the turn meanwhile."""
-        sent = [*(calls.resolve(self._open, run=True, stop_requested=self.stop_requested) if self._open else []),
+        sent = [*(calls.resolve(self._open, run=True, stop_requested=self.stop_requested,
+                                        owner_id=self.conversation.owner_id) if self._open else []),
                 *self.new_items]
         self.new_items = []
         try:

@@ -40,6 +40,7 @@ from conversations.transfer import importing
 from conversations.turns.seen import call_context
 from conversations.turns.start import turn_compact
 from conversations.web.markdown import render_markdown
+from conversations.web.shell import SIDEBAR_SHOWS
 
 # --- what a page shows --------------------------------------------------------------------------------
 
@@ -374,11 +375,25 @@ def theme(request: HttpRequest) -> HttpResponse:
     return redirect(back if url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}) else "chat")
 
 
+@require_POST
+@page
+def sidebar_shows(request: HttpRequest) -> HttpResponse:
+    """Which conversations the sidebar lists: chats, playbook runs, API calls, or all (issue 26), kept for the
+    session; the form comes back to the page it was posted from."""
+    shows = request.POST.get("shows", "")
+    if shows and shows not in Conversation.Origin.values:
+        raise BadInput("Show chats, playbook runs, API calls, or all conversations.")
+    request.session[SIDEBAR_SHOWS] = shows
+    back = request.POST.get("next", "")
+    return redirect(back if url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}) else "chat")
+
+
 urlpatterns = [
     path("", home, name="home"),
     path("chat/", chat, name="chat"),
     path("chat/new/", chat_new, name="chat-new"),
     path("chat/import/", chat_import, name="chat-import"),
+    path("chat/sidebar/", sidebar_shows, name="chat-sidebar"),
     path("chat/<int:conversation_id>/", chat_conversation, name="chat-conversation"),
     path("chat/<int:conversation_id>/messages/", chat_messages, name="chat-messages"),
     path("chat/<int:conversation_id>/earlier/", chat_earlier, name="chat-earlier"),

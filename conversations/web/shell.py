@@ -14,9 +14,11 @@ from django.conf import settings
 from django.http import HttpRequest
 from django.urls import reverse
 
+from conversations.models import Conversation
 from conversations.selectors import conversation_list, user_theme
 
 SIDEBAR_SIZE = 200
+SIDEBAR_SHOWS = "sidebar_shows"  # the session's key for the origin the sidebar lists ("": every conversation)
 
 
 def chat_shell(request: HttpRequest) -> dict[str, Any]:
@@ -24,9 +26,12 @@ def chat_shell(request: HttpRequest) -> dict[str, Any]:
     if user is None or not user.is_authenticated:
         return {}
 
+    shows = request.session.get(SIDEBAR_SHOWS, "") if hasattr(request, "session") else ""
+
     @cache
     def sidebar() -> list:
-        return list(conversation_list(user=user).only("id", "title", "updated_at")[:SIDEBAR_SIZE])
+        listed = conversation_list(user=user).only("id", "title", "origin", "updated_at")
+        return list((listed.filter(origin=shows) if shows else listed)[:SIDEBAR_SIZE])
 
     def palette() -> list[dict[str, str]]:
         return [{"title": c.title or f"Conversation {c.pk}", "url": reverse("chat-conversation", args=[c.pk])}
@@ -36,4 +41,5 @@ def chat_shell(request: HttpRequest) -> dict[str, Any]:
     def theme() -> str:
         return user_theme(user_id=user.pk)
 
-    return {"sidebar": sidebar, "palette": palette, "models": settings.ARBOR_MODELS, "theme": theme}
+    return {"sidebar": sidebar, "sidebar_shows": shows, "sidebar_origins": Conversation.Origin.choices,
+            "palette": palette, "models": settings.ARBOR_MODELS, "theme": theme}

@@ -517,7 +517,8 @@
 
   async function switchBranch(node, anchor = null) {
     // T8, through the one head-switching service on the server: the list is redrawn in place (no reload), with
-    // `anchor` (the question whose arrow was pressed) kept where it stood. True when it switched.
+    // `anchor` (the message whose arrow was pressed, and where it is found after the switch) kept where it
+    // stood. True when it switched.
     if (running) return false;
     const body = new FormData();
     body.append("node", node);
@@ -533,7 +534,7 @@
       return false;
     }
     ++redraws;  // a redraw asked for before the switch must not land after it
-    showList(await response.text(), anchor ? { article: anchor, node } : null);
+    showList(await response.text(), anchor);
     if (!anchor) {
       const question = list().querySelector(`article.msg.user[data-node="${node}"]`);
       if (question) question.scrollIntoView({ block: "start" });
@@ -543,18 +544,28 @@
   }
 
   box.addEventListener("submit", async (event) => {
-    // ◀ / ▶ switch versions in place; focus stays on the arrow.
+    // ◀ / ▶ switch versions in place; focus stays on the arrow. The question's step through its edits, the
+    // answer's through the regenerations of that question (both name the turn to switch to).
     const form = event.target.closest("form.branch");
     const button = event.submitter;
     if (!form || !button) return;
     event.preventDefault();
     if (running || button.disabled) return;
     const label = button.getAttribute("aria-label");
-    if (!await switchBranch(button.value, form.closest("article"))) return;
-    const target = list().querySelector(`article.msg.user[data-node="${CSS.escape(button.value)}"]`);
+    const place = form.classList.contains("regenerations") ? turnAnswer : turnQuestion;
+    if (!await switchBranch(button.value, { article: form.closest("article"), selector: place(button.value) })) return;
+    const target = list().querySelector(place(button.value));
     const same = target?.querySelector(`button[aria-label="${CSS.escape(label)}"]:not([disabled])`);
     (same || target?.querySelector(".branch button:not([disabled])") || input).focus();
   });
+
+  function turnQuestion(node) {
+    return `article.msg.user[data-node="${CSS.escape(String(node))}"]`;
+  }
+
+  function turnAnswer(node) {
+    return `article.msg.assistant[data-turn="${CSS.escape(String(node))}"]`;
+  }
 
   // The tree map (treemap.js) asks for a switch with an event; every redraw tells it to look again.
   chat.addEventListener("arbor:switch", async (event) => {
@@ -562,9 +573,8 @@
     event.detail.done?.(switched);
   });
 
-  function anchorPlace({ article, node }) {
-    return { selector: `article.msg.user[data-node="${node}"]`,
-             offset: article.getBoundingClientRect().top - box.getBoundingClientRect().top };
+  function anchorPlace({ article, selector }) {
+    return { selector, offset: article.getBoundingClientRect().top - box.getBoundingClientRect().top };
   }
 
   box.addEventListener("click", (event) => {

@@ -122,6 +122,14 @@
     toggle.setAttribute("aria-expanded", open ? "true" : "false");
   });
 
+  // The sidebar's filter (chats, playbook runs, API calls) applies as soon as it is picked; without a script its
+  // Show button sends it.
+  const shows = document.querySelector("form.sidebar-shows");
+  if (shows) {
+    shows.querySelector(".sidebar-shows-go").hidden = true;
+    shows.querySelector("select").addEventListener("change", () => shows.requestSubmit());
+  }
+
   // The theme button switches in place (kept per person on the server), without reloading the page.
   const themeForm = document.querySelector("form.theme-toggle");
   themeForm?.addEventListener("submit", async (event) => {

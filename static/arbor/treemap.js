@@ -174,7 +174,8 @@
         button.setAttribute("aria-label", name ? `${base}: “${name}”` : base);
         button.title = name ? `“${name}”` : "";
       }
-      const here = below.get(Number(form.closest("article")?.dataset.node));
+      const article = form.closest("article");
+      const here = below.get(Number(article?.dataset.turn || article?.dataset.node));
       if (here) {
         const tag = Object.assign(document.createElement("span"), { className: "branch-label", textContent: here });
         form.querySelector(".branch-index").after(tag);
@@ -196,8 +197,18 @@
       annotateArrows();
       return;
     }
+    // A redraw replaces the marks: a person walking the map with the keyboard keeps focus on the mark they were
+    // on (a switch redraws it; issue 26), or on the head when that mark is gone.
+    const focused = canvas.contains(document.activeElement) ? document.activeElement.dataset.mark : null;
     const started = performance.now();
     draw(layout(tree.nodes));
+    if (focused) {
+      const again = canvas.querySelector(`button[data-mark="${CSS.escape(focused)}"]`)
+        || canvas.querySelector("[tabindex='0']");
+      canvas.querySelector("[tabindex='0']")?.setAttribute("tabindex", "-1");
+      again?.setAttribute("tabindex", "0");
+      again?.focus();
+    }
     annotateArrows();
     panel.dataset.drawMs = String(Math.round(performance.now() - started));
     status.textContent = `${tree.nodes.length} turn${tree.nodes.length === 1 ? "" : "s"}`;

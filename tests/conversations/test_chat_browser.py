@@ -92,7 +92,8 @@ def test_sign_in_send_and_see_tokens_arrive_in_several_steps(browser, asgi_serve
 
 def test_edit_shows_arrows_and_switching_back_finds_the_old_answer_whole(browser, asgi_server, user, conversation):
     """T7, T8: ✎ turns the question into a textarea; saving runs a new branch; 2/2 arrows appear; ◀ shows
-    the old branch with its answer intact. Regenerate (↻) adds a third version."""
+    the old branch with its answer intact. Regenerate (↻) adds a second answer to that question: its ◀ ▶ sit on
+    the answer (issue 26), apart from the question's versions, and switch between the two answers in place."""
     sign_in(browser, asgi_server, user)
     _open(browser, asgi_server, conversation)
     _send(browser, "How many customers are there?")
@@ -118,9 +119,22 @@ def test_edit_shows_arrows_and_switching_back_finds_the_old_answer_whole(browser
 
     browser.find_element(By.CSS_SELECTOR, "button[data-action=regenerate]").click()
     _wait_for_answer_count(browser, 1)
-    wait(browser).until(
-        lambda d: d.find_element(By.CSS_SELECTOR, ".branch-index").text == "3/3")
+    answer_index = "article.msg.assistant .branch-index"
+    wait(browser).until(lambda d: d.find_elements(By.CSS_SELECTOR, answer_index)
+                        and d.find_element(By.CSS_SELECTOR, answer_index).text == "2/2")
     assert _answers(browser) == [old_answer], "a regenerate asks the same question again"
+    assert browser.find_element(By.CSS_SELECTOR, "article.msg.user .branch-index").text == "1/2", \
+        "the question still has two versions: the regeneration is not one of them"
+    regenerated = browser.find_element(By.CSS_SELECTOR, "article.msg.assistant").get_attribute("data-node")
+    screenshot(browser, "chat-regenerated-answer-arrows")
+
+    browser.find_element(By.CSS_SELECTOR, "button[aria-label='Previous answer to this question']").click()
+    wait(browser).until(lambda d: d.find_element(By.CSS_SELECTOR, answer_index).text == "1/2")
+    _wait_idle(browser)
+    assert browser.find_element(By.CSS_SELECTOR, "article.msg.assistant").get_attribute("data-node") != regenerated
+    assert browser.switch_to.active_element.get_attribute("aria-label") == "Next answer to this question", \
+        "focus stays on the answer's arrows"
+    assert browser.find_element(By.CSS_SELECTOR, "article.msg.user .branch-index").text == "1/2"
 
     browser.find_element(By.CSS_SELECTOR, "a.compare").click()
     columns = wait(browser).until(

@@ -418,3 +418,51 @@ def test_issue_26_a_newcomer_lands_in_the_chat_or_signs_in_first_and_is_shown_wh
     assert page.get("/").url == "/chat/"
     html = page.get(reverse("chat-conversation", args=[conversation.pk])).content.decode()
     assert "<code>seen:</code> line" in html and "#tool send_email" in html
+
+
+def test_issue_26_the_sidebar_tells_chats_playbook_runs_and_api_calls_apart_and_filters_them(page, user, api):
+    """Issue 26 (the first hour): the sidebar marks a conversation a /v1 call or a playbook run made, and its
+    filter lists one kind; a kind that does not exist is a clear message and changes nothing."""
+    chat = services.conversation_create(owner=user, title="my own chat")
+    run = services.conversation_create(owner=user, title="Run: weekly report", origin=Conversation.Origin.PLAYBOOK)
+    call = services.conversation_create(owner=user, title="made by a script", origin=Conversation.Origin.API)
+    assert api.get(f"/api/conversations/{call.pk}/").json()["origin"] == "api"
+
+    def listed() -> list[str]:
+        html = page.get(reverse("preferences")).content.decode()
+        return [(o, t.strip()) for o, t in re.findall(r'<li class="origin-(\w+)"><a [^>]*>([^<]+)', html)]
+
+    assert sorted(listed()) == sorted([("chat", chat.title), ("playbook", run.title), ("api", call.title)])
+    html = page.get(reverse("preferences")).content.decode()
+    assert '<span class="origin-tag">API call</span>' in html and '<span class="origin-tag">Playbook</span>' in html
+    for shows, title in (("api", call.title), ("playbook", run.title), ("chat", chat.title)):
+        response = page.post(reverse("chat-sidebar"), {"shows": shows, "next": "/chat/"})
+        assert response.status_code == 302 and response.url == "/chat/"
+        assert [t for _, t in listed()] == [title], shows
+    response = page.post(reverse("chat-sidebar"), {"shows": "secrets", "next": "/chat/"}, follow=True)
+    assert "Show chats, playbook runs, API calls, or all conversations." in response.content.decode()
+    assert [t for _, t in listed()] == [chat.title], "a refused filter changes nothing"
+    page.post(reverse("chat-sidebar"), {"shows": "", "next": "https://evil.example/"})
+    assert len(listed()) == 3
+
+
+def test_issue_26_a_v1_call_and_a_playbook_run_make_conversations_of_their_kind(user, conversation):
+    """Issue 26: where a conversation came from is recorded when it is made: a /v1 call's is an API call, a
+    playbook's run a playbook's; a person's own is a chat."""
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    from playbooks.services import playbook_convert, playbook_run
+
+    v1 = APIClient()
+    v1.credentials(HTTP_AUTHORIZATION="Bearer " + Token.objects.create(user=user).key)
+    response = v1.post("/v1/responses", {"model": "arbor/echo", "input": "hi"}, format="json")
+    assert response.status_code == 200, response.content
+    made = Node.objects.get(pk=int(response.json()["id"].removeprefix("resp_"))).conversation
+    assert made.origin == Conversation.Origin.API
+    ask(conversation, "count the customers")
+    playbook = playbook_convert(user=user, conversation_id=conversation.pk)
+    result = playbook_run(user=user, playbook_id=playbook.pk, values={})
+    assert Conversation.objects.get(pk=result.run.conversation_id).origin == Conversation.Origin.PLAYBOOK
+    conversation.refresh_from_db()
+    assert conversation.origin == Conversation.Origin.CHAT

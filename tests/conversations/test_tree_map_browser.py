@@ -67,8 +67,16 @@ def test_issue_16_t8_the_map_shows_the_tree_and_a_click_or_enter_switches_branch
     assert focused.get_attribute("data-mark") == str(apples.pk)
     focused.send_keys(Keys.ARROW_RIGHT)  # its sibling, "pears"
     assert "pears" in browser.switch_to.active_element.get_attribute("aria-label")
+    pears = browser.switch_to.active_element.get_attribute("data-mark")
     browser.switch_to.active_element.send_keys(Keys.ENTER)
     wait(browser).until(lambda d: _questions(d)[:1] == ["pears"])
+    # Issue 26: the switch redraws the map; the keyboard stays on the mark it was on, so walking goes on.
+    wait(browser).until(lambda d: "on-path" in d.find_element(
+        By.CSS_SELECTOR, f"#tree-map .map-mark[data-mark='{pears}']").get_attribute("class"))
+    wait(browser).until(lambda d: d.switch_to.active_element.get_attribute("data-mark") == pears)
+    assert browser.switch_to.active_element.get_attribute("tabindex") == "0"
+    browser.switch_to.active_element.send_keys(Keys.ARROW_LEFT)
+    assert browser.switch_to.active_element.get_attribute("data-mark") == str(apples.pk)
 
 
 def test_issue_16_a_branch_is_named_and_starred_in_the_map_and_the_chat_opens_on_it(
