@@ -70,6 +70,7 @@ class Together:
         self._parts: list[tuple[Written, str, tuple]] = []
         self._after: list[Callable[[], None]] = []
         self._inserted: dict[int, Written] = {}  # by id(obj)
+        self._notices: list[tuple[str, str]] = []
 
     def insert(self, obj: models.Model, *, when: Written | None = None) -> Written:
         """INSERT `obj` (as `obj.save()` would, with its `auto_now_add` dates); skipped if `when` touched
@@ -129,20 +130,30 @@ class Together:
         else:
             step()
 
+    def notify(self, channel: str, payload: str) -> None:
+        """PostgreSQL's NOTIFY with the writes, in their statement: sent when they commit (`config.news`)."""
+        self._notices.append((channel, payload))
+
     def run(self) -> None:
+        notices = ", ".join("pg_notify(%s, %s)" for _ in self._notices)
+        notice_params = tuple(p for notice in self._notices for p in notice)
         if self._parts:
             ctes = ", ".join(f"{written.name} AS ({sql})" for written, sql, _ in self._parts)
             columns = ", ".join(f"(SELECT array_agg({written.column}) FROM {written.name})"
                                 for written, _, _ in self._parts)
             params = tuple(p for _, _, part in self._parts for p in part)
             with connection.cursor() as cursor:
-                cursor.execute(f"WITH {ctes} SELECT {columns}", params)
-                row = cursor.fetchone()
+                cursor.execute(f"WITH {ctes} SELECT {columns}{', ' if notices else ''}{notices}",
+                               params + notice_params)
+                row = cursor.fetchone()[:len(self._parts)]
             for (written, _, _), pks in zip(self._parts, row, strict=True):
                 written.pks = list(pks or [])
             for written, _, _ in self._parts:
                 if written.obj is not None:
                     _settle(written)
+        elif notices:
+            with connection.cursor() as cursor:
+                cursor.execute(f"SELECT {notices}", notice_params)
         for step in self._after:
             step()
 

@@ -86,9 +86,14 @@ def run_lock_gone() -> Q:
 
 def run_state(run_id: uuid.UUID) -> tuple[datetime | None, bool] | None:
     """A run's end (None while it runs) and whether its turn still holds the lock, in one query; None if there
-    is no such run."""
-    row = TurnRun.objects.filter(pk=run_id).values("ended_at", "conversation__turn_token").first()
-    return None if row is None else (row["ended_at"], row["conversation__turn_token"] == run_id)
+    is no such run. A lock whose lease ran out is not held: its process died (a reader stops following it)."""
+    row = (TurnRun.objects.filter(pk=run_id)
+           .values("ended_at", "conversation__turn_token", "conversation__turn_expires_at").first())
+    if row is None:
+        return None
+    expires = row["conversation__turn_expires_at"]
+    return row["ended_at"], row["conversation__turn_token"] == run_id and expires is not None and (
+        expires > timezone.now())
 
 
 def _held_by_owner(at: datetime):

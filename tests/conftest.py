@@ -8,9 +8,19 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from config import news
 from conversations import services
 from tests.support.browser import asgi_server, browser  # noqa: F401 - fixtures for the browser tests
 from tests.support.openai_stub import OpenAIStub
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _news_listener_stops(django_db_setup, django_db_blocker):
+    """The news listener (config.news) holds a connection to the test database: end it before the database is
+    dropped."""
+    yield
+    with django_db_blocker.unblock():
+        news.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config import news
 from config.api import error_body
 from config.errors import BadInput
 from config.schema import SSE
@@ -24,6 +25,7 @@ from conversations.models import Node, TurnRun
 from conversations.selectors import conversation_for_user
 from conversations.turns import detached, log
 from conversations.turns.events import EventType, TurnEvent
+from conversations.turns.log_stores import LOG_NEWS
 from conversations.turns.streaming import follow_log_batches
 
 STOP_WAIT_SECONDS = 10
@@ -120,10 +122,11 @@ class TurnStop(APIView):
             return Response(error_body("no_turn_running", "No turn is running on this conversation."),
                             status=status.HTTP_409_CONFLICT)
         deadline = time.monotonic() + STOP_WAIT_SECONDS
-        while not TurnRun.objects.filter(pk=run_id, ended_at__isnull=False).exists():
-            if time.monotonic() > deadline:
-                break
-            time.sleep(log.POLL_SECONDS)
+        with news.Waiter(LOG_NEWS, str(run_id)) as waiter:  # the run's last write says it ended
+            while not TurnRun.objects.filter(pk=run_id, ended_at__isnull=False).exists():
+                if time.monotonic() > deadline:
+                    break
+                waiter.wait(log.POLL_SECONDS)
         entries = log.read(run_id)
         node_id = entries[-1][1].data.get("node") if entries else None
         if node_id is None:  # it ended before a node was written, or has not noticed yet: its latest node

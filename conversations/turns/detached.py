@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from django.conf import settings
 from django.db import DatabaseError, connections
 
+from config import news
 from config.db import release_connection
 from conversations.models import TurnRun
 from conversations.turns.events import EventType, TurnEvent
@@ -32,9 +33,15 @@ logger = logging.getLogger("arbor.turns")
 STOP_CHECK_SECONDS = 0.5
 
 
+RUN_NEWS = "arbor_turn_runs"  # the news channel a run starts on; the key is its conversation's id
+
+
 def start(turn: Turn) -> uuid.UUID:
-    """Open `turn`'s run: from now on `GET …/stream/` finds it. Return its id."""
-    return TurnRun.objects.create(id=turn.lock.token, conversation=turn.conversation).pk
+    """Open `turn`'s run: from now on `GET …/stream/` finds it, and every open tab of the conversation is told
+    (`config.news`; issue 34: they used to ask every half second). Return its id."""
+    run_id = TurnRun.objects.create(id=turn.lock.token, conversation=turn.conversation).pk
+    news.announce(RUN_NEWS, str(turn.conversation.pk))
+    return run_id
 
 
 def launch(turn: Turn) -> uuid.UUID:

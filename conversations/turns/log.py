@@ -27,6 +27,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
+from config import news
 from config.db import release_connection
 from conversations import locks
 from conversations.models import TurnRun
@@ -76,6 +77,7 @@ class LocalRun:
         wake = _Wake(asyncio.get_running_loop())
         with self.changed:
             self._wakes.add(wake)
+            self._followers_changed()
         try:
             while True:
                 wake.event.clear()  # before looking: a write after the look sets it again
@@ -93,6 +95,10 @@ class LocalRun:
         finally:
             with self.changed:
                 self._wakes.discard(wake)
+                self._followers_changed()
+
+    def _followers_changed(self) -> None:
+        """An async follower came or left (under `changed`)."""
 
     def follow(self, after: int, stop: threading.Event) -> Iterator[Entry]:
         while not stop.is_set():
@@ -146,11 +152,16 @@ _local_lock = threading.Lock()
 
 def _share(run_id: uuid.UUID) -> LocalRun:
     with _local_lock:
-        gone = [key for key, run in _local.items()
-                if run.ended_at is not None and time.monotonic() - run.ended_at > LOCAL_KEEP_SECONDS]
-        for key in gone:
-            del _local[key]
+        _forget_ended()
         return _local.setdefault(run_id, LocalRun())
+
+
+def _forget_ended() -> None:
+    """Drop the runs that ended more than LOCAL_KEEP_SECONDS ago (under `_local_lock`)."""
+    gone = [key for key, run in _local.items()
+            if run.ended_at is not None and time.monotonic() - run.ended_at > LOCAL_KEEP_SECONDS]
+    for key in gone:
+        del _local[key]
 
 
 class TurnLog:
@@ -263,8 +274,77 @@ _flusher = _Flusher()
 
 
 def local_run(run_id: uuid.UUID) -> LocalRun | None:
-    """The run's copy in this process's memory, if this process runs it (or ran it lately)."""
+    """The run's copy in this process's memory, if this process runs it (or ran it lately), or mirrors it."""
     return _local.get(run_id)
+
+
+MIRROR_IDLE_SECONDS = 5  # a mirror nobody has followed this long stops reading
+
+
+def mirrored(run_id: uuid.UUID) -> LocalRun:
+    """The run in this process's memory: its own copy if it runs here, else a mirror that one thread fills from
+    the store (issue 34: one reader a run a process, whatever its followers; each used to poll the database
+    itself, and 200 of them took the whole pool). The mirror reads while anyone follows it, and a little after."""
+    with _local_lock:
+        _forget_ended()
+        run = _local.get(run_id)
+        if run is None:
+            run = _local[run_id] = _Mirror()
+            threading.Thread(target=_fill, args=(run_id, run), name="arbor-log-mirror", daemon=True).start()
+        if isinstance(run, _Mirror):
+            run.claimed()
+        return run
+
+
+class _Mirror(LocalRun):
+    """A run of another process, as far as this process's one reader of it has read."""
+
+    def __init__(self):
+        super().__init__()
+        self.unfollowed_since: float | None = None
+        self.stopped = False  # the reader left because nobody followed
+
+    def claimed(self) -> None:
+        """Someone is about to follow (under `_local_lock`): the reader must not leave before they do."""
+        with self.changed:
+            self.unfollowed_since = None
+
+    def _followers_changed(self) -> None:
+        self.unfollowed_since = None if self._wakes else time.monotonic()
+
+    def is_set(self) -> bool:
+        """The reader's `stop`: nobody has followed it for MIRROR_IDLE_SECONDS."""
+        with self.changed:
+            self.stopped = self.stopped or self.idle()
+            return self.stopped
+
+    def idle(self) -> bool:
+        return (not self._wakes and self.unfollowed_since is not None
+                and time.monotonic() - self.unfollowed_since > MIRROR_IDLE_SECONDS)
+
+
+def _fill(run_id: uuid.UUID, mirror: _Mirror) -> None:
+    """Read the run from the store into `mirror` until it ends, or nobody follows it (then it leaves memory)."""
+    try:
+        while True:
+            mirror.stopped = False
+            with contextlib.closing(follow_store(run_id, after=len(mirror.entries), stop=mirror)) as entries:
+                for entry in entries:
+                    mirror.add(entry)
+            with _local_lock, mirror.changed:
+                if not mirror.stopped:
+                    break  # the run ended (or died): the mirror is kept a while, as a run of this process is
+                if mirror.idle():
+                    _local.pop(run_id, None)  # the next follower starts a mirror afresh
+                    break
+                # someone came as it went idle: read on
+    except Exception:  # the database is away: the followers end, and the next one reads again
+        logger.exception("turn log %s: its mirror stopped reading", run_id)
+        with _local_lock:
+            _local.pop(run_id, None)
+    finally:
+        release_connection()
+        mirror.end()
 
 
 def read(run_id: uuid.UUID, *, after: int = 0) -> list[Entry]:
@@ -288,10 +368,20 @@ def follow(run_id: uuid.UUID, *, after: int = 0, stop: threading.Event | None = 
     if local is not None:
         yield from local.follow(after, stop)
         return
+    yield from follow_store(run_id, after=after, stop=stop)
+
+
+def follow_store(run_id: uuid.UUID, *, after: int, stop) -> Iterator[Entry]:
+    """`follow` from the store, woken by news of the run (`config.news`) rather than asking again and again."""
+    with news.Waiter(log_stores.LOG_NEWS, str(run_id)) as waiter:
+        yield from _follow_store(run_id, after, stop, waiter)
+
+
+def _follow_store(run_id: uuid.UUID, after: int, stop, waiter: news.Waiter) -> Iterator[Entry]:
     store = log_stores.store()
     lock_gone_since: float | None = None
     while not stop.is_set():
-        entries = store.wait(run_id, after)
+        entries = store.wait(run_id, after, waiter)
         batch, last = _through_ending(entries)
         yield from batch
         if last:

@@ -20,6 +20,7 @@ import uuid
 from django.conf import settings
 from django.utils import timezone
 
+from config import news
 from config.db import release_connection
 from config.together import Together, together
 from conversations.models import TurnLogEntry, TurnRun
@@ -29,7 +30,9 @@ logger = logging.getLogger("arbor.turns")
 
 Entry = tuple[int, TurnEvent]
 
-POLL_SECONDS = 0.1  # a database reader's pace
+POLL_SECONDS = 0.1  # a database reader's pace where news does not reach other processes (SQLite)
+NEWS_WAIT_SECONDS = 1.0  # where it does (PostgreSQL's NOTIFY), a reader looks for itself this often
+LOG_NEWS = "arbor_turn_log"  # the news channel a run's log grows on; the key is the run's id
 REDIS_WAIT_SECONDS = 1.0  # a Redis reader blocks this long for news, then looks at the database too
 REDIS_REST_SECONDS = 5.0
 
@@ -45,6 +48,8 @@ class DatabaseStore:
                                     for seq, event in packed(entries)])
             if ends:
                 _mark_ended(run_id, writes)
+            if entries or ends:
+                news.announce(LOG_NEWS, str(run_id), writes=writes)  # readers elsewhere wake (issue 34)
         release_connection()  # the model goes on talking; no connection is held meanwhile
 
     def read(self, run_id: uuid.UUID, after: int) -> list[Entry]:
@@ -53,11 +58,14 @@ class DatabaseStore:
         release_connection()
         return unpacked([(seq, TurnEvent(EventType(kind), data)) for seq, kind, data in rows], after)
 
-    def wait(self, run_id: uuid.UUID, after: int) -> list[Entry]:
-        """What came after `after`, waiting a moment if nothing has yet."""
+    def wait(self, run_id: uuid.UUID, after: int, waiter: news.Waiter | None = None) -> list[Entry]:
+        """What came after `after`, waiting for news of the run (or a moment) if nothing has yet."""
         entries = self.read(run_id, after)
         if not entries:
-            time.sleep(POLL_SECONDS)
+            if waiter is None:
+                time.sleep(POLL_SECONDS)
+            else:
+                waiter.wait(NEWS_WAIT_SECONDS if news.pushes() else POLL_SECONDS)
         return entries
 
 
@@ -103,7 +111,8 @@ class RedisStore:
     def read(self, run_id: uuid.UUID, after: int) -> list[Entry]:
         return self._with_database(run_id, after, self._redis_read(run_id, after, block=False))
 
-    def wait(self, run_id: uuid.UUID, after: int) -> list[Entry]:
+    def wait(self, run_id: uuid.UUID, after: int, waiter: news.Waiter | None = None) -> list[Entry]:
+        """Redis blocks until news (XREAD): `waiter` is not needed."""
         return self._with_database(run_id, after, self._redis_read(run_id, after, block=True))
 
     def _expire(self, run_id: uuid.UUID) -> None:

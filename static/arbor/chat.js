@@ -147,10 +147,29 @@
         say("This conversation is not available any more.");
         return;
       }
+      if (event.code === 4401) {
+        signedOut();
+        return;
+      }
       dropped = true;
       if (running) finish("The connection dropped; the answer goes on and shows here again once reconnected.");
       setTimeout(connect, 1000);
     });
+  }
+
+  function signedOut() {
+    // The session ended (signed out in another tab, issue 26): nothing more can be sent from this page, and it
+    // does not reconnect. What was typed is back in the box (the refusal gave it back); the bubbles the page drew
+    // for a question the server never took go.
+    gone = true;
+    streaming = null;
+    for (const drawn of list().querySelectorAll("article.msg:not([data-node])")) drawn.remove();
+    setRunning(false);
+    for (const control of document.querySelectorAll("[data-turn-control], #send")) control.disabled = true;
+    say("You are signed out: sign in again to go on.");
+    const link = Object.assign(document.createElement("a"), { textContent: "Sign in",
+      href: `/accounts/login/?next=${encodeURIComponent(location.pathname)}` });
+    status.append(" ", link);
   }
 
   let unsent = null;  // the question just sent, until the server shows it took it
@@ -404,6 +423,7 @@
     } catch (error) {
       message = `${message} (The page could not reload the messages: reload it.)`.trim();
     }
+    if (gone) return;  // signed out or gone meanwhile: the page says so, and stays so
     setRunning(false);
     if (stillRunning) waitForOtherTurn();
     say(message, detail);

@@ -4,9 +4,7 @@ C2, D1)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 import uuid
 from datetime import timedelta
@@ -33,9 +31,7 @@ from conversations.turns.start import (
     turn_regenerate,
     turn_retry,
 )
-from conversations.turns.streaming import events_in_thread
 from tests.conversations.helpers import answer, ask, head
-from tests.support.async_db import in_own_thread
 from tests.support.openai_stub import Reply
 
 pytestmark = pytest.mark.django_db
@@ -451,79 +447,3 @@ def test_t1_a_side_call_is_a_recorded_node_that_a_follow_up_can_hang_below(conve
     assert follow.id == side.node.pk and follow.status == "succeeded"
     assert follow.stored_path_tokens == side.node.path_tokens
     assert head(conversation).pk == parent.id, "a side call never moves the head"
-
-
-# --- a turn's events in a thread, read by async code (D1) ----------------------------------------------
-
-
-async def _read_into(seen: list, stream) -> None:
-    async for event in stream:
-        seen.append(event)
-
-
-@pytest.mark.django_db(transaction=True)
-async def test_r1_an_error_in_the_events_is_raised_on_the_async_side():
-    def events():
-        yield 1
-        raise ValueError("broken events")
-
-    seen = []
-    with pytest.raises(ValueError, match="broken events"):
-        await _read_into(seen, events_in_thread(events))
-    assert seen == [1]
-
-    def no_events():
-        raise KeyError("could not even start")
-
-    with pytest.raises(KeyError):
-        await _read_into(seen, events_in_thread(no_events))
-    assert seen == [1]
-
-
-@pytest.mark.django_db(transaction=True)
-async def test_r1_f1_a_crashing_turn_in_a_thread_fails_its_node_and_raises_on_the_async_side(conversation,
-                                                                                              monkeypatch):
-    monkeypatch.setattr(llm, "stream_call", _crashing_stream(RuntimeError("a bug mid-stream")))
-    turn = await in_own_thread(lambda: turn_ask(user=conversation.owner, conversation_id=conversation.pk,
-                                                content="q"))()
-    seen = []
-    with pytest.raises(RuntimeError, match="a bug mid-stream"):
-        await _read_into(seen, events_in_thread(turn.events))
-    assert [event.type for event in seen] == ["token"]
-    node, locked = await in_own_thread(lambda: (Node.objects.get(conversation=conversation), _locked(conversation)))()
-    assert (node.status, node.failure_reason) == ("failed", "interrupted") and not locked
-
-
-@pytest.mark.django_db(transaction=True)
-async def test_d1_a_reader_that_leaves_early_closes_the_turn_as_cancelled(conversation):
-    """Leaving the async iteration stops the turn: its thread closes the events, so the node is written
-    failed/cancelled with what had arrived, and the lock is free. The turn waits on a gate the test opens
-    only once the reader has left, so no timing is involved."""
-    turn = await in_own_thread(lambda: turn_ask(user=conversation.owner, conversation_id=conversation.pk,
-                                                content="one two three four five six"))()
-    gate = threading.Event()
-
-    def make_events():
-        inner = turn.events()
-
-        def gated():
-            try:
-                yield next(inner)
-                gate.wait(timeout=30)  # the reader leaves while the turn waits here
-                yield from inner
-            finally:
-                inner.close()
-
-        return gated()
-
-    stream = events_in_thread(make_events)
-    first = await stream.__anext__()
-    assert first.type == "token"
-    leaving = asyncio.ensure_future(stream.aclose())
-    for _ in range(5):
-        await asyncio.sleep(0)  # the reader has left: its stop flag is set
-    gate.set()
-    await leaving
-    node, locked = await in_own_thread(lambda: (Node.objects.get(conversation=conversation), _locked(conversation)))()
-    assert (node.status, node.failure_reason) == ("failed", "cancelled") and not locked
-    assert node.received[0]["text"].startswith(first.data["text"])
