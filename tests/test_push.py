@@ -9,12 +9,11 @@ import asyncio
 import json
 import time
 
-import psycopg
 import pytest
-from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from conversations import services
+from conversations.bench.push import statements_during
 from conversations.models import Bubble
 from tests.support.servers import Server
 from tests.support.sockets import session_cookie
@@ -25,29 +24,9 @@ FOLLOWERS = 100
 WORDS = [f"w{i}" for i in range(12)]
 
 
-def _statements(seconds: float) -> int:
-    """Statements the server processes started over `seconds`, seen by sampling PostgreSQL's activity view every
-    5 ms (each backend's latest statement and when it began). A lower bound, but a reader that polls shows as
-    hundreds: the statistics counters would be exact, but an idle pooled backend reports them up to 10 s late."""
-    seen: set[tuple[int, object]] = set()
-    ours = connection.settings_dict["NAME"]
-    with psycopg.connect(dbname=ours, user=connection.settings_dict["USER"] or "postgres",
-                         host=connection.settings_dict["HOST"] or "127.0.0.1",
-                         port=connection.settings_dict["PORT"] or 5432, autocommit=True) as sampler:
-        first = {row for row in sampler.execute(ACTIVITY).fetchall()}
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            seen.update(sampler.execute(ACTIVITY).fetchall())
-            time.sleep(0.005)
-    return len(seen - first)
-
-
-ACTIVITY = ("SELECT pid, query_start FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid() AND backend_type = 'client backend' AND query NOT LIKE 'LISTEN%'")
-
-
 async def _counted(seconds: float) -> int:
-    return await asyncio.to_thread(_statements, seconds)
+    """Statements the servers start over `seconds` (`bench_push`'s sampler of PostgreSQL's activity view)."""
+    return await asyncio.to_thread(statements_during, seconds)
 
 
 def test_issue_34_followers_in_another_process_share_one_reader_woken_by_news(user):
