@@ -23,6 +23,7 @@ from django.db import DatabaseError, connections
 
 from config import news
 from config.db import release_connection
+from config.together import together
 from conversations.models import TurnRun
 from conversations.turns.events import EventType, TurnEvent
 from conversations.turns.log import Entry, TurnLog
@@ -39,9 +40,10 @@ RUN_NEWS = "arbor_turn_runs"  # the news channel a run starts on; the key is its
 def start(turn: Turn) -> uuid.UUID:
     """Open `turn`'s run: from now on `GET …/stream/` finds it, and every open tab of the conversation is told
     (`config.news`; issue 34: they used to ask every half second). Return its id."""
-    run_id = TurnRun.objects.create(id=turn.lock.token, conversation=turn.conversation).pk
-    news.announce(RUN_NEWS, str(turn.conversation.pk))
-    return run_id
+    with together() as writes:  # the news goes in the INSERT's own statement (PostgreSQL)
+        writes.insert(TurnRun(id=turn.lock.token, conversation=turn.conversation))
+        news.announce(RUN_NEWS, str(turn.conversation.pk), writes=writes)
+    return turn.lock.token
 
 
 def launch(turn: Turn) -> uuid.UUID:
