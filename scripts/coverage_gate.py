@@ -22,6 +22,7 @@ RISKY = [
     "conversations/turns/side_calls.py",  # titles, summaries, drafts: recorded, stoppable
     "conversations/turns/compaction.py",  # C1-C3
     "conversations/turns/streaming.py",  # a turn's events to async readers
+    "conversations/turns/log.py",  # a turn's numbered log, and the one mirror a process keeps of another's run
     "conversations/locks.py",  # the one turn lock
     "conversations/services.py",  # the one head mover
     "conversations/transfer/*.py",  # imports: hostile files
