@@ -18,7 +18,7 @@ from django.db import transaction
 from config.api import TooDeep, UnsafeJSON, strict_loads
 from config.errors import TooLarge
 from conversations.models import Conversation
-from conversations.transfer import arbor_tree, chatbotui, chatgpt, claude, librechat, openwebui
+from conversations.transfer import arbor_tree, chatbotui, chatgpt, claude, librechat, openwebui, sharegpt, sillytavern
 from conversations.transfer.plan import ImportRefused, Plan, write
 
 # JSON nesting. Arbor's own files nest about 8 deep, but LibreChat's "recursive" export nests two levels a
@@ -45,7 +45,31 @@ def parse(raw: bytes) -> Any:
     except UnsafeJSON as error:  # "$.nodes[0].sent[0].text: a NUL character (\u0000) cannot be stored"
         raise ImportRefused(str(error)) from None
     except ValueError as error:
-        raise ImportRefused(f"The file is not valid JSON: {error}") from None
+        lines = _json_lines(text)
+        if lines is None:
+            raise ImportRefused(f"The file is not valid JSON: {error}") from None
+        return lines
+
+
+def _json_lines(text: str) -> list | None:
+    """JSON Lines (SillyTavern's chats, ShareGPT data): a value a line, read as the list of them, as strictly as a
+    whole file. None when the text is not that either (then it is reported as the JSON it is not)."""
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if len(lines) < 2 or not all(line.lstrip().startswith(("{", "[")) for _, line in lines):
+        return None
+    values = []
+    for number, line in lines:
+        try:
+            values.append(strict_loads(line, max_depth=MAX_DEPTH))
+        except TooDeep as error:
+            raise ImportRefused(f"line {number}: {error}") from None
+        except UnsafeJSON as error:
+            raise ImportRefused(f"line {number}: {error}") from None
+        except ValueError as error:
+            if number == lines[0][0]:
+                return None  # not JSON Lines at all
+            raise ImportRefused(f"The file is JSON Lines, but line {number} is not valid JSON: {error}") from None
+    return values
 
 
 @dataclass(frozen=True)
@@ -61,8 +85,11 @@ _FORMATS: list[tuple[str, Callable[[Any], list | None], Callable[[Any, int], Pla
     ("LibreChat", librechat.entries, librechat.plan),
     ("Claude.ai", claude.entries, claude.plan),
     ("chatbot-ui", chatbotui.entries, chatbotui.plan),
+    ("SillyTavern", sillytavern.entries, sillytavern.plan),
+    ("ShareGPT", sharegpt.entries, sharegpt.plan),
 ]
-ACCEPTED = "Arbor's tree export, or an export of ChatGPT, Open WebUI, LibreChat, Claude.ai or chatbot-ui"
+ACCEPTED = ("Arbor's tree export, or an export of ChatGPT, Open WebUI, LibreChat, Claude.ai or chatbot-ui, "
+            "a SillyTavern chat (.jsonl) or ShareGPT data")
 
 
 def import_any(*, owner, document: Any) -> Imported:
