@@ -70,18 +70,98 @@ def strict_loads(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     Malformed JSON raises json's own ValueError.
     """
     outside = _STRING.sub("", text)  # what is not in a string: brackets, numbers, literals
-    if _depth(outside) > max_depth:
+    depth = _depth(outside)
+    if depth > max_depth:
         raise TooDeep(f"The JSON nests deeper than {max_depth} levels.")
     suspect = bool(_ODD_ESCAPE.search(text) or "\x00" in text or (not text.isascii() and _UNSTORABLE.search(text))
                    or "NaN" in outside or "Infinity" in outside or _LONG_NUMBER.search(outside))
+    # json's decoder recurses once a level: past DECODER_DEPTH the text is read by a loop instead (issue 28: a long
+    # LibreChat export nests two levels a message).
+    loads = json.loads if depth <= DECODER_DEPTH else _loads_deep
     try:
         # Out-of-range integers decode as a marker the walk names (int() alone refuses 4300+ digits unnamed).
-        document = json.loads(text, parse_int=_int64) if suspect else json.loads(text)
+        document = loads(text, parse_int=_int64) if suspect else loads(text)
     except RecursionError:  # a safety net: the depth count above keeps the decoder from recursing this far
         raise TooDeep(f"The JSON nests deeper than {max_depth} levels.") from None
     if suspect:
         _refuse_unstorable(document)
     return document
+
+
+DECODER_DEPTH = 400  # json's C decoder recurses a level at a time; well inside Python's limit of 1000 frames
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_LITERALS = (("null", None), ("true", True), ("false", False), ("NaN", math.nan), ("Infinity", math.inf),
+             ("-Infinity", -math.inf))
+
+
+def _loads_deep(text: str, *, parse_int: Any = int) -> Any:
+    """json.loads with a loop and a stack instead of recursion, for text nested deeper than DECODER_DEPTH. Strings
+    are json's own (`scanstring`, strict), numbers its own pattern; malformed text raises ValueError as json does."""
+    stack: list[list] = []  # the containers being read: [container, the key its next value goes to]
+    at = _WHITESPACE.match(text, 0).end()
+    while True:
+        value, at, opened = _value(text, at, parse_int)
+        if opened is not None:
+            stack.append(opened)
+            continue
+        while True:  # a value is whole: put it in its container; a container that closes is a value in turn
+            if not stack:
+                at = _WHITESPACE.match(text, at).end()
+                if at != len(text):
+                    raise ValueError(f"Extra data: char {at}")
+                return value
+            frame = stack[-1]
+            container = frame[0]
+            if isinstance(container, dict):
+                container[frame[1]] = value
+            else:
+                container.append(value)
+            at = _WHITESPACE.match(text, at).end()
+            if text.startswith(",", at):
+                at = _WHITESPACE.match(text, at + 1).end()
+                if isinstance(container, dict):
+                    frame[1], at = _key(text, at)
+                break
+            if text.startswith("}" if isinstance(container, dict) else "]", at):
+                value, at = stack.pop()[0], at + 1
+                continue
+            raise ValueError(f"Expecting ',' delimiter: char {at}")
+
+
+def _value(text: str, at: int, parse_int: Any) -> tuple[Any, int, list | None]:
+    """The value at `at` and where it ends; or, for a container with something in it, the frame it opens."""
+    char = text[at:at + 1]
+    if char in ("{", "["):
+        inside = _WHITESPACE.match(text, at + 1).end()
+        if text.startswith("}" if char == "{" else "]", inside):
+            return ({} if char == "{" else []), inside + 1, None
+        if char == "[":
+            return None, inside, [[], None]
+        key, inside = _key(text, inside)
+        return None, inside, [{}, key]
+    if char == '"':
+        value, end = json.decoder.scanstring(text, at + 1, True)
+        return value, end, None
+    number = json.scanner.NUMBER_RE.match(text, at)
+    if number:
+        integer, fraction, exponent = number.groups()
+        value = float(integer + (fraction or "") + (exponent or "")) if fraction or exponent else parse_int(integer)
+        return value, number.end(), None
+    for literal, value in _LITERALS:
+        if text.startswith(literal, at):
+            return value, at + len(literal), None
+    raise ValueError(f"Expecting value: char {at}")
+
+
+def _key(text: str, at: int) -> tuple[str, int]:
+    """An object's key and the colon after it; returns the key and where its value begins."""
+    if not text.startswith('"', at):
+        raise ValueError(f"Expecting property name enclosed in double quotes: char {at}")
+    key, at = json.decoder.scanstring(text, at + 1, True)
+    at = _WHITESPACE.match(text, at).end()
+    if not text.startswith(":", at):
+        raise ValueError(f"Expecting ':' delimiter: char {at}")
+    return key, _WHITESPACE.match(text, at + 1).end()
 
 
 def _int64(digits: str) -> int | object:

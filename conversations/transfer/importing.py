@@ -21,12 +21,13 @@ from conversations.models import Conversation
 from conversations.transfer import arbor_tree, chatbotui, chatgpt, claude, librechat, openwebui, sharegpt, sillytavern
 from conversations.transfer.plan import ImportRefused, Plan, write
 
-# JSON nesting. Arbor's own files nest about 8 deep, but LibreChat's "recursive" export nests two levels a
-# message (each reply in its message's `children`): 600 takes a conversation of about 290 messages, and json's
-# decoder still stays far inside Python's recursion limit. What is stored is held to MAX_JSON_DEPTH (plan.shallow).
-MAX_DEPTH = 600
-_TOO_DEEP_HINT = (" A LibreChat export of a long conversation nests two levels a message: export it again with "
-                  "\"Recursive\" unchecked.")
+
+def max_depth() -> int:
+    """How deep a file may nest. Arbor's own files nest about 8 deep, but LibreChat's "recursive" export nests two
+    levels a message (each reply in its message's `children`), so a file may nest two levels a node it may hold
+    (issue 28: 500 messages were refused). Deep text is read without recursion (`config.api`); what is stored is
+    held to MAX_JSON_DEPTH (plan.shallow). Hostile nesting stays bounded by the file's size and this."""
+    return 2 * settings.ARBOR_IMPORT_MAX_NODES + 8
 
 
 def parse(raw: bytes) -> Any:
@@ -39,9 +40,10 @@ def parse(raw: bytes) -> Any:
         raise ImportRefused("The file is not UTF-8 text.") from None
     try:
         # The API's strict reading: deep nesting, NUL, lone surrogates and out-of-range numbers are refused.
-        return strict_loads(text, max_depth=MAX_DEPTH)
+        return strict_loads(text, max_depth=max_depth())
     except TooDeep as error:
-        raise ImportRefused(str(error) + _TOO_DEEP_HINT) from None
+        raise ImportRefused(f"{error} A conversation file nests at most two levels a message, and holds at most "
+                            f"{settings.ARBOR_IMPORT_MAX_NODES} of them.") from None
     except UnsafeJSON as error:  # "$.nodes[0].sent[0].text: a NUL character (\u0000) cannot be stored"
         raise ImportRefused(str(error)) from None
     except ValueError as error:
@@ -60,7 +62,7 @@ def _json_lines(text: str) -> list | None:
     values = []
     for number, line in lines:
         try:
-            values.append(strict_loads(line, max_depth=MAX_DEPTH))
+            values.append(strict_loads(line, max_depth=max_depth()))
         except TooDeep as error:
             raise ImportRefused(f"line {number}: {error}") from None
         except UnsafeJSON as error:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,16 +158,19 @@ def test_issue_15_chatbot_ui_prompt_becomes_the_instructions(api, user):
     assert [c.instructions for c in created] == [c["prompt"] for c in document["history"]]
 
 
-def test_issue_15_t8_a_long_librechat_recursive_export_imports_though_it_nests_two_levels_a_message(api, user):
+@pytest.mark.parametrize("count", [240, 1500])
+def test_issue_15_t8_a_long_librechat_recursive_export_imports_though_it_nests_two_levels_a_message(api, user,
+                                                                                                   count):
     """LibreChat's "recursive" export nests each reply in its message's `children`: a 240-message conversation
-    nests about 480 levels deep, which the API's 32-level limit refused. It imports, every message in order on
-    one branch; what is stored still nests no deeper than a request may. Built by repeating the real file's
-    messages (librechat-export-recursive-messagesTree.json, see SOURCES.md) down one chain."""
+    nests about 480 levels deep, which the API's 32-level limit refused; 1,500 messages nest about 3,000, past what
+    json's decoder may recurse (issue 28: 500 were refused). It imports, every message in order on one branch;
+    what is stored still nests no deeper than a request may. Built by repeating the real file's messages
+    (librechat-export-recursive-messagesTree.json, see SOURCES.md) down one chain."""
     document = _load(EXPORTS / "librechat" / "librechat-export-recursive-messagesTree.json")
     first = document["messagesTree"][0]
     asked, answered = dict(first), dict(first["children"][0])
     chain, parent = [], "00000000-0000-0000-0000-000000000000"
-    for n in range(240):
+    for n in range(count):
         template = asked if n % 2 == 0 else answered
         chain.append({**{k: v for k, v in template.items() if k != "children"}, "messageId": f"m{n}",
                       "parentMessageId": parent, "text": f"message {n}", "createdAt": f"2024-04-09T14:{n // 60:02d}"
@@ -175,7 +179,13 @@ def test_issue_15_t8_a_long_librechat_recursive_export_imports_though_it_nests_t
     for message, reply in zip(chain, chain[1:], strict=False):
         message["children"] = [reply]
     chain[-1]["children"] = []
-    response = _post(api, {**document, "messagesTree": [chain[0]]})
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # json.dumps recurses a level at a time: only the test's writing of the file
+    try:
+        raw = json.dumps({**document, "messagesTree": [chain[0]]}).encode()
+    finally:
+        sys.setrecursionlimit(limit)
+    response = _post(api, raw)
     assert response.status_code == 201, response.json()
     conversation = Conversation.objects.get(pk=response.json()["conversations"][0]["id"])
-    assert [v.bubble.content for v in path_bubbles(conversation=conversation)] == [f"message {n}" for n in range(240)]
+    assert [v.bubble.content for v in path_bubbles(conversation=conversation)] == [f"message {n}" for n in range(count)]

@@ -357,9 +357,12 @@ def test_d5_a_file_over_the_byte_limit_is_413_and_creates_nothing(api, settings)
     pytest.param("", "not valid JSON", id="empty"),
     pytest.param("{'single': 'quotes'}", "not valid JSON", id="not-json"),
     pytest.param('{"a": [1, 2}', "not valid JSON", id="unbalanced"),
-    pytest.param("[" * 601 + "]" * 601, "nests deeper than 600 levels. A LibreChat export", id="nesting-601"),
-    pytest.param('{"a": ' * 601 + "1" + "}" * 601, "nests deeper than 600 levels", id="objects-nesting-601"),
-    pytest.param("[" * 600 + "]" * 600, "Unknown file", id="nesting-600-is-read"),
+    # Issue 28: a file may nest two levels a node it may hold (ARBOR_IMPORT_MAX_NODES, 100,000): deeper is refused
+    # before it is decoded; anything up to it is read, without recursion.
+    pytest.param("[" * 200_009 + "]" * 200_009, "nests deeper than 200008 levels. A conversation file nests at most",
+                 id="nesting-200009"),
+    pytest.param('{"a": ' * 200_009 + "1" + "}" * 200_009, "nests deeper than 200008 levels", id="objects-nesting"),
+    pytest.param("[" * 5000 + "]" * 5000, "Unknown file", id="nesting-5000-is-read"),
     pytest.param(json.dumps({"text": "[" * 100 + '\\"{' * 50}), "Unknown file", id="brackets-in-strings-do-not-nest"),
 ])
 def test_d5_an_upload_that_is_not_utf8_json_or_nests_too_deep_is_refused_and_creates_nothing(api, body, needle):
