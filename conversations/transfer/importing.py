@@ -18,7 +18,17 @@ from django.db import transaction
 from config.api import TooDeep, UnsafeJSON, strict_loads
 from config.errors import TooLarge
 from conversations.models import Conversation
-from conversations.transfer import arbor_tree, chatbotui, chatgpt, claude, librechat, openwebui, sharegpt, sillytavern
+from conversations.transfer import (
+    arbor_tree,
+    archive,
+    chatbotui,
+    chatgpt,
+    claude,
+    librechat,
+    openwebui,
+    sharegpt,
+    sillytavern,
+)
 from conversations.transfer.plan import ImportRefused, Plan, write
 
 
@@ -34,6 +44,8 @@ def parse(raw: bytes) -> Any:
     """Decode the upload; refuse what is too big or nested too deep before building anything from it."""
     if len(raw) > settings.ARBOR_IMPORT_MAX_BYTES:
         raise TooLarge(f"The file is larger than {settings.ARBOR_IMPORT_MAX_BYTES} bytes.")
+    if archive.is_archive(raw):  # ChatGPT's and Claude.ai's exports arrive as a .zip (issue 28)
+        raw = archive.conversations_file(raw)
     try:
         text = raw.decode("utf-8-sig")  # a byte order mark, as some editors save the file, is no part of it
     except UnicodeDecodeError:
