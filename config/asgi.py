@@ -23,6 +23,6 @@ application = ProtocolTypeRouter({
     "websocket": SameOriginValidator(socket_auth_stack(URLRouter(websocket_urlpatterns))),
 })
 
-# Everything loaded so far (Django, litellm, pydantic: ~400k objects) lives as long as the process; keep it
-# out of the garbage collector's full passes, which otherwise pause a request for ~170 ms.
+# Everything loaded so far (Django, DRF, Channels; litellm comes only with a real provider's first call) lives as long
+# as the process; keep it out of the garbage collector's full passes, which otherwise pause a request for ~170 ms.
 gc.freeze()

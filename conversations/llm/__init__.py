@@ -2,14 +2,21 @@
 
 `stream_call` streams one model call and returns its received items and usage; errors come out as
 `LLMError` with a failure reason from T1. `max_input_tokens` and `count_tokens` are the model facts the
-budget (C1) needs. A provider of Arbor's own (the offline `arbor/echo`, in `echo/`) is a litellm custom
-provider registered through `register_provider`, with the facts litellm cannot know about it; this
-module knows nothing else about it.
+budget (C1) needs. A provider of Arbor's own (the offline `arbor/echo`, in `echo/`) is registered through
+`register_provider` (an `OwnProvider`, with the facts litellm cannot know about it); this module knows nothing
+else about it.
 
 A provider registered with `native_compaction` answers a summarising call (`stream_call(..., compaction=True)`)
-with an opaque item of its own as well as its text: it receives `arbor_compaction=True` and streams the item
-in its delta's `provider_specific_fields["arbor_compaction"]`, like the encrypted compaction items of hosted
-providers. Only that provider can read it back; any other gets the original path expanded instead (C3).
+with an opaque item of its own as well as its text: it receives `compaction=True` (litellm's `arbor_compaction`)
+and streams the item in its chunk's `provider_specific_fields["arbor_compaction"]`, like the encrypted compaction
+items of hosted providers. Only that provider can read it back; any other gets the original path expanded
+instead (C3).
+
+litellm is imported on first use (`litellm_module`), never at start-up (issue 34): its import took 3-5 s of every
+process's start (migrate, bootstrap, worker and server each paid it). A provider of Arbor's own is called here
+directly and its chunks are read by the same `_absorb` as litellm's stream, so the offline model, the management
+commands and a server that serves only arbor/echo never import litellm. Once litellm is loaded, `custom.py`
+registers each own provider with it as a custom provider too (`litellm.completion(model="arbor/echo")` works).
 """
 
 from __future__ import annotations
@@ -17,50 +24,92 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sys
+import threading
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType, SimpleNamespace
+from typing import Any, Protocol
 
-import httpx
-import litellm
 from django.conf import settings
-from litellm import CustomLLM
 
 from conversations import items as it
 
-litellm.telemetry = False
-# litellm logs every streamed chunk at a cost that grows with the prompt (measured: 2.4 ms a token
-# at path 400; a path-2,000 echo turn took 432 s). Arbor records usage itself.
-litellm.disable_streaming_logging = True
-litellm.suppress_debug_info = True
-litellm.disable_hf_tokenizer_download = True  # count with the bundled tiktoken files, never the network
-# Arbor retries itself (the worker's backoff; a person's Retry). litellm's OpenAI embedding path reads
-# `max_retries or DEFAULT_MAX_RETRIES`, so an explicit 0 there still retried twice.
-litellm.DEFAULT_MAX_RETRIES = 0
+_LOADED: dict[str, ModuleType] = {}
+_LOADING = threading.Lock()
+
+
+def litellm_module() -> ModuleType:
+    """litellm, imported and set up the first time a call needs it (issue 34: ~3-5 s and ~150 MB that a process
+    serving only Arbor's own providers never needs). Thread-safe; later calls cost a dictionary look-up."""
+    if (module := _LOADED.get("litellm")) is None:
+        with _LOADING:
+            if (module := _LOADED.get("litellm")) is None:
+                module = _LOADED["litellm"] = _import_litellm()
+    return module
+
+
+def _import_litellm() -> ModuleType:
+    import litellm  # here, not at the top: the one place litellm is imported (see the module's docstring)
+
+    litellm.telemetry = False
+    # litellm logs every streamed chunk at a cost that grows with the prompt (measured: 2.4 ms a token
+    # at path 400; a path-2,000 echo turn took 432 s). Arbor records usage itself.
+    litellm.disable_streaming_logging = True
+    litellm.suppress_debug_info = True
+    litellm.disable_hf_tokenizer_download = True  # count with the bundled tiktoken files, never the network
+    # Arbor retries itself (the worker's backoff; a person's Retry). litellm's OpenAI embedding path reads
+    # `max_retries or DEFAULT_MAX_RETRIES`, so an explicit 0 there still retried twice.
+    litellm.DEFAULT_MAX_RETRIES = 0
+    from conversations.llm import custom  # imports litellm: loaded with it, never before
+
+    for name, handler in _OWN_HANDLERS.items():
+        custom.register(litellm, name, handler)
+    return litellm
+
+
+class OwnProvider(Protocol):
+    """A provider of Arbor's own (`name/<model>`; `model` below is the part after the slash).
+
+    `stream` answers one call with chunks shaped like litellm's `GenericStreamingChunk` (plain dicts: `text`,
+    `tool_use`, `usage`, `provider_specific_fields`, ...); it raises at once for a call it refuses, with litellm's
+    own exception (`litellm_module()`), as a hosted provider's failure comes out. `embed` returns a vector a text.
+    """
+
+    def stream(self, model: str, messages: list[dict], *, tools: list[dict] | None,
+               compaction: bool) -> Iterator[dict]: ...
+
+    def embed(self, model: str, texts: list[str]) -> list[list[float]]: ...
 
 
 @dataclass(frozen=True)
 class ProviderFacts:
     """What litellm cannot know about a provider of Arbor's own: its counter, its input limit, whether it
-    compacts natively. Read when asked (the limit may be a setting a test changes)."""
+    compacts natively, whether it takes JSON mode (litellm says a custom provider takes OpenAI's parameters).
+    Read when asked (the limit may be a setting a test changes)."""
 
     count_tokens: Callable[[list[dict]], int]
     max_input_tokens: Callable[[], int]
     native_compaction: bool = False
+    json_mode: bool = True
 
 
 _OWN_PROVIDERS: dict[str, ProviderFacts] = {}
+_OWN_HANDLERS: dict[str, OwnProvider] = {}
 
 
-def register_provider(name: str, handler: CustomLLM, facts: ProviderFacts) -> None:
-    """Register a litellm custom provider (`name/<model>`) with its facts; registering again replaces it."""
-    litellm.custom_provider_map = [
-        *[p for p in litellm.custom_provider_map if p.get("provider") != name],
-        {"provider": name, "custom_handler": handler},
-    ]
-    litellm.utils.custom_llm_setup()
+def register_provider(name: str, handler: OwnProvider, facts: ProviderFacts) -> None:
+    """Register a provider of Arbor's own (`name/<model>`) with its facts; registering again replaces it.
+
+    The seam calls it directly; litellm (once loaded) has it as a custom provider as well.
+    """
+    _OWN_HANDLERS[name] = handler
     _OWN_PROVIDERS[name] = facts
+    if (litellm := _LOADED.get("litellm")) is not None:
+        from conversations.llm import custom  # loaded with litellm (see `_import_litellm`)
+
+        custom.register(litellm, name, handler)
 
 
 def native_compaction(provider: str | None) -> bool:
@@ -116,8 +165,11 @@ class _StreamState:
 
 def provider_of(model: str) -> str:
     """Return litellm's provider name for a model string such as `openai/gpt-4o` or `arbor/echo`."""
+    own, slash, _ = model.partition("/")
+    if slash and own in _OWN_PROVIDERS:  # what litellm answers for a custom provider, without loading it
+        return own
     try:
-        return litellm.get_llm_provider(model)[1]
+        return litellm_module().get_llm_provider(model)[1]
     except Exception:  # an unknown provider is reported when the call is made
         return model.split("/", 1)[0] if "/" in model else ""
 
@@ -137,7 +189,7 @@ def max_input_tokens(model: str) -> int:
     if "*" in overrides:
         return overrides["*"]
     try:
-        known = litellm.get_model_info(model).get("max_input_tokens")
+        known = litellm_module().get_model_info(model).get("max_input_tokens")
     except Exception:  # not in litellm's list: local servers, new models
         known = None
     return int(known) if known else settings.ARBOR_DEFAULT_MAX_INPUT_TOKENS
@@ -148,7 +200,7 @@ def max_output_tokens(model: str) -> int | None:
     if provider_of(model) in _OWN_PROVIDERS:
         return None
     try:
-        known = litellm.get_model_info(model).get("max_output_tokens")
+        known = litellm_module().get_model_info(model).get("max_output_tokens")
     except Exception:  # not in litellm's list: local servers, new models
         return None
     return int(known) if known else None
@@ -191,7 +243,7 @@ def count_tokens(model: str, messages: list[dict], tools: list[dict] | None = No
     if own is not None:
         return own.count_tokens([*messages, *(tools or [])])
     try:
-        return litellm.token_counter(model=model, messages=messages, tools=tools or None)
+        return litellm_module().token_counter(model=model, messages=messages, tools=tools or None)
     except Exception:  # a message shape the counter cannot read: estimate from its JSON size
         return estimate_tokens([*messages, *(tools or [])])
 
@@ -215,14 +267,18 @@ def classify(error: BaseException) -> str:
     """Map a provider exception to a failure reason. Order matters: overflow is also a BadRequestError.
 
     litellm wraps failures that happen mid-stream (MidStreamFallbackError, a 503) around the real
-    error, so every check looks through the whole chain.
+    error, so every check looks through the whole chain. Neither litellm nor httpx is imported for it: an error
+    of a library that is not loaded cannot be one of its classes.
     """
     chain = _causes(error)
-    if any(isinstance(e, litellm.ContextWindowExceededError) for e in chain):
+    litellm, httpx = sys.modules.get("litellm"), sys.modules.get("httpx")
+    timeouts = tuple(t for t in (getattr(litellm, "Timeout", None), getattr(httpx, "TimeoutException", None),
+                                 TimeoutError) if t is not None)
+    if litellm is not None and any(isinstance(e, litellm.ContextWindowExceededError) for e in chain):
         return "context_overflow"
-    if any(isinstance(e, litellm.Timeout | httpx.TimeoutException | TimeoutError) for e in chain):
+    if any(isinstance(e, timeouts) for e in chain):
         return "timeout"
-    if any(isinstance(e, litellm.RateLimitError) for e in chain):
+    if litellm is not None and any(isinstance(e, litellm.RateLimitError) for e in chain):
         return "rate_limit"
     return "provider_error"
 
@@ -230,23 +286,31 @@ def classify(error: BaseException) -> str:
 def stream_call(
     *, model: str, messages: list[dict], tools: list[dict] | None = None, api_base: str | None = None,
     compaction: bool = False,
-    response_format: dict[str, Any] | None = None,
+    response_format: dict[str, Any] | None = None, options: dict[str, Any] | None = None,
 ) -> Generator[str, None, CallResult]:
     """Stream one call: yield text tokens as they arrive, return the received items and usage.
 
     Closing the generator (the user pressed stop) raises `LLMError('cancelled')` with the partial items.
     `compaction` marks a summarising call; a provider with native compaction answers it with an opaque
-    `summary` item as well as its text.
+    `summary` item as well as its text. `options`: the caller's own request options (`_request`); a provider of
+    Arbor's own ignores them.
     """
     provider = provider_of(model)
     state = _StreamState()
-    kwargs = _request(model, provider, messages, tools=tools, api_base=api_base, compaction=compaction,
-                      response_format=response_format)
+    own = _OWN_HANDLERS.get(provider)
+    if own is None:
+        kwargs = _request(model, provider, messages, tools=tools, api_base=api_base, compaction=compaction,
+                          response_format=response_format, options=options)
     stream = None
     try:
-        stream = litellm.completion(**kwargs)
+        if own is None:
+            stream = chunks = litellm_module().completion(**kwargs)
+        else:  # called directly, read as litellm reads a custom provider's chunks (no litellm import)
+            stream = own.stream(model.partition("/")[2], messages, tools=tools,
+                                compaction=compaction and native_compaction(provider))
+            chunks = map(_own_chunk, stream)
         max_bytes = settings.ARBOR_NODE_MAX_BYTES // 2  # an answer may take half of what a node stores
-        for chunk in stream:
+        for chunk in chunks:
             token = _absorb(state, chunk)
             if state.size > max_bytes:
                 _close(stream)
@@ -280,8 +344,11 @@ def _tools_in_history(messages: list[dict]) -> list[dict]:
 
 
 def _request(model: str, provider: str, messages: list[dict], *, tools: list[dict] | None, api_base: str | None,
-             compaction: bool, response_format: dict[str, Any] | None) -> dict[str, Any]:
-    """litellm's arguments for one streamed call."""
+             compaction: bool, response_format: dict[str, Any] | None,
+             options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """litellm's arguments for one streamed call. `options`: a caller's own (`temperature`, `top_p`,
+    `tool_choice`, `parallel_tool_calls`, `response_format`, and `max_tokens`, which never exceeds the reserve);
+    its tool options go only with tools it offers."""
     kwargs: dict[str, Any] = {
         **provider_options(model),
         "model": model,
@@ -308,21 +375,37 @@ def _request(model: str, provider: str, messages: list[dict], *, tools: list[dic
         kwargs["response_format"] = response_format
     if api_base:
         kwargs["api_base"] = api_base
-    return kwargs
+    options = dict(options or {})
+    kwargs["max_tokens"] = min(kwargs["max_tokens"], options.pop("max_tokens", kwargs["max_tokens"]))
+    if not tools:  # a round that offers none (a provider refuses a tool choice without tools)
+        options = {k: v for k, v in options.items() if k not in ("tool_choice", "parallel_tool_calls")}
+    return {**kwargs, **options}
 
 
 def _cost(model: str, usage: dict[str, Any]) -> float | None:
     """The call's price from litellm's bundled price list; None for a model it does not price (arbor/echo)."""
-    if not usage:
+    if not usage or provider_of(model) in _OWN_PROVIDERS:
         return None
     try:
-        prompt, completion = litellm.cost_per_token(
+        prompt, completion = litellm_module().cost_per_token(
             model=model, prompt_tokens=usage.get("prompt_tokens", 0),
             completion_tokens=usage.get("completion_tokens", 0),
         )
     except Exception:  # unpriced models are normal: local servers, the offline echo
         return None
     return round(prompt + completion, 10)
+
+
+def _own_chunk(chunk: dict) -> SimpleNamespace:
+    """An own provider's chunk (a `GenericStreamingChunk` dict) in the shape litellm streams it: one reader
+    (`_absorb`) for every provider."""
+    call = chunk.get("tool_use")
+    tool_calls = [SimpleNamespace(index=call.get("index") or 0, id=call.get("id"),
+                                  function=SimpleNamespace(**call["function"]))] if call else None
+    delta = SimpleNamespace(content=chunk.get("text") or None, tool_calls=tool_calls,
+                            provider_specific_fields=chunk.get("provider_specific_fields"))
+    usage = SimpleNamespace(**chunk["usage"]) if chunk.get("usage") else None
+    return SimpleNamespace(choices=[SimpleNamespace(delta=delta)], usage=usage)
 
 
 def _absorb(state: _StreamState, chunk: Any) -> str:
@@ -375,7 +458,8 @@ def _absorb_extras(state: _StreamState, delta: Any) -> None:
 
 
 def _close(stream: Any) -> None:
-    close = getattr(getattr(stream, "completion_stream", None), "close", None)
+    """Close the provider's stream: the one litellm's wrapper holds, or an own provider's generator."""
+    close = getattr(getattr(stream, "completion_stream", stream), "close", None)
     if callable(close):
         with contextlib.suppress(Exception):  # closing a dead stream is best effort
             close()
@@ -388,8 +472,10 @@ def _message(error: BaseException) -> str:
 
 def supports_json_mode(model: str) -> bool:
     """Does litellm know `model` to take `response_format={"type": "json_object"}`?"""
+    if (own := _OWN_PROVIDERS.get(provider_of(model))) is not None:
+        return own.json_mode
     try:
-        params = litellm.get_supported_openai_params(model=model, custom_llm_provider=provider_of(model))
+        params = litellm_module().get_supported_openai_params(model=model, custom_llm_provider=provider_of(model))
     except Exception:  # an unknown model: ask for JSON in words only
         return False
     return "response_format" in (params or [])
@@ -403,12 +489,16 @@ def embed(model: str, texts: list[str], *, timeout: float | None = None) -> list
     """
     if not texts:
         return []
+    own = _OWN_HANDLERS.get(provider_of(model))
     try:
-        response = litellm.embedding(model=model, input=texts, **provider_options(model),
-                                     timeout=timeout or settings.ARBOR_EMBEDDING_TIMEOUT_SECONDS, num_retries=0,
-                                     max_retries=0)
-        rows = sorted(response.data, key=lambda row: row["index"] if isinstance(row, dict) else row.index)
-        vectors = [list(row["embedding"] if isinstance(row, dict) else row.embedding) for row in rows]
+        if own is not None:
+            vectors = [list(vector) for vector in own.embed(model.partition("/")[2], list(texts))]
+        else:
+            response = litellm_module().embedding(
+                model=model, input=texts, **provider_options(model),
+                timeout=timeout or settings.ARBOR_EMBEDDING_TIMEOUT_SECONDS, num_retries=0, max_retries=0)
+            rows = sorted(response.data, key=lambda row: row["index"] if isinstance(row, dict) else row.index)
+            vectors = [list(row["embedding"] if isinstance(row, dict) else row.embedding) for row in rows]
     except Exception as error:  # every provider failure is the caller's to handle: retry, or fall back
         raise LLMError(classify(error), _message(error)) from error
     if len(vectors) != len(texts) or len({len(v) for v in vectors}) != 1:

@@ -167,19 +167,32 @@ def output_of(node: Node) -> list[dict[str, Any]]:
             *(function_call_item(node, call) for call in it.tool_calls(node.received))]
 
 
-def response_of(node: Node, *, status: str | None = None, tools: list[dict] | None = None) -> dict[str, Any]:
-    """The Responses object of the call `node` made."""
+# What a response says of a request that sent nothing else (OpenAI's own defaults); a create says back what it
+# was sent (`options.responses_options`), and a retrieve these, as a node keeps only its instructions.
+RESPONSE_DEFAULTS: dict[str, Any] = {
+    "temperature": None, "top_p": None, "max_output_tokens": None, "tool_choice": "auto", "tools": [],
+    "parallel_tool_calls": True, "metadata": {}, "text": {"format": {"type": "text"}}, "truncation": "disabled",
+    "store": True, "background": False, "reasoning": {"effort": None, "summary": None}, "service_tier": "default",
+    "top_logprobs": 0, "max_tool_calls": None, "user": None, "safety_identifier": None, "prompt_cache_key": None,
+}
+
+
+def response_of(node: Node, *, status: str | None = None, sent: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Responses object of the call `node` made. `sent`: the request's own fields, said back as sent (the
+    create's `echo`, with the `previous_response_id` it named: a compaction may stand between them, C2)."""
     failed = node.status == Node.Status.FAILED
     status = status or ("failed" if failed else "in_progress" if node.status == Node.Status.PENDING else "completed")
     output = output_of(node)
+    sent = sent or {}
+    previous = sent.get("previous_response_id", response_id(node.parent_id) if node.parent_id else None)
     return {
+        **RESPONSE_DEFAULTS, **sent,
         "id": response_id(node.pk), "object": "response", "created_at": int(node.created_at.timestamp()),
+        "completed_at": int(node.finished_at.timestamp()) if status == "completed" and node.finished_at else None,
         "model": node.model, "status": status, "output": output if status != "in_progress" else [],
         "error": {"code": "server_error", "message": node.failure_message} if failed else None,
         "incomplete_details": None, "instructions": node.instructions or None,
-        "previous_response_id": response_id(node.parent_id) if node.parent_id else None,
-        "parallel_tool_calls": True, "tool_choice": "auto", "tools": tools or [], "metadata": {},
-        "temperature": None, "top_p": None, "max_output_tokens": None, "text": {"format": {"type": "text"}},
+        "previous_response_id": previous,
         "usage": _usage(node) if status == "completed" else None,
     }
 

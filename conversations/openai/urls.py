@@ -6,6 +6,7 @@ from conversations.openai import views as v
 
 urlpatterns = [
     path("models", v.Models.as_view(), name="openai-models"),
+    path("models/<path:model>", v.ModelDetail.as_view(), name="openai-model"),  # ids hold slashes: arbor/echo
     # Calls run a turn: off the shared thread, and their connection is given back before a stream begins.
     path("chat/completions", off_the_shared_thread(v.ChatCompletions.as_view()), name="openai-chat-completions"),
     path("responses", off_the_shared_thread(v.Responses.as_view()), name="openai-responses"),

@@ -25,8 +25,9 @@ from config.web import in_pool_thread
 from conversations import items as it
 from conversations import services
 from conversations.models import Conversation, Node
-from conversations.openai import chat, errors, shapes
+from conversations.openai import chat, deletion, errors, shapes
 from conversations.openai.auth import BearerTokenAuthentication
+from conversations.openai.options import chat_options, responses_options
 from conversations.openai.shapes import (
     function_call_item,
     input_items,
@@ -62,11 +63,22 @@ class GatewayView(StreamSlotView):
         return errors.exception_handler
 
 
+def _model_object(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": name.split("/")[0] if "/" in name else "arbor"}
+
+
 class Models(GatewayView):
     def get(self, request: Request) -> Response:
-        return Response({"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": name.split("/")[0] if "/" in name else "arbor"}
-            for name in settings.ARBOR_MODELS]})
+        return Response({"object": "list", "data": [_model_object(name) for name in settings.ARBOR_MODELS]})
+
+
+class ModelDetail(GatewayView):
+    def get(self, request: Request, model: str) -> Response:
+        """One model this server offers; its id may hold slashes (`arbor/echo`), sent as they are or as %2F."""
+        if model not in settings.ARBOR_MODELS:
+            raise NotFound(f"The model {model!r} does not exist here; GET /v1/models lists the ones that do.",
+                           code="model_not_found", param="model")
+        return Response(_model_object(model))
 
 
 def _response_node(user, value: Any, *, field: str) -> Node:
@@ -96,20 +108,21 @@ class Responses(GatewayView):
         body, model, stream = _call(request)
         instructions = instructions_text(body.get("instructions"))  # the call's own, never the account's
         tools = tools_of(body.get("tools"))  # the caller's: it runs them itself (T4); Arbor's stay out
+        options = responses_options(body, tools)
         previous = body.get("previous_response_id")
         parent = None if previous is None else _response_node(request.user, previous, field="previous_response_id")
         open_calls = {call["id"]: call for call in it.tool_calls(parent.received)} if parent else {}
         items = input_items(body.get("input"), open_calls=open_calls)
         conversation = Conversation.objects.get(pk=parent.conversation_id) if parent else None
         turn = _turn_in(request.user, conversation, model, parent_id=parent and parent.pk, items=items,
-                        instructions=instructions, tools=tools or [])
-        echoed = body.get("tools") or []
+                        instructions=instructions, tools=tools or [], call_options=options.model)
+        sent = {**options.echo, "previous_response_id": previous}
         if stream:
-            return EventStream(_response_events(detached.launch(turn), echoed))
+            return EventStream(_response_events(detached.launch(turn), sent))
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
-        return Response(response_of(Node.objects.get(pk=outcome.head), tools=echoed))
+        return Response(response_of(Node.objects.get(pk=outcome.head), sent=sent))
 
 
 def _chat_tools(value: Any) -> list[dict] | None:
@@ -133,11 +146,13 @@ class ChatCompletions(GatewayView):
         body, model, stream = _call(request)
         instructions, turns = chat.read_messages(body.get("messages"))
         tools = _chat_tools(body.get("tools"))
+        options = chat_options(body, tools)
         named = chat.named_conversation(user=request.user, request=request, body=body)
         match = chat.longest_match(user=request.user, turns=turns, conversation=named)
         supplied = [(listed.sent, listed.received) for listed in turns[match.matched:-1]]
         turn = _turn_in(request.user, match.conversation, model, parent_id=match.node and match.node.pk,
-                        items=turns[-1].sent, supplied=supplied, instructions=instructions, tools=tools or [])
+                        items=turns[-1].sent, supplied=supplied, instructions=instructions, tools=tools or [],
+                        call_options=options.model)
         if stream:
             options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
             return EventStream(_chat_chunks(detached.launch(turn), model, options.get("include_usage") is True))
@@ -147,46 +162,71 @@ class ChatCompletions(GatewayView):
         return Response(chat.completion_of(Node.objects.get(pk=outcome.head), model=model))
 
 
-async def _chat_chunks(run_id, model: str, usage: bool):
-    """A turn's log as Chat Completions chunks, then `data: [DONE]`. A client that leaves only stops reading."""
-    created = int(time.time())
-    chunk_id = f"chatcmpl-run-{run_id}"
+class _ChatChunks:
+    """One turn's events as Chat Completions chunks. Every chunk has its call's id, `chatcmpl-<node id>`, as a
+    plain completion has (API.md): the role chunk waits for the first event that names the call's node."""
 
-    def chunk(delta: dict | None, finish: str | None = None, **extra) -> bytes:
-        body = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
-                                                     "finish_reason": finish}], **extra}
+    def __init__(self, model: str, usage: bool):
+        self.model, self.usage = model, usage
+        self.created = int(time.time())
+        self.node_id: int | None = None
+        self.calls = 0
+        self.ended = False
+
+    def chunk(self, delta: dict | None, finish: str | None = None, **extra) -> bytes:
+        body = {"id": f"chatcmpl-{self.node_id}", "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "choices": [] if delta is None else [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra}
         return f"data: {json.dumps(body)}\n\n".encode()
 
-    yield chunk({"role": "assistant", "content": ""})
-    calls = 0
+    def _open(self, node_id: int | None) -> bytes:
+        if self.node_id is not None or node_id is None:
+            return b""
+        self.node_id = node_id
+        return self.chunk({"role": "assistant", "content": ""})
+
+    async def translate(self, event) -> bytes:
+        if event.type == EventType.TOKEN:
+            return self._open(event.data["node"]) + self.chunk({"content": event.data["text"]})
+        if event.type == EventType.TOOL_CALL:
+            call = {"index": self.calls, "id": event.data["call_id"], "type": "function",
+                    "function": {"name": event.data["name"], "arguments": event.data["arguments"]}}
+            self.calls += 1
+            return self._open(event.data["node"]) + self.chunk({"tool_calls": [call]})
+        if event.type == EventType.DONE:
+            self.ended = True
+            done = self._open(event.data["head"]) + self.chunk({}, "tool_calls" if self.calls else "stop")
+            if self.usage:
+                used = (await in_pool_thread(_node, event.data["head"])).usage or {}
+                done += self.chunk(None, usage={k: used.get(k, 0) for k in ("prompt_tokens", "completion_tokens",
+                                                                             "total_tokens")})
+            return done + b"data: [DONE]\n\n"
+        if event.type == EventType.ERROR:
+            self.ended = True
+            failed = errors.openai_error_body(502, event.data.get("message", ""), event.data.get("code"))
+            return self._open(event.data.get("node")) + f"data: {json.dumps(failed)}\n\n".encode()
+        return b""  # compaction and the like: not part of OpenAI's stream
+
+
+def _error_data(status: int, message: str) -> bytes:
+    return f"data: {json.dumps(errors.openai_error_body(status, message, 'server_error'))}\n\n".encode()
+
+
+async def _chat_chunks(run_id, model: str, usage: bool):
+    """A turn's log as Chat Completions chunks (`_ChatChunks`), then `data: [DONE]`. A client that leaves only stops
+    reading; a stream whose run ended without a word (its process died, D3) ends with an error, never `[DONE]`."""
+    chunks = _ChatChunks(model, usage)
     try:
         async for batch in follow_log_batches(run_id):
             for _, event in batch:
-                if event.type == EventType.TOKEN:
-                    yield chunk({"content": event.data["text"]})
-                elif event.type == EventType.TOOL_CALL:
-                    yield chunk({"tool_calls": [{"index": calls, "id": event.data["call_id"], "type": "function",
-                                                 "function": {"name": event.data["name"],
-                                                              "arguments": event.data["arguments"]}}]})
-                    calls += 1
-                elif event.type == EventType.DONE:
-                    yield chunk({}, "tool_calls" if calls else "stop")
-                    if usage:
-                        node = await in_pool_thread(_node, event.data["head"])
-                        used = node.usage or {}
-                        yield chunk(None, usage={k: used.get(k, 0) for k in ("prompt_tokens",
-                                                                             "completion_tokens",
-                                                                             "total_tokens")})
-                    yield b"data: [DONE]\n\n"
-                    return
-                elif event.type == EventType.ERROR:
-                    failed = errors.openai_error_body(502, event.data.get("message", ""), event.data.get("code"))
-                    yield f"data: {json.dumps(failed)}\n\n".encode()
+                yield await chunks.translate(event)
+                if chunks.ended:
                     return
     except Exception as error:  # the status is sent: say it in the stream; the call goes on regardless
         logger.exception("chat stream %s failed", run_id)
-        yield f"data: {json.dumps(errors.openai_error_body(500, repr(error), 'server_error'))}\n\n".encode()
+        yield _error_data(500, repr(error))
+        return
+    yield _error_data(502, "The call ended without an answer: the process running it stopped.")
 
 
 def _turn_in(user, conversation: Conversation | None, model: str, **start):
@@ -203,9 +243,24 @@ def _turn_in(user, conversation: Conversation | None, model: str, **start):
         raise
 
 
+def _previous_of(node: Node) -> str | None:
+    """The response a stored call continued: its parent, or the original a compaction root stands for (C2)."""
+    parent = node.parent
+    if parent is not None and parent.kind == Node.Kind.COMPACTION:
+        return parent.compacted_from_id and shapes.response_id(parent.compacted_from_id)
+    return parent and shapes.response_id(parent.pk)
+
+
 class ResponseDetail(GatewayView):
     def get(self, request: Request, response_id: str) -> Response:  # not `response`: DRF's own argument
-        return Response(response_of(_response_node(request.user, response_id, field="id")))
+        node = _response_node(request.user, response_id, field="id")
+        return Response(response_of(node, sent={"previous_response_id": _previous_of(node)}))
+
+    def delete(self, request: Request, response_id: str) -> Response:
+        """Issue 27: a response nothing continues (`deletion.response_delete`); 409 saying what continues it."""
+        node = _response_node(request.user, response_id, field="id")
+        deletion.response_delete(node=node)
+        return Response({"id": shapes.response_id(node.pk), "object": "response.deleted", "deleted": True})
 
 
 class ResponseInputItems(GatewayView):
@@ -226,9 +281,9 @@ class _ResponsesEvents:
     item opened at the first token and its text deltas, each function call as an item with its arguments, then
     every item closed and `response.completed` with the response as stored (or `response.failed`)."""
 
-    def __init__(self, tools: list):
+    def __init__(self, sent: dict):
         self.number = 0
-        self.tools = tools
+        self.sent = sent  # the request's own fields, said back (`response_of`)
         self.node: Node | None = None
         self.items: list[dict] = []  # the output items opened, in output_index order
         self.ended = False
@@ -241,7 +296,7 @@ class _ResponsesEvents:
         if self.node is not None:
             return b""
         self.node = await in_pool_thread(_node, node_id)
-        started = response_of(self.node, status="in_progress", tools=self.tools)
+        started = response_of(self.node, status="in_progress", sent=self.sent)
         return self._event("response.created", response=started) + self._event("response.in_progress",
                                                                                 response=started)
 
@@ -290,11 +345,11 @@ class _ResponsesEvents:
                                        502, event.data.get("message", ""), event.data.get("code"))["error"])
             opened = await self._open(event.data["node"])
             failed = await in_pool_thread(_node, event.data["node"])
-            return opened + self._event("response.failed", response=response_of(failed, tools=self.tools))
+            return opened + self._event("response.failed", response=response_of(failed, sent=self.sent))
         return b""  # compaction and the like: not part of OpenAI's stream
 
     def _closed(self, done: Node) -> bytes:
-        final = response_of(done, tools=self.tools)
+        final = response_of(done, sent=self.sent)
         parts = []
         message = next((item for item in final["output"] if item["type"] == "message"), None)
         if message is not None:
@@ -310,10 +365,10 @@ class _ResponsesEvents:
         return b"".join([*parts, self._event("response.completed", response=final)])
 
 
-async def _response_events(run_id, tools: list):
+async def _response_events(run_id, sent: dict):
     """A turn's log as a Responses event stream (`_ResponsesEvents`). A client that leaves only stops reading:
     the call goes on, and `GET /v1/responses/{id}` shows it."""
-    events = _ResponsesEvents(tools)
+    events = _ResponsesEvents(sent)
     try:
         async for batch in follow_log_batches(run_id):
             for _, event in batch:

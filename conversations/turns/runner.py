@@ -44,7 +44,7 @@ class Turn:
 
     def __init__(self, *, conversation: Conversation, lock: TurnLock, path: list[PathNode],
                  new_items: list[it.Item], instructions: str | None = None, tools: list[dict] | None = None,
-                 model: str | None = None):
+                 model: str | None = None, call_options: dict | None = None):
         self.conversation = conversation
         self.lock = lock
         self.new_items = new_items
@@ -56,6 +56,7 @@ class Turn:
         self.instructions = (instructions if instructions is not None
                              else instructions_for(conversation, owner_instructions=lock.owner_instructions))
         self.tools = CallerTools(tools) if tools is not None else ArborTools()
+        self.call_options = call_options or {}  # a gateway call's own (temperature, tool_choice, …), every round
         question = it.question_of(new_items)
         if conversation.retrieval and question:  # R2: for this call; later ones drop them unless kept
             self.new_items = [*retrieved_items(conversation, question), *new_items]
@@ -211,7 +212,7 @@ class Turn:
                     ) -> Generator[TurnEvent, None, llm.CallResult | None]:
         """Stream one call as token events; return its result, or None once its failure is recorded."""
         release_connection()  # no database connection is held while the model thinks
-        call = ModelCall(llm.stream_call(model=self.model, messages=messages, tools=tools),
+        call = ModelCall(llm.stream_call(model=self.model, messages=messages, tools=tools, options=self.call_options),
                          stop_requested=self.stop_requested)
         saved_at = time.monotonic()
         try:

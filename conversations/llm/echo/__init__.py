@@ -1,4 +1,4 @@
-"""arbor/echo: the offline model (DESIGN.md, "Offline model"), a litellm custom provider like any other.
+"""arbor/echo: the offline model (DESIGN.md, "Offline model"), a provider of Arbor's own (`llm.OwnProvider`).
 
 It needs no network, so the app, its tests and its demo run anywhere, and a test can see exactly what
 context the model got. It reads directives from the last user message: `#tool NAME {json}` (one tool call
@@ -8,6 +8,10 @@ conversation's first question's first six words). Asked to summarise (a compacti
 `summary of N messages: <digest>` and also streams an opaque compaction item that only it can read back
 (its digest shows it as `user:summary of N messages...`). Other apps may add answers of their own
 (`register_answerer`): the playbooks app drafts playbooks. `arbor/echo-embed` is its embedding model (embed.py).
+
+The seam calls it directly, so its answers need no litellm import (issue 34); litellm has it as a custom provider
+too once litellm is loaded (`llm/custom.py`). Its failures are litellm's own exceptions, as a hosted provider's
+come out: only a failing call loads litellm.
 """
 
 from __future__ import annotations
@@ -19,12 +23,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
-import litellm
 from django.conf import settings
-from litellm import CustomLLM
-from litellm.types.utils import EmbeddingResponse, GenericStreamingChunk, ModelResponse, Usage
 
 from conversations import llm
 from conversations.llm import estimate_tokens
@@ -106,12 +107,8 @@ def make_plan(messages: list[dict], *, tools_offered: bool, compaction: bool = F
     question = text_of(messages[last_user].get("content")) if last_user >= 0 else ""
     prompt_tokens = estimate_tokens(messages)
     if prompt_tokens > settings.ARBOR_ECHO_MAX_INPUT_TOKENS:
-        raise litellm.ContextWindowExceededError(
-            message=f"arbor/echo: {prompt_tokens} input tokens exceed the limit of "
-            f"{settings.ARBOR_ECHO_MAX_INPUT_TOKENS}",
-            model="echo",
-            llm_provider=PROVIDER,
-        )
+        _refuse("ContextWindowExceededError", f"arbor/echo: {prompt_tokens} input tokens exceed the limit of "
+                f"{settings.ARBOR_ECHO_MAX_INPUT_TOKENS}")
     if compaction:  # the summary: every message but the prompt, newest kept when it runs long
         earlier = messages[:last_user] if last_user >= 0 else messages
         summary = f"summary of {len(earlier)} messages: {digest(earlier)[-SUMMARY_CHARS:]}"
@@ -127,72 +124,34 @@ def make_plan(messages: list[dict], *, tools_offered: bool, compaction: bool = F
         return Plan(words=re.findall(r"\S+\s*|\s+", title), tool_call=None, slow=False,
                     prompt_tokens=prompt_tokens)
     if "#fail" in question:
-        raise litellm.InternalServerError(
-            message="arbor/echo: #fail asked for a provider error", model="echo", llm_provider=PROVIDER
-        )
+        _refuse("InternalServerError", "arbor/echo: #fail asked for a provider error")
     if "#overflow" in question:
-        raise litellm.ContextWindowExceededError(
-            message="arbor/echo: #overflow asked for a context-window error", model="echo",
-            llm_provider=PROVIDER,
-        )
+        _refuse("ContextWindowExceededError", "arbor/echo: #overflow asked for a context-window error")
     answer = next((a for answerer in _answerers if (a := answerer(messages, question)) is not None),
                   f"echo: {question}\nseen: {digest(messages)}")
     words = re.findall(r"\S+\s*|\s+", answer)
     return Plan(words=words, tool_call=None, slow="#slow" in question, prompt_tokens=prompt_tokens)
 
 
-class EchoLLM(CustomLLM):
-    """A litellm custom provider that answers from what it received, with no network."""
+def _refuse(kind: str, message: str, *, model: str = "echo") -> NoReturn:
+    """Raise litellm's exception `kind` (a failure as a hosted provider's comes out; T1 classifies it)."""
+    raise getattr(llm.litellm_module(), kind)(message=message, model=model, llm_provider=PROVIDER)
 
-    def completion(self, model, messages, api_base, custom_prompt_dict, model_response, *args, **kwargs):
-        plan = _plan_for(messages, kwargs)
-        response = ModelResponse(model="arbor/echo")
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(plan.words) or None}
-        if plan.tool_call:
-            name, arguments = plan.tool_call
-            message["tool_calls"] = [
-                {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
-            ]
-        response.choices[0].message = litellm.Message(**message)
-        response.choices[0].finish_reason = "tool_calls" if plan.tool_call else "stop"
-        response.usage = litellm.Usage(  # type: ignore[attr-defined]
-            prompt_tokens=plan.prompt_tokens,
-            completion_tokens=plan.completion_tokens,
-            total_tokens=plan.prompt_tokens + plan.completion_tokens,
-        )
-        return response
 
-    def streaming(self, model, messages, api_base, custom_prompt_dict, model_response, *args, **kwargs):
-        return _echo_chunks(_plan_for(messages, kwargs))
+class EchoModel:
+    """The offline provider (`llm.OwnProvider`): answers from what it received, with no network."""
 
-    async def acompletion(self, *args, **kwargs):
-        return self.completion(*args, **kwargs)
+    def stream(self, model: str, messages: list[dict], *, tools: list[dict] | None,
+               compaction: bool) -> Iterator[dict]:
+        """Plan the answer now (a refusal raises here, before any chunk), then stream it."""
+        return _echo_chunks(make_plan(messages, tools_offered=bool(tools), compaction=compaction))
 
-    def embedding(self, model, input, model_response: EmbeddingResponse, *args, **kwargs):
+    def embed(self, model: str, texts: list[str]) -> list[list[float]]:
         """`arbor/echo-embed` (embed.py): a vector a text; any other model of this provider is refused."""
         if model != embed.MODEL:
-            raise litellm.BadRequestError(message=f"arbor/{model} is not an embedding model; use arbor/{embed.MODEL}",
-                                          model=model, llm_provider=PROVIDER)
-        texts = [input] if isinstance(input, str) else list(input)
-        model_response.model = f"{PROVIDER}/{model}"
-        model_response.data = [{"object": "embedding", "index": n, "embedding": embed.embed_text(str(text))}
-                               for n, text in enumerate(texts)]
-        tokens = sum(estimate_tokens([{"text": str(text)}]) for text in texts)
-        model_response.usage = Usage(prompt_tokens=tokens, completion_tokens=0, total_tokens=tokens)
-        return model_response
-
-    async def aembedding(self, *args, **kwargs):
-        return self.embedding(*args, **kwargs)
-
-    async def astreaming(self, *args, **kwargs):
-        for chunk in self.streaming(*args, **kwargs):
-            yield chunk
-
-
-def _plan_for(messages: list[dict], kwargs: dict[str, Any]) -> Plan:
-    options = kwargs.get("optional_params") or {}
-    return make_plan(messages, tools_offered=bool(options.get("tools")),
-                compaction=bool(options.get("arbor_compaction")))
+            _refuse("BadRequestError", f"arbor/{model} is not an embedding model; use arbor/{embed.MODEL}",
+                    model=model)
+        return [embed.embed_text(str(text)) for text in texts]
 
 
 def _call_id() -> str:
@@ -204,7 +163,8 @@ def pause(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _echo_chunks(plan: Plan) -> Iterator[GenericStreamingChunk]:
+def _echo_chunks(plan: Plan) -> Iterator[dict]:
+    """The plan as litellm's `GenericStreamingChunk`s (plain dicts), one a word; usage with the last."""
     usage = {
         "prompt_tokens": plan.prompt_tokens,
         "completion_tokens": plan.completion_tokens,
@@ -212,7 +172,7 @@ def _echo_chunks(plan: Plan) -> Iterator[GenericStreamingChunk]:
     }
     if plan.tool_call:
         name, arguments = plan.tool_call
-        yield GenericStreamingChunk(
+        yield dict(
             text="",
             tool_use={"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments},
                       "index": 0},
@@ -226,7 +186,7 @@ def _echo_chunks(plan: Plan) -> Iterator[GenericStreamingChunk]:
         if plan.slow:
             pause(settings.ARBOR_ECHO_WORD_SECONDS)
         last = position == len(plan.words) - 1
-        yield GenericStreamingChunk(
+        yield dict(
             text=word,
             tool_use=None,
             is_finished=last,
@@ -239,8 +199,8 @@ def _echo_chunks(plan: Plan) -> Iterator[GenericStreamingChunk]:
 
 
 def register() -> None:
-    """Make `arbor/echo` a litellm provider (called once the apps are ready)."""
-    llm.register_provider(PROVIDER, EchoLLM(), llm.ProviderFacts(
+    """Make `arbor/echo` a provider of the seam (called once the apps are ready)."""
+    llm.register_provider(PROVIDER, EchoModel(), llm.ProviderFacts(
         count_tokens=estimate_tokens, max_input_tokens=lambda: settings.ARBOR_ECHO_MAX_INPUT_TOKENS,
         native_compaction=True))
 

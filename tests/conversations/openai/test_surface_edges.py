@@ -559,12 +559,9 @@ def test_issue_17_f1_a_streamed_chat_failure_is_the_sdks_api_error_mid_stream(cl
 
 
 @live
-@pytest.mark.xfail(strict=True, reason="product bug: views._chat_chunks names every chunk chatcmpl-run-<run uuid>, "
-                                       "while API.md says a streamed completion has the plain one's id, "
-                                       "chatcmpl-<node id>")
 def test_issue_17_a_streamed_completion_has_the_id_of_its_node(client):
-    """Issue 17 (API.md): a streamed chat completion has the same id as a plain one, `chatcmpl-<node id>`, so a
-    client can find the call it streamed."""
+    """Issue 17, issue 27 (API.md): a streamed chat completion has the same id as a plain one,
+    `chatcmpl-<node id>`, so a client can find the call it streamed."""
     chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "id?"}],
                                                  stream=True))
     (node,) = Node.objects.all()
@@ -580,10 +577,9 @@ def test_issue_17_a_refused_list_names_its_param(client):
     assert refused.value.param == "messages"
 
 
-@pytest.mark.xfail(strict=True, reason="product gap: the caller's `tool_choice` is never read on /v1/ (views.py); "
-                                       "the model is always free to call tools")
 def test_issue_17_the_callers_tool_choice_reaches_the_model(v1, stub):
-    """Issue 17: `tool_choice: "none"` offers the tools but forbids calling them; the model call carries it."""
+    """Issue 17, issue 27: `tool_choice: "none"` offers the tools but forbids calling them; the model call
+    carries it."""
     stub.script(Reply.text("no tools"))
     response = v1.post("/v1/chat/completions", {"model": "openai/stub-model", "tools": [CHAT_WEATHER],
                                                 "tool_choice": "none",
@@ -684,7 +680,8 @@ async def test_issue_17_a_responses_stream_read_after_its_conversation_was_delet
 async def test_issue_17_d3_a_stream_of_a_run_whose_process_died_ends_without_claiming_success(user):
     """Issue 17 (D3): a stream that follows a run whose process died before it wrote anything (no lock, no
     event) ends once the run is plainly orphaned, instead of waiting for ever; it never claims the call
-    finished (no `stop` finish, no `[DONE]`, no `response.completed`)."""
+    finished (no `stop` finish, no `[DONE]`, no `response.completed`); the chat stream says so as an error
+    (issue 27: and sends no chunk, having no call whose id it could carry)."""
     def orphan():
         conversation = services.conversation_create(owner=user)
         return TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation).pk
@@ -692,9 +689,10 @@ async def test_issue_17_d3_a_stream_of_a_run_whose_process_died_ends_without_cla
     run_id = await in_own_thread(orphan)()
     chat = await asyncio.wait_for(_collect(views._chat_chunks(run_id, MODEL, True)), timeout=30)
     lines = _data_lines(chat)
-    assert json.loads(lines[0])["choices"][0]["delta"]["role"] == "assistant"
+    (line,) = lines  # no chunk: no call was made to give one its id (issue 27: chatcmpl-<node id>)
+    assert json.loads(line)["error"]["message"].startswith("The call ended without an answer")
     assert "[DONE]" not in lines and not any('"finish_reason": "stop"' in line for line in lines)
-    events = await asyncio.wait_for(_collect(views._response_events(run_id, [])), timeout=30)
+    events = await asyncio.wait_for(_collect(views._response_events(run_id, {})), timeout=30)
     assert b"response.completed" not in b"".join(events)
 
 

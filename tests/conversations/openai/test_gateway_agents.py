@@ -1,0 +1,396 @@
+"""Issue 27, a gateway for agents: any OpenAI client and agent SDK works unchanged and records its calls as a tree.
+
+The official `openai` SDK drives every test: against a live Arbor (Daphne in its own process, as in
+test_responses.py) where only arbor/echo is needed, and in-process through an httpx WSGI transport where the call
+must reach the loopback OpenAI-compatible stub (tests/support/openai_stub.py), which records what the provider was
+sent. Response objects are parsed with the SDK's own pydantic types and compared field by field with what was sent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from django.core import signals
+from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
+from django.utils import timezone
+from openai.types import Model
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import Response
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from conversations import llm, services
+from conversations.models import Conversation, Node
+from conversations.openai import deletion
+from conversations.turns.start import turn_compact
+from playbooks.models import Playbook
+from tests.conversations.helpers import ask, head
+from tests.conversations.openai.test_responses import MODEL, WEATHER, _client
+from tests.support.openai_stub import Reply
+
+pytestmark = pytest.mark.django_db
+
+live = pytest.mark.django_db(transaction=True)  # what a test writes must be committed for the server to read
+
+STUB = "openai/stub-model"
+CHAT_WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                                 "parameters": WEATHER["parameters"]}}
+
+
+def _key(user) -> str:
+    return Token.objects.get_or_create(user=user)[0].key
+
+
+@pytest.fixture
+def client(asgi_server, user) -> openai.OpenAI:
+    """The SDK against the live server (arbor/echo only: the server is another process)."""
+    return _client(asgi_server, _key(user))
+
+
+@pytest.fixture
+def sdk(user) -> Iterator[openai.OpenAI]:
+    """The SDK in this process (httpx's WSGI transport), so a call reaches the stub the test set up. As Django's
+    test client does, a request neither opens nor closes the test's connection (it holds the test's transaction)."""
+    transport = httpx.WSGITransport(app=get_wsgi_application())
+    for signal in (signals.request_started, signals.request_finished):
+        signal.disconnect(close_old_connections)
+    yield openai.OpenAI(api_key=_key(user), base_url="http://testserver/v1", max_retries=0,
+                        _strict_response_validation=True, http_client=httpx.Client(transport=transport))
+    for signal in (signals.request_started, signals.request_finished):
+        signal.connect(close_old_connections)
+
+
+@pytest.fixture
+def v1(user) -> APIClient:
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION="Bearer " + _key(user))
+    return api
+
+
+def _node(response_id: str) -> Node:
+    return Node.objects.get(pk=int(response_id.removeprefix("resp_").removeprefix("chatcmpl-")))
+
+
+def _tree() -> list[tuple]:
+    """Everything a delete could change: every node and where it hangs, every conversation and its head."""
+    return (list(Node.objects.order_by("pk").values_list("pk", "parent_id", "conversation_id", "status"))
+            + list(Conversation.objects.order_by("pk").values_list("pk", "head_id", "version")))
+
+
+# --- GET /v1/models/{id} -------------------------------------------------------------------------------------
+
+
+@live
+def test_issue_27_models_retrieve_answers_each_listed_model_and_404s_any_other(client, asgi_server, user, settings):
+    """Issue 27: `GET /v1/models/{id}` takes ids with slashes (the SDK sends `arbor%2Fecho`; a plain slash works
+    too) and answers OpenAI's model object for each model `GET /v1/models` lists; any other id is the SDK's
+    NotFoundError in OpenAI's error shape (`model_not_found`, param `model`)."""
+    listed = list(client.models.list())
+    assert [m.id for m in listed] == settings.ARBOR_MODELS
+    for model in listed:
+        found = client.models.retrieve(model.id)
+        assert found == model and found.object == "model"
+        assert found.owned_by == model.id.split("/")[0]
+    raw = client.models.with_raw_response.retrieve(MODEL)
+    body = raw.http_response.json()
+    assert body == {"id": MODEL, "object": "model", "created": 0, "owned_by": "arbor"}
+    assert Model.model_validate(body, strict=True) == client.models.retrieve(MODEL)
+    plain = httpx.get(f"{asgi_server.url}/v1/models/{MODEL}", headers={"Authorization": f"Bearer {_key(user)}"})
+    assert plain.status_code == 200 and plain.json() == body
+
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("openai/gpt-nothing")
+    assert missing.value.body == {"message": "The model 'openai/gpt-nothing' does not exist here; GET /v1/models "
+                                             "lists the ones that do.", "type": "invalid_request_error",
+                                  "param": "model", "code": "model_not_found"}
+
+
+# --- DELETE /v1/responses/{id} -------------------------------------------------------------------------------
+
+
+@live
+def test_issue_27_t11_deleting_a_response_nothing_continues_removes_it_and_its_conversation_when_empty(client):
+    """Issue 27 (T11): `responses.delete` removes a response nothing continues, answering OpenAI's
+    `response.deleted` object; the head that rested on it moves to its parent, and it is a 404 from then on. The
+    last response of a /v1 conversation takes the conversation with it."""
+    first = client.responses.create(model=MODEL, input="first")
+    second = client.responses.create(model=MODEL, input="second", previous_response_id=first.id)
+    conversation = _node(first.id).conversation
+    assert conversation.head_id == _node(second.id).pk
+
+    deleted = client.responses.with_raw_response.delete(second.id)
+    assert deleted.http_response.status_code == 200
+    assert deleted.http_response.json() == {"id": second.id, "object": "response.deleted", "deleted": True}
+    assert deleted.parse() is None, "the SDK's own delete reads it"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(second.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(second.id)
+    conversation.refresh_from_db()
+    assert conversation.head_id == _node(first.id).pk and not Node.objects.filter(pk=int(second.id[5:])).exists()
+    fork = client.responses.create(model=MODEL, input="again", previous_response_id=first.id)
+    assert "user:first" in fork.output_text and "second" not in fork.output_text
+
+    assert client.responses.delete(fork.id) is None
+    assert client.responses.delete(first.id) is None
+    assert not Conversation.objects.exists() and not Node.objects.exists()
+
+
+@live
+def test_issue_27_p3_a_response_something_continues_is_a_409_saying_what_and_nothing_changes(client, user):
+    """Issue 27 (T11, P3, C3): a response with a call below it, one that another conversation's head rests on
+    (a fork, X5), and one a compaction was made from are refused with 409 naming what continues it (the SDK's
+    ConflictError); the tree is exactly as it was."""
+    first = client.responses.create(model=MODEL, input="first")
+    second = client.responses.create(model=MODEL, input="second", previous_response_id=first.id)
+    before = _tree()
+    with pytest.raises(openai.ConflictError) as continued:
+        client.responses.delete(first.id)
+    assert continued.value.body["message"] == f"{first.id} cannot be deleted: {second.id} continues it."
+    assert continued.value.body["code"] == "response_continued"
+    assert _tree() == before
+
+    fork = services.conversation_create(owner=user)
+    Conversation.objects.filter(pk=fork.pk).update(head=_node(second.id))
+    before = _tree()
+    with pytest.raises(openai.ConflictError, match=f"conversation {fork.pk} goes on from it"):
+        client.responses.delete(second.id)
+    assert _tree() == before
+
+
+def test_issue_27_c3_a_response_a_compaction_was_made_from_is_kept_and_retrieve_names_it_as_previous(v1, user,
+                                                                                                    settings):
+    """Issue 27 (C2, C3): the response a compaction root was made from cannot be deleted (409, nothing changes);
+    the call after the compaction names that response, not the compaction root, as its `previous_response_id`."""
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    conversation = services.conversation_create(owner=user)
+    for question in ("first question " + "words " * 30, "second question", "third question"):
+        ask(conversation, question)
+    root = turn_compact(user=user, conversation_id=conversation.pk)
+    ask(conversation, "after the compaction")
+    after = head(conversation)
+    assert after.parent_id == root.pk
+    body = v1.get(f"/v1/responses/resp_{after.pk}").json()
+    assert Response.model_validate(body).previous_response_id == f"resp_{root.compacted_from_id}"
+    first = Node.objects.filter(conversation=conversation, parent__isnull=True, kind=Node.Kind.TURN).get()
+    assert v1.get(f"/v1/responses/resp_{first.pk}").json()["previous_response_id"] is None
+
+    before = _tree()
+    refused = v1.delete(f"/v1/responses/resp_{root.compacted_from_id}")
+    assert refused.status_code == 409 and "was made from it" in refused.json()["error"]["message"]
+    assert _tree() == before
+
+
+def test_issue_27_a_title_call_below_a_response_is_kept_on_its_parent(v1, user):
+    """Issue 27 (R4): a title call hung below a response continues nothing: the response is deleted and the title
+    call (with what it cost) is hung on the response's parent."""
+    first = v1.post("/v1/responses", {"model": MODEL, "input": "first"}, format="json").json()
+    second = v1.post("/v1/responses", {"model": MODEL, "input": "second", "previous_response_id": first["id"]},
+                     format="json").json()
+    parent = _node(second["id"])
+    title = Node.objects.create(conversation_id=parent.conversation_id, parent=parent, kind=Node.Kind.TITLE,
+                                status=Node.Status.SUCCEEDED, usage={"total_tokens": 9})
+    assert v1.delete(f"/v1/responses/{second['id']}").json()["deleted"] is True
+    title.refresh_from_db()
+    assert title.parent_id == _node(first["id"]).pk and title.usage == {"total_tokens": 9}
+
+
+def test_issue_27_t9_f3_deletes_refused_while_a_turn_runs_or_a_record_keeps_it_change_nothing(v1, user, other_user):
+    """Issue 27 (T9, P3): no delete while a turn holds the conversation (409 `turn_in_progress`); a response a
+    playbook keeps is a 409 naming it; another person's response and a missing one are 404s. Nothing changes."""
+    made = v1.post("/v1/responses", {"model": MODEL, "input": "kept"}, format="json").json()
+    node = _node(made["id"])
+    Conversation.objects.filter(pk=node.conversation_id).update(
+        turn_token="00000000-0000-0000-0000-000000000001", turn_expires_at=timezone.now() + timezone.timedelta(60))
+    before = _tree()
+    running = v1.delete(f"/v1/responses/{made['id']}")
+    assert running.status_code == 409 and running.json()["error"]["code"] == "turn_in_progress"
+    assert _tree() == before
+    Conversation.objects.filter(pk=node.conversation_id).update(turn_token=None, turn_expires_at=None)
+
+    Playbook.objects.create(owner=user, name="kept", source_head=node, conversion_node=node, definition={})
+    before = _tree()
+    kept = v1.delete(f"/v1/responses/{made['id']}")
+    assert kept.status_code == 409 and kept.json()["error"]["message"] == (
+        f"{made['id']} cannot be deleted: a playbook keeps it.")
+    assert _tree() == before
+
+    theirs = APIClient()
+    theirs.credentials(HTTP_AUTHORIZATION="Bearer " + _key(other_user))
+    assert theirs.delete(f"/v1/responses/{made['id']}").status_code == 404
+    assert v1.delete("/v1/responses/resp_999999999").status_code == 404
+    assert _tree() == before
+
+
+@live
+def test_issue_27_a_call_that_began_below_a_response_meanwhile_makes_the_database_refuse_its_delete(v1, monkeypatch):
+    """Issue 27 (T11): if a call came to hang below the response after the check (a race the check cannot see),
+    the database's own foreign keys refuse the delete at commit: a 409, and the response is still there."""
+    first = v1.post("/v1/responses", {"model": MODEL, "input": "first"}, format="json").json()
+    v1.post("/v1/responses", {"model": MODEL, "input": "second", "previous_response_id": first["id"]}, format="json")
+    monkeypatch.setattr(deletion, "continued_by", lambda node: None)  # the check misses the call below
+    before = _tree()
+    raced = v1.delete(f"/v1/responses/{first['id']}")
+    assert raced.status_code == 409, raced.content
+    assert "another call now goes on from it" in raced.json()["error"]["message"]
+    assert _tree() == before
+
+
+# --- what a response says back, and what the model call gets -------------------------------------------------
+
+SENT = {"temperature": 0.3, "top_p": 0.9, "max_output_tokens": 64, "parallel_tool_calls": False,
+        "tool_choice": {"type": "function", "name": "get_weather"}, "metadata": {"run": "a1", "step": "2"},
+        "truncation": "auto", "user": "agent-7", "safety_identifier": "person-1", "prompt_cache_key": "k1",
+        "text": {"format": {"type": "json_schema", "name": "weather", "strict": True,
+                            "schema": {"type": "object", "properties": {"city": {"type": "string"}}}}}}
+
+# What OpenAI returns on every response object (and the SDK's Response models).
+ALWAYS = {"id", "object", "created_at", "completed_at", "status", "model", "output", "error", "incomplete_details",
+          "instructions", "previous_response_id", "temperature", "top_p", "max_output_tokens", "tool_choice", "tools",
+          "parallel_tool_calls", "metadata", "text", "truncation", "usage", "store", "background", "reasoning",
+          "service_tier", "top_logprobs", "max_tool_calls", "user", "safety_identifier", "prompt_cache_key"}
+
+
+def test_issue_27_a_response_says_back_every_field_sent_and_the_provider_got_the_options(sdk, stub):
+    """Issue 27: a Responses create passes `temperature`, `top_p`, `max_output_tokens` (as `max_tokens`),
+    `tool_choice`, `parallel_tool_calls` and `text.format` (as `response_format`) to the model call, and its
+    response object, parsed by the SDK's own Response type, says back each field as sent, with every field OpenAI
+    returns present. A retrieve says OpenAI's defaults for what a node does not keep."""
+    stub.script(Reply.text("first answer"), Reply.text('{"city": "Oslo"}'))
+    first = sdk.responses.create(model=STUB, input="hello")
+    raw = sdk.responses.with_raw_response.create(model=STUB, input="Weather in Oslo?", instructions="Be terse.",
+                                                 tools=[WEATHER], previous_response_id=first.id, store=True, **SENT)
+    body = raw.http_response.json()
+    assert set(body) >= ALWAYS, ALWAYS - set(body)
+    response = Response.model_validate(body)
+    assert response == raw.parse()
+    for name, value in SENT.items():
+        assert body[name] == value, name
+    assert (response.previous_response_id, response.instructions, response.store) == (first.id, "Be terse.", True)
+    assert body["tools"] == [WEATHER] and response.status == "completed" and response.model == STUB
+    assert response.output_text == '{"city": "Oslo"}' and response.usage.total_tokens > 0
+    assert response.created_at <= response.completed_at
+
+    sent = stub.requests[-1]
+    assert (sent["temperature"], sent["top_p"], sent["max_tokens"]) == (0.3, 0.9, 64)
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert sent["parallel_tool_calls"] is False
+    assert sent["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "weather", "strict": True, "schema": SENT["text"]["format"]["schema"]}}
+    assert "temperature" not in stub.requests[0], "a call that sent none gets the provider's own"
+
+    again = Response.model_validate(sdk.responses.retrieve(response.id).model_dump())
+    assert (again.id, again.previous_response_id, again.instructions) == (response.id, first.id, "Be terse.")
+    assert (again.temperature, again.tool_choice, again.metadata, again.store) == (None, "auto", {}, True)
+
+
+def test_issue_27_chat_options_reach_the_provider_and_the_completion_is_the_sdks_type(sdk, stub):
+    """Issue 27: a chat completion passes `temperature`, `top_p`, `max_completion_tokens` (or the older
+    `max_tokens`, the smaller of both), `tool_choice`, `parallel_tool_calls` and `response_format` to the model
+    call; its body parses as the SDK's ChatCompletion."""
+    stub.script(Reply.tool_calls([("call_1", "get_weather", '{"city": "Oslo"}')]), Reply.text('{"ok": true}'))
+    raw = sdk.chat.completions.with_raw_response.create(
+        model=STUB, messages=[{"role": "user", "content": "Oslo?"}], tools=[CHAT_WEATHER], temperature=1.5,
+        top_p=0.5, max_completion_tokens=40, max_tokens=50, tool_choice="required", parallel_tool_calls=False)
+    completion = ChatCompletion.model_validate(raw.http_response.json())
+    assert completion == raw.parse() and completion.id == f"chatcmpl-{_node(completion.id).pk}"
+    assert completion.choices[0].message.tool_calls[0].function.name == "get_weather"
+    sent = stub.requests[-1]
+    assert (sent["temperature"], sent["top_p"], sent["max_tokens"]) == (1.5, 0.5, 40)
+    assert (sent["tool_choice"], sent["parallel_tool_calls"]) == ("required", False)
+
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    sdk.chat.completions.create(model=STUB, messages=[{"role": "user", "content": "json please"}],
+                                tools=[CHAT_WEATHER], tool_choice=named, max_tokens=30,
+                                response_format={"type": "json_object"})
+    sent = stub.requests[-1]
+    assert (sent["tool_choice"], sent["max_tokens"], sent["response_format"]) == (named, 30, {"type": "json_object"})
+
+
+def test_issue_27_tool_options_go_only_with_tools_and_the_answer_limit_never_passes_the_reserve(sdk, stub):
+    """Issue 27 (C1): a `tool_choice` sent without tools does not reach the provider (which would refuse it), a
+    `text` answer format is no `response_format`, and a `max_output_tokens` above the reserve the budget keeps
+    for the answer is sent as that reserve."""
+    stub.script(Reply.text("one"), Reply.text("two"))
+    sdk.chat.completions.create(model=STUB, messages=[{"role": "user", "content": "hi"}], tool_choice="none",
+                                response_format={"type": "text"})
+    assert "tool_choice" not in stub.requests[-1] and "response_format" not in stub.requests[-1]
+    response = sdk.responses.create(model=STUB, input="long answer", max_output_tokens=10**6, tool_choice="auto",
+                                    text={"format": {"type": "json_object"}})
+    assert stub.requests[-1]["max_tokens"] == llm.answer_reserve(STUB)
+    assert stub.requests[-1]["response_format"] == {"type": "json_object"}
+    assert (response.max_output_tokens, response.tool_choice, response.text.format.type) == (10**6, "auto",
+                                                                                            "json_object")
+
+
+@live
+def test_issue_27_streamed_objects_are_the_sdks_types_with_the_fields_sent(client):
+    """Issue 27: a streamed response's `response.created` and `response.completed` carry the fields sent, and
+    parse as the SDK's Response; every streamed chat chunk parses as ChatCompletionChunk with the call's id."""
+    with client.responses.stream(model=MODEL, input="stream me", temperature=0.2, metadata={"a": "b"},
+                                 max_output_tokens=100) as stream:
+        events = list(stream)
+    created, completed = events[0].response, events[-1].response
+    for response in (created, completed):
+        assert Response.model_validate(response.model_dump()).model_dump() == response.model_dump()
+        assert (response.temperature, response.metadata, response.max_output_tokens) == (0.2, {"a": "b"}, 100)
+    assert (created.status, completed.status) == ("in_progress", "completed")
+
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "chunks"}],
+                                                 stream=True, stream_options={"include_usage": True}))
+    node = Node.objects.get(sent__0__text="chunks")
+    for chunk in chunks:
+        assert ChatCompletionChunk.model_validate(chunk.model_dump()) == chunk and chunk.id == f"chatcmpl-{node.pk}"
+    assert chunks[-1].usage.total_tokens == node.usage["total_tokens"]
+
+
+RESPONSES_REFUSED = [
+    ("temperature", 2.5), ("temperature", -0.1), ("temperature", "hot"), ("temperature", True), ("top_p", 1.5),
+    ("max_output_tokens", 15), ("max_output_tokens", 1.5), ("max_output_tokens", True),
+    ("tool_choice", "sometimes"), ("tool_choice", {"type": "function", "name": "nope"}),
+    ("tool_choice", {"type": "file_search"}), ("parallel_tool_calls", "no"), ("metadata", {"a": 1}),
+    ("metadata", {str(i): "v" for i in range(17)}), ("metadata", "x"), ("text", {"format": {"type": "xml"}}),
+    ("text", "json"), ("text", {"format": {"type": "json_schema", "name": "x"}}), ("truncation", "middle"),
+    ("store", "yes"), ("user", 5),
+]
+CHAT_REFUSED = [
+    ("max_tokens", 0), ("max_completion_tokens", -1), ("temperature", 3), ("top_p", -1),
+    ("tool_choice", {"type": "function", "function": {"name": "nope"}}), ("tool_choice", {"type": "function"}),
+    ("response_format", {"type": "yaml"}), ("response_format", {"type": "json_schema", "json_schema": "x"}),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), RESPONSES_REFUSED)
+def test_issue_27_an_out_of_range_response_option_is_a_400_naming_it_and_records_nothing(v1, stub, field, value):
+    """Issue 27: an option OpenAI would refuse is a 400 in OpenAI's error shape whose `param` names the field; no
+    model is called and nothing is recorded."""
+    body = {"model": STUB, "input": "hi", "tools": [WEATHER], field: value}
+    response = v1.post("/v1/responses", body, format="json")
+    assert response.status_code == 400, (field, value, response.content)
+    error = response.json()["error"]
+    assert error["param"].split(".")[0] == field and error["type"] == "invalid_request_error", error
+    assert not stub.requests and not Node.objects.exists() and not Conversation.objects.exists()
+
+
+@pytest.mark.parametrize(("field", "value"), CHAT_REFUSED)
+def test_issue_27_an_out_of_range_chat_option_is_a_400_naming_it_and_records_nothing(v1, stub, field, value):
+    """Issue 27: as for Responses, a chat completion's option out of range is a 400 naming it, nothing recorded."""
+    body = {"model": STUB, "messages": [{"role": "user", "content": "hi"}], "tools": [CHAT_WEATHER], field: value}
+    response = v1.post("/v1/chat/completions", body, format="json")
+    assert response.status_code == 400, (field, value, response.content)
+    assert response.json()["error"]["param"].split(".")[0] == field
+    assert not stub.requests and not Node.objects.exists()
+
+
+def test_issue_27_tool_choice_required_without_tools_is_refused(sdk, stub):
+    """Issue 27: `tool_choice: required` with no tools to call is the SDK's BadRequestError; nothing recorded."""
+    with pytest.raises(openai.BadRequestError, match="needs `tools`") as refused:
+        sdk.responses.create(model=STUB, input="hi", tool_choice="required")
+    assert refused.value.param == "tool_choice"
+    assert not stub.requests and not Node.objects.exists()
+    assert json.loads(refused.value.response.text)["error"]["code"] == "bad_input"
