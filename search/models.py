@@ -16,8 +16,9 @@ from conversations.models import Bubble, Conversation
 
 class BubbleDocument(models.Model):
     """`owner` is copied from the bubble's conversation (whose owner never changes) so a search asks the index for
-    the caller's entries only: on PostgreSQL one GIN index over (owner, tsvector) with btree_gin (migration
-    0005), where another person's messages decide nothing. SQLite's FTS5 table has no owner (search.query)."""
+    the caller's entries only: on PostgreSQL one GIN index of each lexeme keyed by its owner (migration 0006, issue
+    34; 0005's over (owner, tsvector) read everyone's entries of a word), where another person's messages decide
+    nothing. SQLite's FTS5 table has no owner (search.query)."""
 
     bubble = models.OneToOneField(Bubble, on_delete=models.CASCADE, primary_key=True, related_name="document")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", null=True)

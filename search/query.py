@@ -1,8 +1,10 @@
 """Full-text search over the caller's own conversations, across every branch (issue 7).
 
-PostgreSQL: a to_tsquery of the typed words against the caller's tsvectors (one GIN index over owner and words),
-ranked with ts_rank, snippets from ts_headline. SQLite: FTS5 MATCH, ranked with bm25, snippets from snippet().
-Only the ranked page of hits gets snippets, so a common word costs one ranking pass, not a headline per match.
+PostgreSQL: a to_tsquery of the typed words against the caller's tsvectors (one GIN index of each owner's own words,
+issue 34), ranked with ts_rank, snippets from ts_headline. SQLite: FTS5 MATCH, ranked with bm25, snippets from
+snippet().
+Only the ranked page of hits gets snippets and joins, so a common word costs one ranking pass, not a headline per
+match; branch marks walk each conversation's history only as far as its hits need.
 
 A person's words match as prefixes ("sal" finds "sales", issue 16) from MIN_PREFIX characters on; word forms come
 from the database's stemming where it has one (SQLite's index uses the Porter stemmer, English; PostgreSQL's
@@ -13,6 +15,7 @@ ARBOR_SEARCH_CONFIG, e.g. `english`; the default `simple` keeps every language's
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
 
@@ -21,10 +24,11 @@ from django.db import connection
 from django.utils.safestring import SafeString, mark_safe
 
 from config.errors import BadInput
-from conversations.models import Conversation
+from conversations.models import Conversation, Node
 from conversations.selectors import history_ids
 
 MAX_QUERY_CHARS = 200
+_NODE = Node._meta.db_table
 _START, _STOP = "\x02", "\x03"  # highlight marks that cannot come from HTML escaping
 
 
@@ -83,24 +87,31 @@ def _tsquery(terms: list[str], *, match_any: bool) -> str:
 # each word's own index scan, a list the ranking reads by id. PostgreSQL's planner prices a GIN prefix scan far
 # above its cost and, for an OR of several, chose a scan of every document instead (20-40x slower on
 # bench_retrieval's 100,000 pieces); one word at a time it chooses the index.
+# The caller's matches are ranked and ordered on their own, and only the best few are joined to their bubbles and
+# conversations (issue 34): joining every match first cost a common word 30-50 ms. ts_rank and the order (rank,
+# then the newest bubble) are the same as ever.
 _POSTGRES_RANKED = """
-SELECT b.id, b.node_id, b.role, c.id, c.title, ts_rank(d.vector, q.query) AS rank
-FROM search_bubbledocument d
+SELECT b.id, b.node_id, b.role, c.id, c.title, d.rank
+FROM (SELECT d.bubble_id, ts_rank(d.vector, q.query) AS rank
+      FROM search_bubbledocument d, to_tsquery(%s::regconfig, %s) AS q(query)
+      WHERE {match}
+      ORDER BY rank DESC, d.bubble_id DESC) AS d
 JOIN conversations_bubble b ON b.id = d.bubble_id
-JOIN conversations_conversation c ON c.id = b.conversation_id,
-     to_tsquery(%s::regconfig, %s) AS q(query)
-WHERE {match} AND c.owner_id = %s AND c.id IS DISTINCT FROM %s
-ORDER BY rank DESC, b.id DESC
+JOIN conversations_conversation c ON c.id = b.conversation_id
+WHERE c.owner_id = %s AND c.id IS DISTINCT FROM %s
+ORDER BY d.rank DESC, d.bubble_id DESC
 LIMIT %s
 """
-# The index is asked for the caller's entries (`d.owner_id`, search.models.BubbleDocument: one GIN index over owner
-# and words, which intersects the word's entries with the owner's); the conversation's owner is checked as well.
-_POSTGRES_ALL = "d.owner_id = %s AND d.vector @@ q.query"
-_POSTGRES_ANY = "d.bubble_id = ANY(ARRAY({matches}))"
-_POSTGRES_MATCHES = ("SELECT bubble_id FROM search_bubbledocument "
-                     "WHERE owner_id = %s AND vector @@ to_tsquery(%s::regconfig, %s)")
-_POSTGRES_COUNT = ("(SELECT count(*) FROM (SELECT 1 FROM search_bubbledocument "
-                   "WHERE owner_id = %s AND vector @@ to_tsquery(%s::regconfig, %s) LIMIT %s) AS s)")
+# The index is asked for the caller's entries only (issue 34, search's migration 0006): its keys are the owner's id
+# and the lexeme ("7:revenue"), so a word or a prefix of one person's is one narrow range of the index, read and
+# planned alike however many entries other people have. The conversation's owner is checked as well.
+_OWNED = "search_owned_words({table}owner_id, {table}vector) @@ search_owned_query(%s, {query})"
+_POSTGRES_ALL = _OWNED.format(table="d.", query="q.query")
+_POSTGRES_ANY = "d.owner_id = %s AND d.bubble_id = ANY(ARRAY({matches}))"
+_POSTGRES_MATCHES = ("SELECT bubble_id FROM search_bubbledocument WHERE "
+                     + _OWNED.format(table="", query="to_tsquery(%s::regconfig, %s)"))
+_POSTGRES_COUNT = ("(SELECT count(*) FROM (SELECT 1 FROM search_bubbledocument WHERE "
+                   + _OWNED.format(table="", query="to_tsquery(%s::regconfig, %s)") + " LIMIT %s) AS s)")
 # FTS5 has no owner to ask by: it walks everyone's matches of a word, reading each one's owner beside it. A word
 # with at least `walk` matches of anyone's is common too (the count says COMMON), whatever the person's own count:
 # ranking it would walk them all again (bm25 over every match).
@@ -188,9 +199,9 @@ def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False
                                                     [r[0] for r in rows]])
                 snippets = dict(cursor.fetchall())
             rows = [(*row, snippets.get(row[0], "")) for row in rows]
-    on_path = current_paths({row[3] for row in rows}) if shown else {}
+    on_path = on_current_paths((row[3], row[1]) for row in rows) if shown else set()
     return [Hit(bubble=b, node=n, role=role, conversation=c, conversation_title=title or f"Conversation {c}",
-                rank=float(rank), snippet=_snippet(snippet), on_current_path=n in on_path.get(c, ()))
+                rank=float(rank), snippet=_snippet(snippet), on_current_path=n in on_path)
             for b, n, role, c, title, rank, snippet in rows]
 
 
@@ -206,12 +217,49 @@ def _ranked(cursor, terms: list[str], *, user, exclude_conversation: int | None,
     query = _tsquery(terms, match_any=match_any)
     if match_any:
         match = _POSTGRES_ANY.format(matches=" UNION ".join([_POSTGRES_MATCHES] * len(terms)))
-        owned = [p for t in terms for p in (user.pk, config, _tsquery([t], match_any=True))]
+        owned = [user.pk, *(p for t in terms for p in (user.pk, config, _tsquery([t], match_any=True)))]
     else:
         match, owned = _POSTGRES_ALL, [user.pk]
     cursor.execute(_POSTGRES_RANKED.format(match=match),
                    [config, query, *owned, user.pk, exclude_conversation, limit])
     return cursor.fetchall()
+
+
+# Branch marks (issue 34): one walk a conversation from its head up its history (a compaction root's old path
+# included), all of them in one statement, carrying the hits still open: each hit's next node up (its parent, or for
+# a compaction root the head it replaced; a parentless hit itself). Reaching that node settles the hit, which was
+# passed on the way if it is on the path and is on another branch if not; the walk ends once every hit of its
+# conversation is settled. So a hit on the path or on a branch that leaves it beside the hit costs the walk down to
+# it, not a person's whole long conversation, and only the hits' ids come back.
+_ON_PATHS = f"""
+WITH RECURSIVE hit AS (
+    SELECT h.conversation, h.node, COALESCE(n.parent_id, n.compacted_from_id, n.id) AS up
+    FROM unnest(%s::bigint[], %s::bigint[]) AS h(conversation, node) JOIN {_NODE} n ON n.id = h.node
+), walk AS (
+    SELECT c.id AS conversation, n.id, COALESCE(n.parent_id, n.compacted_from_id) AS next,
+           array_remove(ARRAY(SELECT DISTINCT up FROM hit WHERE hit.conversation = c.id), n.id) AS open, 0 AS depth
+    FROM conversations_conversation c JOIN {_NODE} n ON n.id = c.head_id
+    WHERE c.id IN (SELECT conversation FROM hit)
+    UNION ALL
+    SELECT w.conversation, n.id, COALESCE(n.parent_id, n.compacted_from_id), array_remove(w.open, n.id), w.depth + 1
+    FROM walk w JOIN {_NODE} n ON n.id = w.next
+    WHERE cardinality(w.open) > 0 AND w.depth < %s
+)
+SELECT walk.id FROM walk JOIN hit ON hit.conversation = walk.conversation AND hit.node = walk.id
+"""
+
+
+def on_current_paths(hits: Iterable[tuple[int, int]]) -> set[int]:
+    """Of these (conversation, node) hits, the nodes on their conversation's current branch (its head's history)."""
+    pairs = sorted(set(hits))
+    if not pairs:
+        return set()
+    if connection.vendor != "postgresql":
+        paths = current_paths({conversation for conversation, _ in pairs})
+        return {node for conversation, node in pairs if node in paths.get(conversation, ())}
+    with connection.cursor() as cursor:
+        cursor.execute(_ON_PATHS, [[c for c, _ in pairs], [n for _, n in pairs], settings.ARBOR_PATH_DEPTH_LIMIT])
+        return {row[0] for row in cursor.fetchall()}
 
 
 def current_paths(conversation_ids: set[int]) -> dict[int, set[int]]:

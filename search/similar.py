@@ -12,7 +12,7 @@ from django.utils.safestring import mark_safe
 
 from conversations import llm
 from search.chunks import CHUNK_CHARS
-from search.query import Hit, check_query, current_paths
+from search.query import Hit, check_query, on_current_paths
 from search.vectors import nearest
 
 # A person (a search) or a question (retrieval) waits for the query's vector: an embedding provider that hangs
@@ -45,9 +45,9 @@ def nearest_bubbles(*, user, vector: list[float], limit: int, min_similarity: fl
     floor = settings.ARBOR_RETRIEVAL_MIN_SIMILARITY if min_similarity is None else min_similarity
     found = nearest(owner_id=user.pk, model=settings.ARBOR_EMBEDDING_MODEL, query=vector, limit=limit,
                     min_similarity=floor, exclude_conversation=exclude_conversation)
-    on_path = current_paths({near.conversation for near in found}) if shown else {}
+    on_path = on_current_paths((near.conversation, near.node) for near in found) if shown else set()
     return [Hit(bubble=near.bubble, node=near.node, role=near.role, conversation=near.conversation,
                 conversation_title=near.conversation_title, rank=near.similarity,
                 snippet=mark_safe(escape(near.text)),  # noqa: S308 - escaped
-                on_current_path=near.node in on_path.get(near.conversation, ()), start=near.start)
+                on_current_path=near.node in on_path, start=near.start)
             for near in found]

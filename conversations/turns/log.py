@@ -333,7 +333,11 @@ def _fill(run_id: uuid.UUID, mirror: _Mirror) -> None:
                     mirror.add(entry)
             with _local_lock, mirror.changed:
                 if not mirror.stopped:
-                    break  # the run ended (or died): the mirror is kept a while, as a run of this process is
+                    if not _through_ending(mirror.entries[-1:])[1]:
+                        # The run died without its ending: the worker's sweep writes one later, which a follower
+                        # resuming then must find in the store, not this copy's end (issue 34).
+                        _local.pop(run_id, None)
+                    break  # the run ended: the mirror is kept a while, as a run of this process is
                 if mirror.idle():
                     _local.pop(run_id, None)  # the next follower starts a mirror afresh
                     break

@@ -39,7 +39,7 @@ from conversations.errors import TurnInProgress
 from conversations.locks import TurnLock, is_free
 from conversations.models import Conversation, Node, TurnRun
 from conversations.selectors import path_node
-from conversations.turns import calls, records
+from conversations.turns import calls, log_stores, records
 from conversations.turns.events import EventType, TurnEvent
 from conversations.turns.log import TurnLog
 
@@ -110,7 +110,11 @@ def _close_open_calls(conversation: Conversation) -> Node | None:
 def _end_runs(runs, *, node: int | None = None, head: int | None = None) -> None:
     """Runs whose process is gone end with an `interrupted` error, so their readers stop following."""
     for run in runs:
-        writer = TurnLog(run.pk, after=run.entries.aggregate(last=Max("seq"))["last"] or 0)
+        # Numbered after the run's last event wherever the log is kept: on Redis the database holds none of them,
+        # and an ending numbered 1 was refused by Redis and never reached a reader (issue 34).
+        kept = log_stores.store().read(run.pk, 0)
+        writer = TurnLog(run.pk, after=max(kept[-1][0] if kept else 0,
+                                           run.entries.aggregate(last=Max("seq"))["last"] or 0))
         writer.append(TurnEvent(EventType.ERROR, {"code": Node.FailureReason.INTERRUPTED, "message": INTERRUPTED,
                                                   "node": node, "head": head}))
         writer.close()
