@@ -141,7 +141,7 @@ def test_a_chatgpt_regeneration_becomes_a_sibling_turn(api):
 
 
 @pytest.mark.parametrize(("body", "status", "needle"), [
-    ("[" * 5000 + "]" * 5000, 400, "nests deeper"),
+    ("[" * 200_009 + "]" * 200_009, 400, "nests deeper"),  # two levels a node it may hold (issue 28)
     ("not json", 400, "not valid JSON"),
     (json.dumps({"format": "arbor.tree", "version": 1, "conversation": {}, "nodes": [
         {"id": 1, "parent": 2, "kind": "turn", "status": "succeeded"},
