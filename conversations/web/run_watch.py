@@ -107,4 +107,6 @@ def watch() -> RunWatch:
     for gone in [other for other in _watches if other.is_closed()]:
         with contextlib.suppress(KeyError):
             del _watches[gone]
-    return _watches.setdefault(loop, RunWatch())
+    if loop not in _watches:  # made once a loop: a watch subscribes to news and holds the loop's sockets
+        _watches[loop] = RunWatch()
+    return _watches[loop]
