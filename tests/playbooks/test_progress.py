@@ -43,10 +43,24 @@ def test_issue_16_r1_a_run_reports_the_turns_events_as_they_come(conversation):
 # What the progress panel showed, kept in sessionStorage so it outlives the page's move to the result.
 WATCH = """
 sessionStorage.setItem('seen', '[]');
-new MutationObserver(() => {
+const PARTS = '.progress-panel .progress-step, .progress-panel .progress-text';
+new MutationObserver((records) => {
+  // Every value each part held, in order: the records keep each text node a step wrote, so steps that come in
+  // one burst (a fast model) are all seen, not only the last one the callback would find.
   const seen = JSON.parse(sessionStorage.getItem('seen'));
-  for (const part of document.querySelectorAll('.progress-panel .progress-step, .progress-panel .progress-text')) {
-    if (part.textContent && seen[seen.length - 1] !== part.textContent) seen.push(part.textContent);
+  const note = (text) => { if (text && seen[seen.length - 1] !== text) seen.push(text); };
+  for (const record of records) {
+    if (record.type === 'characterData') {
+      if (record.target.parentElement?.matches(PARTS)) note(record.target.data);
+      continue;
+    }
+    for (const node of record.addedNodes) {
+      if (node.nodeType === Node.TEXT_NODE && record.target.matches?.(PARTS)) note(node.data);
+      else if (node.nodeType === Node.ELEMENT_NODE) {
+        const parts = [node, ...node.querySelectorAll(PARTS)].filter((e) => e.matches(PARTS));
+        for (const part of parts) note(part.textContent);
+      }
+    }
   }
   sessionStorage.setItem('seen', JSON.stringify(seen));
 }).observe(document.body, {subtree: true, childList: true, characterData: true});
