@@ -21,7 +21,7 @@ from django.db import connection, connections, transaction
 
 logger = logging.getLogger("arbor.news")
 
-LISTEN_TIMEOUT_SECONDS = 5.0  # the listener looks up this often to notice it should reconnect
+LISTEN_TIMEOUT_SECONDS = 1.0  # the listener looks up this often to notice it should reconnect
 RECONNECT_SECONDS = 1.0
 
 Callback = Callable[[], None]

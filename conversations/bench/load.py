@@ -739,16 +739,6 @@ QUICK_QUESTION = "a quick question: how many rows?"
 
 # --- the command ---------------------------------------------------------------------------------------------
 
-def _counts(value: str) -> list[int]:
-    try:
-        counts = sorted({int(part) for part in value.split(",") if part.strip()})
-    except ValueError as error:
-        raise CommandError(f"not a list of counts: {value!r}") from error
-    if not counts or counts[0] < 1:
-        raise CommandError(f"counts must be at least 1: {value!r}")
-    return counts
-
-
 class Command(BaseCommand):
     help = "Issue 13's figures on real server processes: streaming and quick turns under load, 1 and 2 processes."
 
@@ -770,7 +760,7 @@ class Command(BaseCommand):
                                  f"{DEFAULT_DATABASE_URL})")
 
     def handle(self, *args, **options):
-        users, processes = _counts(options["users"]), _counts(options["processes"])
+        users, processes = processes.counts(options["users"]), processes.counts(options["processes"])
         if max(processes) > 2:
             raise CommandError("--processes takes 1 and 2 only (a client-side round robin over two ports).")
         if min(options["repeat"], options["quick_users"], options["quick_turns"], options["turns"]) < 1:

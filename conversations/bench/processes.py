@@ -10,6 +10,17 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 
+def counts(value: str) -> list[int]:
+    """A command option such as "1,2,4": the distinct counts, in order, each at least 1."""
+    try:
+        found = sorted({int(part) for part in value.split(",") if part.strip()})
+    except ValueError as error:
+        raise CommandError(f"not a list of counts: {value!r}") from error
+    if not found or found[0] < 1:
+        raise CommandError(f"counts must be at least 1: {value!r}")
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

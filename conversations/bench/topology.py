@@ -60,6 +60,7 @@ from conversations.bench.load import (
     proc_cpu_seconds,
     sse_events,
 )
+from conversations.bench import processes as started
 from conversations.bench.processes import database_url
 from conversations.models import Conversation, Node, OutboxJob
 
@@ -218,16 +219,6 @@ async def drive(topology: Topology, load: str, people: list[tuple[str, int]], se
 
 # --- the command ---------------------------------------------------------------------------------------------
 
-def _counts(value: str) -> list[int]:
-    try:
-        counts = sorted({int(part) for part in value.split(",") if part.strip()})
-    except ValueError as error:
-        raise CommandError(f"not a list of process counts: {value!r}") from error
-    if not counts or counts[0] < 1:
-        raise CommandError(f"process counts must be at least 1: {value!r}")
-    return counts
-
-
 class Command(BaseCommand):
     help = "Issue 34's figures: turns/s through HAProxy with 1, 2 and 4 app processes (scripts/topology)."
 
@@ -239,7 +230,7 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=34, help="seed of the shuffled order (default 34)")
 
     def handle(self, *args, processes: str, users: int, seconds: float, repeat: int, seed: int, **options):
-        counts = _counts(processes)
+        counts = started.counts(processes)
         if min(users, repeat) < 1 or seconds <= 0:
             raise CommandError("--users and --repeat must be at least 1, --seconds above 0.")
         if not HAPROXY.exists():
