@@ -71,15 +71,18 @@ def _answer(message: dict, where: str) -> list[it.Item]:
     return received
 
 
-def read_messages(messages: Any) -> tuple[str | None, list[ListedTurn]]:
-    """The call's instructions (system and developer messages) and the list's turns, the last one new."""
+def read_messages(messages: Any, *, field: str = "messages",
+                  positions: list[int] | None = None) -> tuple[str | None, list[ListedTurn]]:
+    """The call's instructions (system and developer messages) and the list's turns, the last one new. Errors
+    name the message as `field[i]`, i its place in the request (`positions`, where messages were read from
+    another list)."""
     if not isinstance(messages, list) or not messages:
         raise BadInput("`messages` must be a non-empty list.", param="messages")
     instructions: list[str] = []
     turns = [ListedTurn()]
     calls: dict[str, str] = {}  # call id -> tool name, for the tool messages that answer them
     for index, message in enumerate(messages):
-        where = f"messages[{index}]"
+        where = f"{field}[{positions[index] if positions else index}]"
         role = message.get("role") if isinstance(message, dict) else None
         if role in ("system", "developer"):
             instructions.append(_text(message.get("content"), where))

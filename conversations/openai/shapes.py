@@ -50,13 +50,13 @@ def instructions_text(value: Any, where: str = "instructions") -> str:
     return value
 
 
-def _message_text(content: Any, where: str) -> str:
+def _message_text(content: Any, where: str, parts: tuple[str, ...] = ("input_text", "text")) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         texts = []
         for index, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") not in ("input_text", "text") or not isinstance(
+            if not isinstance(part, dict) or part.get("type") not in parts or not isinstance(
                     part.get("text"), str):
                 raise BadInput(f"{where}.content[{index}]: only text parts (`input_text`) are read by this server.")
             texts.append(part["text"])
@@ -84,18 +84,22 @@ def tools_of(value: Any) -> list[dict[str, Any]] | None:
     return tools
 
 
+def _output_text(output: Any, where: str) -> str:
+    if isinstance(output, list):  # a list of text parts
+        texts = [part.get("text") for part in output if isinstance(part, dict)]
+        output = "".join(texts) if all(isinstance(t, str) for t in texts) else None
+    if not isinstance(output, str):
+        raise BadInput(f"{where}.output: expected text.")
+    return output
+
+
 def _function_output(entry: dict, where: str, open_calls: dict[str, it.Item]) -> it.Item:
     """A caller's `function_call_output`: the result of one of the previous response's calls (T4)."""
     call_id = entry.get("call_id")
     call = open_calls.get(call_id) if isinstance(call_id, str) else None
     if call is None:
         raise BadInput(f"{where}.call_id: {entry.get('call_id')!r} is no function call of the previous response.")
-    output = entry.get("output")
-    if isinstance(output, list):  # a list of text parts
-        texts = [part.get("text") for part in output if isinstance(part, dict)]
-        output = "".join(texts) if all(isinstance(t, str) for t in texts) else None
-    if not isinstance(output, str):
-        raise BadInput(f"{where}.output: expected text.")
+    output = _output_text(entry.get("output"), where)
     if len(output) > settings.ARBOR_MAX_CONTENT_CHARS:
         raise TooLarge(f"{where}.output: longer than {settings.ARBOR_MAX_CONTENT_CHARS} characters.")
     return it.tool_result(call["id"], call["name"], output)
@@ -134,6 +138,53 @@ def input_items(value: Any, *, open_calls: dict[str, it.Item] | None = None) -> 
         raise BadInput("`input` holds no user message.")
     # Results go first, as the model reads them: after the calls they answer, before a new question.
     return sorted(items, key=lambda item: item["type"] != "tool_result")
+
+
+def _is_earlier_turn(entry: Any) -> bool:
+    return isinstance(entry, dict) and (entry.get("type") == "function_call" or (
+        entry.get("type", "message") == "message" and entry.get("role") == "assistant"))
+
+
+def history_messages(value: Any) -> tuple[list[dict[str, Any]], list[int]] | None:
+    """OpenAI's manual-history pattern: an `input` that resends earlier turns (assistant messages and function
+    calls with their outputs) instead of naming `previous_response_id`, as openai-agents' Responses model does.
+    Such a list is read as Chat Completions' `messages` (`chat.read_messages`), so it is matched against the stored
+    paths the same way: the messages and where each began in `input`; None when the input holds no earlier turn.
+    Reasoning items are the provider's own and are passed over."""
+    if not isinstance(value, list) or not any(_is_earlier_turn(entry) for entry in value):
+        return None
+    messages: list[dict[str, Any]] = []
+    positions: list[int] = []
+    for index, entry in enumerate(value):
+        where = f"input[{index}]"
+        kind = entry.get("type", "message") if isinstance(entry, dict) else type(entry).__name__
+        if kind == "reasoning":
+            continue
+        if kind == "function_call":
+            if not all(isinstance(entry.get(key), str) for key in ("call_id", "name", "arguments")):
+                raise BadInput(f"{where}: a function_call has a call_id, a name and its arguments as text.")
+            call = {"id": entry["call_id"], "type": "function",
+                    "function": {"name": entry["name"], "arguments": entry["arguments"]}}
+            if not messages or messages[-1]["role"] != "assistant":
+                messages.append({"role": "assistant", "content": None, "tool_calls": []})
+            messages[-1].setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": entry.get("call_id"),
+                             "content": _output_text(entry.get("output"), where)})
+        elif kind == "message" and entry.get("role") == "assistant":
+            text = _message_text(entry.get("content"), where, parts=("output_text", "text", "input_text"))
+            if messages and messages[-1]["role"] == "assistant":  # one answer: its text and calls together
+                messages[-1]["content"] = "\n".join(filter(None, [messages[-1]["content"], text]))
+            else:
+                messages.append({"role": "assistant", "content": text})
+        elif kind == "message" and entry.get("role") in _ROLES:
+            messages.append({"role": entry["role"], "content": _message_text(entry.get("content"), where)})
+        else:
+            raise BadInput(f"{where}: this server reads messages, function calls and their outputs (got "
+                           f"{kind!r} with role {entry.get('role') if isinstance(entry, dict) else None!r}).")
+        if len(positions) < len(messages):  # an item merged into the message before begins none of its own
+            positions.append(index)
+    return messages, positions
 
 
 # --- what a response is ----------------------------------------------------------------------------------------

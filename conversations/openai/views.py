@@ -30,6 +30,7 @@ from conversations.openai.auth import BearerTokenAuthentication
 from conversations.openai.options import chat_options, responses_options
 from conversations.openai.shapes import (
     function_call_item,
+    history_messages,
     input_items,
     input_items_of,
     instructions_text,
@@ -110,12 +111,20 @@ class Responses(GatewayView):
         tools = tools_of(body.get("tools"))  # the caller's: it runs them itself (T4); Arbor's stay out
         options = responses_options(body, tools)
         previous = body.get("previous_response_id")
-        parent = None if previous is None else _response_node(request.user, previous, field="previous_response_id")
-        open_calls = {call["id"]: call for call in it.tool_calls(parent.received)} if parent else {}
-        items = input_items(body.get("input"), open_calls=open_calls)
-        conversation = Conversation.objects.get(pk=parent.conversation_id) if parent else None
-        turn = _turn_in(request.user, conversation, model, parent_id=parent and parent.pk, items=items,
-                        instructions=instructions, tools=tools or [], call_options=options.model)
+        history = history_messages(body.get("input")) if previous is None else None
+        if history is not None:  # earlier turns resent, not named: matched as a chat completion's list is
+            listed_instructions, turns = chat.read_messages(history[0], field="input", positions=history[1])
+            instructions = "\n\n".join(filter(None, [instructions, listed_instructions]))
+            turn = _turn_from_list(request, body, model, turns, instructions=instructions, tools=tools,
+                                   call_options=options.model)
+        else:
+            parent = None if previous is None else _response_node(request.user, previous,
+                                                                   field="previous_response_id")
+            open_calls = {call["id"]: call for call in it.tool_calls(parent.received)} if parent else {}
+            items = input_items(body.get("input"), open_calls=open_calls)
+            conversation = Conversation.objects.get(pk=parent.conversation_id) if parent else None
+            turn = _turn_in(request.user, conversation, model, parent_id=parent and parent.pk, items=items,
+                            instructions=instructions, tools=tools or [], call_options=options.model)
         sent = {**options.echo, "previous_response_id": previous}
         if stream:
             return EventStream(_response_events(detached.launch(turn), sent))
@@ -147,12 +156,8 @@ class ChatCompletions(GatewayView):
         instructions, turns = chat.read_messages(body.get("messages"))
         tools = _chat_tools(body.get("tools"))
         options = chat_options(body, tools)
-        named = chat.named_conversation(user=request.user, request=request, body=body)
-        match = chat.longest_match(user=request.user, turns=turns, conversation=named)
-        supplied = [(listed.sent, listed.received) for listed in turns[match.matched:-1]]
-        turn = _turn_in(request.user, match.conversation, model, parent_id=match.node and match.node.pk,
-                        items=turns[-1].sent, supplied=supplied, instructions=instructions, tools=tools or [],
-                        call_options=options.model)
+        turn = _turn_from_list(request, body, model, turns, instructions=instructions, tools=tools,
+                               call_options=options.model)
         if stream:
             options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
             return EventStream(_chat_chunks(detached.launch(turn), model, options.get("include_usage") is True))
@@ -227,6 +232,18 @@ async def _chat_chunks(run_id, model: str, usage: bool):
         yield _error_data(500, repr(error))
         return
     yield _error_data(502, "The call ended without an answer: the process running it stopped.")
+
+
+def _turn_from_list(request: Request, body: dict, model: str, turns: list[chat.ListedTurn], *, instructions: str,
+                    tools: list[dict] | None, call_options: dict):
+    """The call a whole list asks for (`chat.read_messages`): below the longest stored path of the caller's
+    conversations (or the one named) that the list extends, after recording the list's answered turns past it."""
+    named = chat.named_conversation(user=request.user, request=request, body=body)
+    match = chat.longest_match(user=request.user, turns=turns, conversation=named)
+    supplied = [(listed.sent, listed.received) for listed in turns[match.matched:-1]]
+    return _turn_in(request.user, match.conversation, model, parent_id=match.node and match.node.pk,
+                    items=turns[-1].sent, supplied=supplied, instructions=instructions, tools=tools or [],
+                    call_options=call_options)
 
 
 def _turn_in(user, conversation: Conversation | None, model: str, **start):

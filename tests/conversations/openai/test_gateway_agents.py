@@ -24,6 +24,7 @@ from openai.types.responses import Response
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from conversations import items as it
 from conversations import llm, services
 from conversations.models import Conversation, Node
 from conversations.openai import deletion
@@ -394,3 +395,76 @@ def test_issue_27_tool_choice_required_without_tools_is_refused(sdk, stub):
     assert refused.value.param == "tool_choice"
     assert not stub.requests and not Node.objects.exists()
     assert json.loads(refused.value.response.text)["error"]["code"] == "bad_input"
+
+
+# --- OpenAI's manual-history pattern: earlier turns resent in `input`, no previous_response_id --------------------
+
+
+def _as_input(response) -> list[dict]:
+    """A response's output items sent back as input, as the SDK's docs and openai-agents do."""
+    return [item.model_dump(exclude_none=True) for item in response.output]
+
+
+def test_issue_27_t7_resent_history_is_matched_and_only_the_new_call_recorded(sdk, user):
+    """Issue 27 (OpenAI's manual-history pattern, T7): a Responses input that resends earlier turns (the question,
+    the previous response's function_call items, their function_call_output, then the answer and a next
+    question) with no `previous_response_id` continues the stored path it extends: each request records one
+    node, hung below the call it follows, in the same conversation; the model sees the whole history once."""
+    question = {"role": "user", "content": '#tool get_weather {"city": "Paris"}'}
+    asked = sdk.responses.create(model=MODEL, input=[question], tools=[WEATHER])
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    history = [question, *_as_input(asked),
+               {"type": "function_call_output", "call_id": call.call_id, "output": "18C and rain"}]
+    answered = sdk.responses.create(model=MODEL, input=history, tools=[WEATHER])
+    assert answered.previous_response_id is None, "said back as sent"
+    assert "tool:18C and rain" in answered.output_text
+    first, second = _node(asked.id), _node(answered.id)
+    assert second.parent_id == first.pk and second.conversation_id == first.conversation_id
+    assert second.sent == [{"type": "tool_result", "call_id": call.call_id, "name": "get_weather",
+                            "content": "18C and rain", "is_error": False}], "only what is new is recorded"
+
+    history += [*_as_input(answered), {"role": "user", "content": "and tomorrow?"}]
+    third = sdk.responses.create(model=MODEL, input=history, tools=[WEATHER])
+    node = _node(third.id)
+    assert node.parent_id == second.pk and Node.objects.filter(conversation=first.conversation).count() == 3
+    assert third.output_text.count("18C and rain") == 1, "the model saw the result once, from the stored path"
+    assert Conversation.objects.filter(owner=user).count() == 1
+
+
+def test_issue_27_t2_resent_history_that_differs_branches_where_it_differs(sdk, user):
+    """Issue 27 (T2): a resent history whose tool output differs from the stored one records that turn as it
+    was sent (a sibling of the stored one) and the new call below it; the stored branch is untouched and never
+    seen by the new call."""
+    question = {"role": "user", "content": '#tool get_weather {"city": "Oslo"}'}
+    asked = sdk.responses.create(model=MODEL, input=[question], tools=[WEATHER])
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    stored = sdk.responses.create(model=MODEL, tools=[WEATHER], input=[
+        question, *_as_input(asked), {"type": "function_call_output", "call_id": call.call_id, "output": "sun"}])
+    before = Node.objects.count()
+    edited = sdk.responses.create(model=MODEL, tools=[WEATHER], input=[
+        question, *_as_input(asked), {"type": "function_call_output", "call_id": call.call_id, "output": "snow"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "It snows."}]},
+        {"role": "user", "content": "Should I ski?"}])
+    assert Node.objects.count() == before + 2, "the differing turn as sent, then the new call"
+    new = _node(edited.id)
+    supplied = new.parent
+    assert supplied.parent_id == _node(asked.id).pk and supplied.pk != _node(stored.id).pk
+    assert it.answer_text(supplied.received) == "It snows."
+    assert "snow" in edited.output_text and "tool:sun" not in edited.output_text
+
+
+def test_issue_27_resent_history_errors_name_the_input_item_and_record_nothing(v1, user):
+    """Bad input: an output for a call the history never made, an assistant answer first, or a function call
+    without its arguments is a 400 naming the input item; nothing is written."""
+    bad = [
+        ([{"role": "user", "content": "q"}, {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+          {"type": "function_call_output", "call_id": "c2", "output": "x"}], "input[2].tool_call_id"),
+        ([{"role": "assistant", "content": "hi"}, {"role": "user", "content": "q"}], "input[0]: an assistant"),
+        ([{"role": "user", "content": "q"}, {"type": "function_call", "call_id": "c1", "name": "f"},
+          {"type": "function_call_output", "call_id": "c1", "output": "x"}], "input[1]: a function_call has"),
+        ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "The last message must be"),
+    ]
+    for items, needle in bad:
+        response = v1.post("/v1/responses", {"model": MODEL, "input": items}, format="json")
+        assert response.status_code == 400 and needle in response.json()["error"]["message"], response.json()
+    assert not Node.objects.exists() and not Conversation.objects.exists()

@@ -301,7 +301,7 @@ RESPONSES_REFUSED = [
     pytest.param({"input": [{"type": "reasoning", "summary": []}, {"role": "user", "content": "q"}]}, 400,
                  "(got 'reasoning')", id="item-reasoning"),
     pytest.param({"input": [{"role": "assistant", "content": "earlier answer"}, {"role": "user", "content": "q"}]},
-                 400, "`previous_response_id`", id="assistant-message"),
+                 400, "input[0]: an assistant message answers the messages before it", id="assistant-first"),
     pytest.param({"input": [{"role": "developer", "content": "rules only"}]}, 400, "holds no user message",
                  id="no-user-message"),
     pytest.param({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
