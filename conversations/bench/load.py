@@ -72,7 +72,7 @@ from psycopg import sql
 from rest_framework.authtoken.models import Token
 
 from conversations.bench import processes
-from conversations.bench.processes import free_port
+from conversations.bench.processes import free_port, parse_counts
 from conversations.llm.echo import make_plan
 from conversations.models import Conversation, Node, OutboxJob, TurnRun
 
@@ -760,7 +760,7 @@ class Command(BaseCommand):
                                  f"{DEFAULT_DATABASE_URL})")
 
     def handle(self, *args, **options):
-        users, processes = processes.counts(options["users"]), processes.counts(options["processes"])
+        users, processes = parse_counts(options["users"]), parse_counts(options["processes"])
         if max(processes) > 2:
             raise CommandError("--processes takes 1 and 2 only (a client-side round robin over two ports).")
         if min(options["repeat"], options["quick_users"], options["quick_turns"], options["turns"]) < 1:

@@ -10,7 +10,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 
-def counts(value: str) -> list[int]:
+def parse_counts(value: str) -> list[int]:
     """A command option such as "1,2,4": the distinct counts, in order, each at least 1."""
     try:
         found = sorted({int(part) for part in value.split(",") if part.strip()})

@@ -60,8 +60,7 @@ from conversations.bench.load import (
     proc_cpu_seconds,
     sse_events,
 )
-from conversations.bench import processes as started
-from conversations.bench.processes import database_url
+from conversations.bench.processes import database_url, parse_counts
 from conversations.models import Conversation, Node, OutboxJob
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,7 +229,7 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=34, help="seed of the shuffled order (default 34)")
 
     def handle(self, *args, processes: str, users: int, seconds: float, repeat: int, seed: int, **options):
-        counts = started.counts(processes)
+        counts = parse_counts(processes)
         if min(users, repeat) < 1 or seconds <= 0:
             raise CommandError("--users and --repeat must be at least 1, --seconds above 0.")
         if not HAPROXY.exists():

@@ -53,11 +53,24 @@ def _parts_text(content: Any, where: str) -> str:
     raise BadInput(f"{where}.content: expected text or a list of text parts.")
 
 
-def _answer(message: dict, where: str) -> list[it.Item]:
-    received = [it.text(text)] if (text := _text(message.get("content"), where)) else []
-    tool_calls = message.get("tool_calls") or []
+def _reasoning(message: dict, where: str, provider: str | None) -> list[it.Item]:
+    """An assistant message's thinking (Anthropic's `thinking_blocks`), kept verbatim as the answer's reasoning
+    for the provider the call goes to (C4)."""
+    blocks = message.get("thinking_blocks")
+    if blocks is None:
+        return []
+    if not (isinstance(blocks, list) and all(isinstance(b, dict) for b in blocks)):
+        raise BadInput(f"{where}.thinking_blocks: expected a list of thinking blocks.")
+    if len(json.dumps(blocks)) > settings.ARBOR_MAX_CONTENT_CHARS:
+        raise TooLarge(f"{where}: thinking longer than {settings.ARBOR_MAX_CONTENT_CHARS} characters.")
+    return [{"type": "reasoning", "provider": provider or "",
+             "text": "".join(str(b.get("thinking", "")) for b in blocks), "data": blocks}] if blocks else []
+
+
+def _calls(tool_calls: Any, where: str) -> list[it.Item]:
     if not isinstance(tool_calls, list):
         raise BadInput(f"{where}.tool_calls: expected a list.")
+    calls = []
     for index, call in enumerate(tool_calls):
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(call.get("id"), str) or not isinstance(
@@ -67,12 +80,19 @@ def _answer(message: dict, where: str) -> list[it.Item]:
         arguments = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
         if len(arguments) > settings.ARBOR_MAX_CONTENT_CHARS:
             raise TooLarge(f"{where}.tool_calls[{index}]: arguments longer than {settings.ARBOR_MAX_CONTENT_CHARS}.")
-        received.append(it.tool_call(call["id"], function["name"], arguments, client=True))
-    return received
+        calls.append(it.tool_call(call["id"], function["name"], arguments, client=True))
+    return calls
 
 
-def read_messages(messages: Any, *, field: str = "messages",
-                  positions: list[int] | None = None) -> tuple[str | None, list[ListedTurn]]:
+def _answer(message: dict, where: str, reasoning_provider: str | None) -> list[it.Item]:
+    """An assistant message's items: its thinking, its text and its tool calls."""
+    text = _text(message.get("content"), where)
+    return [*_reasoning(message, where, reasoning_provider), *([it.text(text)] if text else []),
+            *_calls(message.get("tool_calls") or [], where)]
+
+
+def read_messages(messages: Any, *, field: str = "messages", positions: list[int] | None = None,
+                  reasoning_provider: str | None = None) -> tuple[str | None, list[ListedTurn]]:
     """The call's instructions (system and developer messages) and the list's turns, the last one new. Errors
     name the message as `field[i]`, i its place in the request (`positions`, where messages were read from
     another list)."""
@@ -101,7 +121,7 @@ def read_messages(messages: Any, *, field: str = "messages",
             if not turns[-1].sent or turns[-1].received is not None:
                 raise BadInput(f"{where}: an assistant message answers the messages before it; two in a row, or "
                                "one first, is not a call this server can store.")
-            turns[-1].received = _answer(message, where)
+            turns[-1].received = _answer(message, where, reasoning_provider)
             calls.update({c["id"]: c["name"] for c in it.tool_calls(turns[-1].received)})
         else:
             raise BadInput(f"{where}.role: expected system, developer, user, assistant or tool.")

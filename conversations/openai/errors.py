@@ -1,4 +1,5 @@
-"""OpenAI's error format for the /v1/ surface, so the official SDKs raise their usual exceptions.
+"""The providers' error formats for the /v1/ surface (OpenAI's, and Anthropic's on /v1/messages), so the official
+SDKs raise their usual exceptions.
 
 The API's own handler (config.api) decides the status and the words; this one only reshapes the body into
 `{"error": {"message", "type", "param", "code"}}`. A failed create also says `x-should-retry: false`: the SDK
@@ -6,6 +7,8 @@ retries a 5xx twice by default, and each retry would ask the question again as a
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -24,6 +27,17 @@ def openai_error_body(status: int, message: str, code: str | None, param: str | 
     return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
 
 
+ANTHROPIC_ERRORS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
+                    429: "rate_limit_error", 529: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error shape, which its SDK reads into its own exceptions."""
+    kind = "api_error" if status >= 500 and status != 529 else ANTHROPIC_ERRORS.get(status, "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
 def exception_handler(exc, context):
     response = api_exception_handler(exc, context)
     if response is None:
@@ -31,6 +45,17 @@ def exception_handler(exc, context):
     error = (response.data or {}).get("error", {})
     param = error.get("param") if isinstance(error.get("param"), str) else None  # the field at fault, if named
     response.data = openai_error_body(response.status_code, error.get("message", ""), error.get("code"), param)
+    response["x-should-retry"] = "false"
+    return response
+
+
+def anthropic_exception_handler(exc, context):
+    """/v1/messages: the same decision, in Anthropic's error shape."""
+    response = api_exception_handler(exc, context)
+    if response is None:
+        return None
+    error = (response.data or {}).get("error", {})
+    response.data = anthropic_error_body(response.status_code, error.get("message", ""))
     response["x-should-retry"] = "false"
     return response
 

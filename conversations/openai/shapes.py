@@ -145,6 +145,36 @@ def _is_earlier_turn(entry: Any) -> bool:
         entry.get("type", "message") == "message" and entry.get("role") == "assistant"))
 
 
+def _history_message(entry: Any, where: str, messages: list[dict[str, Any]]) -> None:
+    """One input item onto the chat list: a function call or an assistant text joins the answer it belongs to."""
+    kind = entry.get("type", "message") if isinstance(entry, dict) else type(entry).__name__
+    role = entry.get("role") if isinstance(entry, dict) else None
+    answer = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
+    if kind == "reasoning":
+        return
+    if kind == "function_call":
+        if not all(isinstance(entry.get(key), str) for key in ("call_id", "name", "arguments")):
+            raise BadInput(f"{where}: a function_call has a call_id, a name and its arguments as text.")
+        if answer is None:
+            messages.append(answer := {"role": "assistant", "content": None})
+        answer.setdefault("tool_calls", []).append({"id": entry["call_id"], "type": "function", "function": {
+            "name": entry["name"], "arguments": entry["arguments"]}})
+    elif kind == "function_call_output":
+        messages.append({"role": "tool", "tool_call_id": entry.get("call_id"),
+                         "content": _output_text(entry.get("output"), where)})
+    elif kind == "message" and role == "assistant":
+        text = _message_text(entry.get("content"), where, parts=("output_text", "text", "input_text"))
+        if answer is None:
+            messages.append({"role": "assistant", "content": text})
+        else:  # one answer: its text and calls together
+            answer["content"] = "\n".join(filter(None, [answer["content"], text]))
+    elif kind == "message" and role in _ROLES:
+        messages.append({"role": role, "content": _message_text(entry.get("content"), where)})
+    else:
+        raise BadInput(f"{where}: this server reads messages, function calls and their outputs (got {kind!r} with "
+                       f"role {role!r}).")
+
+
 def history_messages(value: Any) -> tuple[list[dict[str, Any]], list[int]] | None:
     """OpenAI's manual-history pattern: an `input` that resends earlier turns (assistant messages and function
     calls with their outputs) instead of naming `previous_response_id`, as openai-agents' Responses model does.
@@ -156,32 +186,7 @@ def history_messages(value: Any) -> tuple[list[dict[str, Any]], list[int]] | Non
     messages: list[dict[str, Any]] = []
     positions: list[int] = []
     for index, entry in enumerate(value):
-        where = f"input[{index}]"
-        kind = entry.get("type", "message") if isinstance(entry, dict) else type(entry).__name__
-        if kind == "reasoning":
-            continue
-        if kind == "function_call":
-            if not all(isinstance(entry.get(key), str) for key in ("call_id", "name", "arguments")):
-                raise BadInput(f"{where}: a function_call has a call_id, a name and its arguments as text.")
-            call = {"id": entry["call_id"], "type": "function",
-                    "function": {"name": entry["name"], "arguments": entry["arguments"]}}
-            if not messages or messages[-1]["role"] != "assistant":
-                messages.append({"role": "assistant", "content": None, "tool_calls": []})
-            messages[-1].setdefault("tool_calls", []).append(call)
-        elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": entry.get("call_id"),
-                             "content": _output_text(entry.get("output"), where)})
-        elif kind == "message" and entry.get("role") == "assistant":
-            text = _message_text(entry.get("content"), where, parts=("output_text", "text", "input_text"))
-            if messages and messages[-1]["role"] == "assistant":  # one answer: its text and calls together
-                messages[-1]["content"] = "\n".join(filter(None, [messages[-1]["content"], text]))
-            else:
-                messages.append({"role": "assistant", "content": text})
-        elif kind == "message" and entry.get("role") in _ROLES:
-            messages.append({"role": entry["role"], "content": _message_text(entry.get("content"), where)})
-        else:
-            raise BadInput(f"{where}: this server reads messages, function calls and their outputs (got "
-                           f"{kind!r} with role {entry.get('role') if isinstance(entry, dict) else None!r}).")
+        _history_message(entry, f"input[{index}]", messages)
         if len(positions) < len(messages):  # an item merged into the message before begins none of its own
             positions.append(index)
     return messages, positions

@@ -10,6 +10,8 @@ urlpatterns = [
     # Calls run a turn: off the shared thread, and their connection is given back before a stream begins.
     path("chat/completions", off_the_shared_thread(v.ChatCompletions.as_view()), name="openai-chat-completions"),
     path("responses", off_the_shared_thread(v.Responses.as_view()), name="openai-responses"),
+    path("messages", off_the_shared_thread(v.AnthropicMessages.as_view()), name="anthropic-messages"),
+    path("messages/count_tokens", v.AnthropicCountTokens.as_view(), name="anthropic-count-tokens"),
     path("responses/<str:response_id>", v.ResponseDetail.as_view(), name="openai-response"),
     path("responses/<str:response_id>/input_items", v.ResponseInputItems.as_view(), name="openai-input-items"),
     re_path(r"", errors.not_found),  # every other /v1/ path, in OpenAI's error format

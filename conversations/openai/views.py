@@ -23,10 +23,10 @@ from config.streams import EventStream, StreamSlotView
 from config.throttles import AnonRateFirst
 from config.web import in_pool_thread
 from conversations import items as it
-from conversations import services
+from conversations import llm, services
 from conversations.models import Conversation, Node
-from conversations.openai import chat, deletion, errors, shapes
-from conversations.openai.auth import BearerTokenAuthentication
+from conversations.openai import chat, deletion, errors, messages, shapes
+from conversations.openai.auth import ApiKeyAuthentication, BearerTokenAuthentication
 from conversations.openai.options import chat_options, responses_options
 from conversations.openai.shapes import (
     function_call_item,
@@ -165,6 +165,70 @@ class ChatCompletions(GatewayView):
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
         return Response(chat.completion_of(Node.objects.get(pk=outcome.head), model=model))
+
+
+class AnthropicMessages(GatewayView):
+    """Issue 27: Anthropic's Messages API (`messages.py`), run as a chat list is (`_turn_from_list`)."""
+    authentication_classes = [ApiKeyAuthentication, BearerTokenAuthentication]
+
+    def get_exception_handler(self):
+        return errors.anthropic_exception_handler
+
+    def post(self, request: Request):
+        if isinstance(request.data, dict) and request.data.get("model") not in settings.ARBOR_MODELS:
+            raise NotFound(f"model: {request.data.get('model')!r} does not exist here; GET /v1/models lists the "
+                           "ones that do.", code="model_not_found")  # Anthropic's answer: a 404
+        body, model, stream = _call(request)
+        listed, positions = messages.chat_messages(body.get("messages"))
+        tools = messages.tools_of(body.get("tools"))
+        options = messages.options_of(body, tools)
+        _, turns = chat.read_messages(listed, positions=positions, reasoning_provider=llm.provider_of(model))
+        turn = _turn_from_list(request, body, model, turns, instructions=instructions_text(
+            messages.system_text(body.get("system")), "system"), tools=tools, call_options=options.model)
+        if stream:
+            return EventStream(_message_events(detached.launch(turn), model))
+        outcome = TurnOutcome.of(detached.run_here(turn))
+        if outcome.ending == EventType.ERROR:
+            raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
+        return Response(messages.message_of(Node.objects.get(pk=outcome.head), model=model))
+
+
+class AnthropicCountTokens(GatewayView):
+    """`POST /v1/messages/count_tokens`: the request's own messages, system and tools, estimated as the budget
+    estimates them (C1); nothing is recorded."""
+    authentication_classes = [ApiKeyAuthentication, BearerTokenAuthentication]
+
+    def get_exception_handler(self):
+        return errors.anthropic_exception_handler
+
+    def post(self, request: Request) -> Response:
+        body = request.data if isinstance(request.data, dict) else None
+        if body is None:
+            raise BadInput("The body must be a JSON object.")
+        listed, positions = messages.chat_messages(body.get("messages"))
+        chat.read_messages(listed, positions=positions)  # the same checks a create makes
+        system = instructions_text(messages.system_text(body.get("system")), "system")
+        tools = messages.tools_of(body.get("tools")) or []
+        counted = [{"role": "system", "content": system}, {"tools": tools}, *listed]
+        return Response({"input_tokens": llm.estimate_tokens(counted)})
+
+
+async def _message_events(run_id, model: str):
+    """A turn's log as Anthropic's event stream (`messages.MessageEvents`); a client that leaves only stops
+    reading, and a run that ended without a word (its process died, D3) ends with an error event."""
+    events = messages.MessageEvents(model, lambda pk: in_pool_thread(_node, pk))
+    try:
+        async for batch in follow_log_batches(run_id):
+            for _, event in batch:
+                yield await events.translate(event)
+                if events.ended:
+                    return
+    except Exception as error:  # the status is sent: say it as an event; the call goes on regardless
+        logger.exception("messages stream %s failed", run_id)
+        yield messages.sse_event("error", error=errors.anthropic_error_body(500, repr(error))["error"])
+        return
+    yield messages.sse_event("error", error=errors.anthropic_error_body(
+        502, "The call ended without an answer: the process running it stopped.")["error"])
 
 
 class _ChatChunks:
