@@ -29,6 +29,10 @@ class Conversation(models.Model):
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations")
     origin = models.CharField(max_length=10, choices=Origin.choices, default=Origin.CHAT)
+    # OpenAI's Conversations API (/v1/conversations): the caller's metadata, and the items it added that no call
+    # has sent yet; the next call of this conversation sends them first and takes them off.
+    metadata = models.JSONField(default=dict, blank=True)
+    pending_input = models.JSONField(default=list, blank=True)
     title = models.CharField(max_length=200, blank=True)
     model = models.CharField(max_length=200)
     instructions = models.TextField(blank=True)

@@ -79,7 +79,7 @@ def _tool_choice(body: dict, tools: list[dict] | None, *, chat: bool) -> tuple[A
     return {"type": "function", "function": {"name": name}}, {"type": "function", "name": name}
 
 
-def _metadata(body: dict) -> dict[str, str] | None:
+def metadata_of(body: dict) -> dict[str, str] | None:
     value = body.get("metadata")
     if value is None:
         return None
@@ -150,7 +150,7 @@ def responses_options(body: dict, tools: list[dict] | None) -> CallOptions:
         if body.get(name) is not None and not isinstance(body.get(name), str):
             raise BadInput(f"`{name}` must be text.", param=name)
     model.update(max_tokens=limit, response_format=response_format)
-    echo.update(max_output_tokens=limit, text=text, truncation=truncation or "disabled", metadata=_metadata(body)
+    echo.update(max_output_tokens=limit, text=text, truncation=truncation or "disabled", metadata=metadata_of(body)
                 or {}, store=True, tools=body.get("tools") or [],
                 **{name: body.get(name) for name in ("user", "safety_identifier", "prompt_cache_key")})
     return CallOptions(model={k: v for k, v in model.items() if v is not None}, echo=echo)
@@ -159,7 +159,7 @@ def responses_options(body: dict, tools: list[dict] | None) -> CallOptions:
 def chat_options(body: dict, tools: list[dict] | None) -> CallOptions:
     """A Chat Completions create's options; `max_completion_tokens` (or the older `max_tokens`) caps the answer."""
     model, _ = _common(body, tools, chat=True)
-    _metadata(body)
+    metadata_of(body)
     limits = [v for v in (_tokens(body, "max_completion_tokens", 1), _tokens(body, "max_tokens", 1)) if v]
     model.update(max_tokens=min(limits) if limits else None, response_format=_response_format(body))
     return CallOptions(model={k: v for k, v in model.items() if v is not None})

@@ -230,6 +230,7 @@ RESPONSE_DEFAULTS: dict[str, Any] = {
     "parallel_tool_calls": True, "metadata": {}, "text": {"format": {"type": "text"}}, "truncation": "disabled",
     "store": True, "background": False, "reasoning": {"effort": None, "summary": None}, "service_tier": "default",
     "top_logprobs": 0, "max_tool_calls": None, "user": None, "safety_identifier": None, "prompt_cache_key": None,
+    "conversation": None,
 }
 
 

@@ -25,9 +25,9 @@ from config.web import in_pool_thread
 from conversations import items as it
 from conversations import llm, services
 from conversations.models import Conversation, Node
-from conversations.openai import chat, deletion, errors, messages, shapes
+from conversations.openai import chat, conversations, deletion, errors, messages, shapes
 from conversations.openai.auth import ApiKeyAuthentication, BearerTokenAuthentication
-from conversations.openai.options import chat_options, responses_options
+from conversations.openai.options import chat_options, metadata_of, responses_options
 from conversations.openai.shapes import (
     function_call_item,
     history_messages,
@@ -111,8 +111,19 @@ class Responses(GatewayView):
         tools = tools_of(body.get("tools"))  # the caller's: it runs them itself (T4); Arbor's stay out
         options = responses_options(body, tools)
         previous = body.get("previous_response_id")
-        history = history_messages(body.get("input")) if previous is None else None
-        if history is not None:  # earlier turns resent, not named: matched as a chat completion's list is
+        named = body.get("conversation")
+        if named is not None and previous is not None:
+            raise BadInput("Send `conversation` or `previous_response_id`, not both.", param="conversation")
+        history = history_messages(body.get("input")) if previous is None and named is None else None
+        if named is not None:  # OpenAI's Conversations API: below its head, its waiting items sent first
+            conversation = conversations.conversation_named(request.user, named)
+            pending = conversation.pending_input
+            new = input_items(body.get("input"), open_calls=conversations.open_calls(conversation))
+            items = sorted([*pending, *new], key=lambda item: item["type"] != "tool_result")  # results first
+            turn = _turn_in(request.user, conversation, model, parent_id=conversation.head_id, items=items,
+                            instructions=instructions, tools=tools or [], call_options=options.model)
+            conversations.take_pending(conversation, len(pending))
+        elif history is not None:  # earlier turns resent, not named: matched as a chat completion's list is
             listed_instructions, turns = chat.read_messages(history[0], field="input", positions=history[1])
             instructions = "\n\n".join(filter(None, [instructions, listed_instructions]))
             turn = _turn_from_list(request, body, model, turns, instructions=instructions, tools=tools,
@@ -125,7 +136,8 @@ class Responses(GatewayView):
             conversation = Conversation.objects.get(pk=parent.conversation_id) if parent else None
             turn = _turn_in(request.user, conversation, model, parent_id=parent and parent.pk, items=items,
                             instructions=instructions, tools=tools or [], call_options=options.model)
-        sent = {**options.echo, "previous_response_id": previous}
+        sent = {**options.echo, "previous_response_id": previous,
+                "conversation": {"id": conversations.conversation_id(conversation)} if named is not None else None}
         if stream:
             return EventStream(_response_events(detached.launch(turn), sent))
         outcome = TurnOutcome.of(detached.run_here(turn))
@@ -342,6 +354,66 @@ class ResponseDetail(GatewayView):
         node = _response_node(request.user, response_id, field="id")
         deletion.response_delete(node=node)
         return Response({"id": shapes.response_id(node.pk), "object": "response.deleted", "deleted": True})
+
+
+class Conversations(GatewayView):
+    def post(self, request: Request) -> Response:
+        """Create: a conversation of the caller's (origin api), with its metadata and the items it starts with."""
+        body = request.data if isinstance(request.data, dict) else None
+        if body is None:
+            raise BadInput("The body must be a JSON object.")
+        metadata = metadata_of(body) or {}
+        items = conversations.added_items(body["items"]) if body.get("items") is not None else []
+        conversation = services.conversation_create(owner=request.user, origin=Conversation.Origin.API)
+        if items or metadata:
+            conversation.metadata, conversation.pending_input = metadata, items
+            conversation.save(update_fields=["metadata", "pending_input"])
+        return Response(conversations.conversation_object(conversation))
+
+
+class ConversationDetail(GatewayView):
+    def get(self, request: Request, conversation_id: str) -> Response:
+        return Response(conversations.conversation_object(
+            conversations.conversation_named(request.user, conversation_id, field="id")))
+
+    def post(self, request: Request, conversation_id: str) -> Response:
+        """OpenAI updates a conversation's metadata with a POST."""
+        found = conversations.conversation_named(request.user, conversation_id, field="id")
+        return Response(conversations.conversation_object(conversations.update_metadata(found, request.data)))
+
+    def delete(self, request: Request, conversation_id: str) -> Response:
+        return Response(conversations.delete(conversations.conversation_named(request.user, conversation_id,
+                                                                              field="id")))
+
+
+class ConversationItems(GatewayView):
+    def get(self, request: Request, conversation_id: str) -> Response:
+        found = conversations.conversation_named(request.user, conversation_id, field="id")
+        return Response(conversations.page(conversations.items_of(found), request.query_params))
+
+    def post(self, request: Request, conversation_id: str) -> Response:
+        """Add items for the next call; answered as the items added, with their ids."""
+        found = conversations.conversation_named(request.user, conversation_id, field="id")
+        body = request.data if isinstance(request.data, dict) else {}
+        conversations.add_pending(found, conversations.added_items(body.get("items"), found))
+        found.refresh_from_db(fields=["pending_input"])
+        added = len(body["items"])
+        listed = conversations.items_of(found)
+        data = listed[-added:] if added else []
+        return Response({"object": "list", "data": data, "first_id": data[0]["id"] if data else "",
+                         "last_id": data[-1]["id"] if data else "", "has_more": False})
+
+
+class ConversationItem(GatewayView):
+    def get(self, request: Request, conversation_id: str, item_id: str) -> Response:
+        found = conversations.conversation_named(request.user, conversation_id, field="id")
+        return Response(conversations.item_named(found, item_id))
+
+    def delete(self, request: Request, conversation_id: str, item_id: str) -> Response:
+        """A waiting item goes (OpenAI answers with the conversation); a recorded one is a 409 (P3)."""
+        found = conversations.conversation_named(request.user, conversation_id, field="id")
+        conversations.delete_item(found, item_id)
+        return Response(conversations.conversation_object(found))
 
 
 class ResponseInputItems(GatewayView):

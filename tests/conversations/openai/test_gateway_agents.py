@@ -468,3 +468,88 @@ def test_issue_27_resent_history_errors_name_the_input_item_and_record_nothing(v
         response = v1.post("/v1/responses", {"model": MODEL, "input": items}, format="json")
         assert response.status_code == 400 and needle in response.json()["error"]["message"], response.json()
     assert not Node.objects.exists() and not Conversation.objects.exists()
+
+
+# --- OpenAI's Conversations API: an Arbor conversation is an OpenAI conversation --------------------------------
+
+
+def test_issue_27_t2_conversations_api_create_continue_at_the_head_and_list_items(sdk, user):
+    """Create a conversation with metadata and a first item; `responses.create(conversation=…)` sends the waiting
+    item first and hangs each call below the head (T2), one path; items list what the path holds, root first
+    (asc) or newest first (desc, OpenAI's default), paged with `after`; every object is the SDK's own type."""
+    conv = sdk.conversations.create(metadata={"topic": "weather"},
+                                    items=[{"type": "message", "role": "user", "content": "Hello!"}])
+    assert conv.id.startswith("conv_") and conv.metadata == {"topic": "weather"}
+    stored = Conversation.objects.get(pk=int(conv.id[5:]))
+    assert (stored.owner, stored.origin, stored.head_id) == (user, Conversation.Origin.API, None)
+    (waiting,) = sdk.conversations.items.list(conv.id).data
+    assert waiting.type == "message" and waiting.content[0].text == "Hello!"
+
+    first = sdk.responses.create(model=MODEL, input="What is the weather?", conversation=conv.id)
+    assert first.conversation.id == conv.id
+    node = _node(first.id)
+    assert [item["text"] for item in node.sent] == ["Hello!", "What is the weather?"], "the waiting item went first"
+    second = sdk.responses.create(model=MODEL, input="And tomorrow?", conversation={"id": conv.id})
+    assert _node(second.id).parent_id == node.pk and Conversation.objects.get(pk=stored.pk).head_id == int(
+        second.id[5:])
+    assert "Hello!" in second.output_text and Conversation.objects.filter(owner=user).count() == 1
+
+    ascending = sdk.conversations.items.list(conv.id, order="asc", limit=100).data
+    assert [(i.type, getattr(i, "role", None)) for i in ascending] == [
+        ("message", "user"), ("message", "user"), ("message", "assistant"), ("message", "user"),
+        ("message", "assistant")]
+    assert ascending[-1].content[0].text == second.output_text
+    newest = sdk.conversations.items.list(conv.id, limit=2)
+    assert [i.id for i in newest.data] == [ascending[-1].id, ascending[-2].id] and newest.has_more
+    rest = sdk.conversations.items.list(conv.id, after=newest.last_id, limit=100)
+    assert [i.id for i in rest.data] == [i.id for i in reversed(ascending[:-2])] and not rest.has_more
+    assert sdk.conversations.items.retrieve(ascending[0].id, conversation_id=conv.id).id == ascending[0].id
+
+    updated = sdk.conversations.update(conv.id, metadata={"topic": "rain"})
+    assert sdk.conversations.retrieve(conv.id).metadata == {"topic": "rain"} == updated.metadata
+
+
+def test_issue_27_p3_conversation_items_added_wait_for_the_next_call_and_recorded_ones_stay(sdk, user):
+    """Added items wait for the next call (listed after the path, deletable while they wait); an item a call sent
+    is part of the tree (P3): deleting it is a 409 and nothing changes. An answer cannot be added."""
+    conv = sdk.conversations.create()
+    asked = sdk.responses.create(model=MODEL, input="first", conversation=conv.id)
+    added = sdk.conversations.items.create(conv.id, items=[
+        {"type": "message", "role": "user", "content": "note one"},
+        {"type": "message", "role": "user", "content": "note two"}])
+    assert [i.content[0].text for i in added.data] == ["note one", "note two"]
+    sdk.conversations.items.delete(added.data[0].id, conversation_id=conv.id)
+    recorded = sdk.conversations.items.list(conv.id, order="asc").data[0]
+    with pytest.raises(openai.ConflictError, match="the tree keeps"):
+        sdk.conversations.items.delete(recorded.id, conversation_id=conv.id)
+    with pytest.raises(openai.BadRequestError, match="an answer is recorded by the call"):
+        sdk.conversations.items.create(conv.id, items=[{"type": "message", "role": "assistant", "content": "x"}])
+    before = _tree()
+    then = sdk.responses.create(model=MODEL, input="second", conversation=conv.id)
+    assert [i["text"] for i in _node(then.id).sent] == ["note two", "second"]
+    assert _node(then.id).parent_id == _node(asked.id).pk
+    assert Conversation.objects.get(pk=int(conv.id[5:])).pending_input == [], "taken by the call that sent them"
+    assert len(_tree()) == len(before) + 1
+
+
+def test_issue_27_conversations_api_errors_are_404s_and_409s_that_change_nothing(sdk, v1, other_user):
+    conv = sdk.conversations.create(metadata={"k": "v"})
+    theirs = services.conversation_create(owner=other_user)
+    for call in (lambda: sdk.conversations.retrieve(f"conv_{theirs.pk}"),
+                 lambda: sdk.conversations.items.list(f"conv_{theirs.pk}"),
+                 lambda: sdk.conversations.delete("conv_nope"),
+                 lambda: sdk.responses.create(model=MODEL, input="x", conversation=f"conv_{theirs.pk}")):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    first = sdk.responses.create(model=MODEL, input="x", conversation=conv.id)
+    with pytest.raises(openai.BadRequestError, match="not both"):
+        sdk.responses.create(model=MODEL, input="y", conversation=conv.id, previous_response_id=first.id)
+    with pytest.raises(openai.BadRequestError, match="metadata"):
+        sdk.conversations.update(conv.id, metadata={"k": "v" * 600})
+    with pytest.raises(openai.BadRequestError, match="items"):
+        sdk.conversations.create(items=[{"role": "user", "content": "x"}] * 21)
+    assert sdk.conversations.retrieve(conv.id).metadata == {"k": "v"}
+    assert Node.objects.count() == 1 and Conversation.objects.count() == 2
+
+    gone = sdk.conversations.delete(conv.id)
+    assert (gone.id, gone.deleted) == (conv.id, True) and not Node.objects.exists()
