@@ -1,0 +1,226 @@
+"""Issue 27's and 34's gateway figure: what `/v1/` adds to a call over the same instant upstream called directly,
+with the same client: `python manage.py bench_gateway`.
+
+An OpenAI-compatible upstream that answers at once (`_Upstream`: Chat Completions, plain and streamed, a fixed
+short answer and usage) runs in a thread here; one Arbor server process (uvicorn, as `scripts/serve` runs it, or
+`--server daphne`) serves `/v1/` against this database with the model `openai/bench-upstream` pointed at it. The
+official `openai` SDK calls, one request at a time and paced at `--rate` a second:
+
+- direct: the upstream itself (`chat.completions.create`, plain or `stream=True`);
+- new: Arbor's `/v1/chat/completions`, one message, so every call makes a conversation (the worst case);
+- continued: the same, naming one conversation (`X-Arbor-Conversation`), as a caller that continues one does.
+
+Each round runs every (kind, plain or streamed) case once, `--batch` calls each, in an order shuffled per round
+(`--seed`); `--repeat` rounds. It prints p50/p95/p99 of each case (a streamed call: to its last chunk, and to its
+first token), and what the gateway adds at each percentile over the direct call of the same round set. A call's
+node is recorded before its answer returns (plain) or its last chunk (streamed): the figure includes it. It asserts
+nothing about time; it writes the user `bench-gateway` and deletes its conversations when it starts and ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import openai
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+from rest_framework.authtoken.models import Token
+
+from conversations import services
+from conversations.bench.processes import database_url, free_port, stop
+from conversations.models import Conversation
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "openai/bench-upstream"
+ANSWER = ["The ", "answer ", "is ", "four."]
+
+
+class _UpstreamHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as a provider's endpoint
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        base = {"id": "chatcmpl-upstream", "created": int(time.time()), "model": body.get("model", "m")}
+        usage = {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}
+        if body.get("stream"):
+            chunks = [{**base, "object": "chat.completion.chunk", "choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": word}, "finish_reason": None}]}
+                for word in ANSWER]
+            chunks.append({**base, "object": "chat.completion.chunk", "choices": [
+                {"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            chunks.append({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+            payload = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
+            kind = "text/event-stream"
+        else:
+            payload = json.dumps({**base, "object": "chat.completion", "usage": usage, "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "".join(ANSWER)},
+                 "finish_reason": "stop"}]}).encode()
+            kind = "application/json"
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+class _Upstream:
+    def __init__(self):
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _UpstreamHandler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+class _Arbor:
+    """One Arbor server process on a free port, `/v1/` with the upstream's model."""
+
+    def __init__(self, server: str, upstream: _Upstream):
+        self.port = free_port()
+        env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_DEBUG": "0",
+               "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost", "ARBOR_MODELS": f"arbor/echo,{MODEL}",
+               "ARBOR_API_BASE": upstream.url, "OPENAI_API_KEY": "sk-bench", "ARBOR_API_USER_RATE": "1000000/min",
+               "ARBOR_MAX_CONCURRENT_TURNS_PER_USER": "1000"}
+        argv = ([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"]
+                if server == "daphne" else
+                [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
+                 "--lifespan", "off", "--timeout-keep-alive", "75", "config.asgi:application"])
+        self.process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{self.port}/v1/models", timeout=5)
+                return
+            except httpx.TransportError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    stop(self.process)
+                    raise CommandError(f"the Arbor server did not start:\n{self.process.stderr.read().decode()[-2000:]}")
+                time.sleep(0.2)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
+
+
+def _figures(values: list[float]) -> tuple[float, float, float]:
+    return tuple(_percentile(values, share) * 1000 for share in (0.50, 0.95, 0.99))
+
+
+class Command(BaseCommand):
+    help = "What /v1/ adds over an instant upstream called directly (issues 27 and 34), interleaved and shuffled."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--batch", type=int, default=20, help="calls of one case in a row (20)")
+        parser.add_argument("--repeat", type=int, default=10, help="rounds of every case, shuffled (10)")
+        parser.add_argument("--rate", type=float, default=20.0, help="calls a second at most, one at a time (20)")
+        parser.add_argument("--seed", type=int, default=27, help="seed of the shuffled order (27)")
+        parser.add_argument("--server", choices=("uvicorn", "daphne"), default="uvicorn")
+
+    def handle(self, *args, batch: int, repeat: int, rate: float, seed: int, server: str, **options):
+        if connection.vendor != "postgresql":
+            raise CommandError("bench_gateway runs on PostgreSQL (DATABASE_URL), as a deployment does.")
+        if min(batch, repeat) < 1 or rate <= 0:
+            raise CommandError("--batch and --repeat must be at least 1, --rate above 0.")
+        user, _ = get_user_model().objects.get_or_create(username="bench-gateway")
+        self._clear(user)
+        key = Token.objects.get_or_create(user=user)[0].key
+        named = services.conversation_create(owner=user, model=MODEL, origin=Conversation.Origin.API)
+        upstream = _Upstream()
+        arbor = _Arbor(server, upstream)
+        try:
+            clients = {
+                "direct": openai.OpenAI(api_key="sk-bench", base_url=upstream.url, max_retries=0),
+                "new": openai.OpenAI(api_key=key, base_url=arbor.url, max_retries=0),
+                "continued": openai.OpenAI(api_key=key, base_url=arbor.url, max_retries=0,
+                                           default_headers={"X-Arbor-Conversation": str(named.pk)}),
+            }
+            for client in clients.values():  # connections open and both servers warm before anything counts
+                for streamed in (False, True):
+                    self._call(client, streamed, "warm up")
+            totals, firsts = self._measure(clients, batch, repeat, rate, seed)
+        finally:
+            stop(arbor.process)
+            upstream.close()
+            self._clear(user)
+        self._report(totals, firsts, batch, repeat, rate, server)
+
+    def _clear(self, user) -> None:
+        for conversation in Conversation.objects.filter(owner=user):
+            services.conversation_delete(conversation=conversation)
+
+    @staticmethod
+    def _call(client: openai.OpenAI, streamed: bool, text: str) -> tuple[float, float]:
+        """One call: (seconds to the end, seconds to the first token)."""
+        started = time.perf_counter()
+        messages = [{"role": "user", "content": text}]
+        if not streamed:
+            answer = client.chat.completions.create(model=MODEL, messages=messages)
+            assert answer.choices[0].message.content
+            took = time.perf_counter() - started
+            return took, took
+        first = None
+        with client.chat.completions.create(model=MODEL, messages=messages, stream=True) as stream:
+            for chunk in stream:
+                if first is None and chunk.choices and chunk.choices[0].delta.content:
+                    first = time.perf_counter() - started
+        return time.perf_counter() - started, first if first is not None else float("nan")
+
+    def _measure(self, clients, batch, repeat, rate, seed):
+        cases = [(kind, streamed) for kind in clients for streamed in (False, True)]
+        order = random.Random(seed)
+        totals, firsts = defaultdict(list), defaultdict(list)
+        interval, number = 1.0 / rate, 0
+        for round_number in range(repeat):
+            order.shuffle(cases)
+            self.stdout.write(f"round {round_number + 1}/{repeat}: " + ", ".join(
+                f"{kind}{' streamed' if streamed else ''}" for kind, streamed in cases))
+            for kind, streamed in cases:
+                for _ in range(batch):
+                    number += 1
+                    started = time.perf_counter()
+                    total, first = self._call(clients[kind], streamed, f"call {number}: what is 2 + 2?")
+                    totals[kind, streamed].append(total)
+                    firsts[kind, streamed].append(first)
+                    time.sleep(max(0.0, interval - (time.perf_counter() - started)))
+        return totals, firsts
+
+    def _report(self, totals, firsts, batch, repeat, rate, server) -> None:
+        self.stdout.write(f"\n{batch * repeat} calls a case, one at a time, at most {rate:g}/s; one {server} "
+                          "process, PostgreSQL; ms")
+        for streamed in (False, True):
+            direct = _figures(totals["direct", streamed])
+            self.stdout.write(f"\n{'streamed (to the last chunk)' if streamed else 'plain'}:")
+            self.stdout.write(f"  {'case':<10} {'p50':>8} {'p95':>8} {'p99':>8}   added over direct p50/p95/p99")
+            for kind in ("direct", "new", "continued"):
+                p50, p95, p99 = _figures(totals[kind, streamed])
+                added = "" if kind == "direct" else (f"   +{p50 - direct[0]:.1f} / +{p95 - direct[1]:.1f} / "
+                                                     f"+{p99 - direct[2]:.1f}")
+                self.stdout.write(f"  {kind:<10} {p50:8.1f} {p95:8.1f} {p99:8.1f}{added}")
+            if streamed:
+                for kind in ("direct", "new", "continued"):
+                    p50, p95, _ = _figures([v for v in firsts[kind, True] if v == v])
+                    self.stdout.write(f"  first token, {kind:<10} p50 {p50:.1f}  p95 {p95:.1f}")
+        self.stdout.write("\nTargets (issue 27/34): the gateway adds p50 ≤ 5 ms and p99 ≤ 15 ms, the node recorded "
+                          f"inside that; mean of every call here: {statistics.mean(sum(totals.values(), [])) * 1000:.1f}")
