@@ -357,6 +357,27 @@ class TurnRun(models.Model):
         return f"turn {self.pk} of conversation {self.conversation_id}"
 
 
+class IdempotentRequest(models.Model):
+    """A POST that starts or decides a turn, sent with an `Idempotency-Key` (issue 31, Stripe's semantics): the
+    same key from the same person within a day gets this request's outcome again and never a second model call.
+    `done` with `status_code` and `body`: a JSON answer to say again; `run_id`: a stream to follow again."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64)  # the request's method, path and body, hashed
+    created_at = models.DateTimeField(default=timezone.now)
+    done = models.BooleanField(default=False)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    body = models.JSONField(null=True, blank=True)
+    run_id = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "key"], name="idempotency_key_once")]
+
+    def __str__(self) -> str:
+        return f"{self.owner_id}:{self.key}"
+
+
 class TurnLogEntry(models.Model):
     """One numbered event of a turn (its SSE id), kept a while after the turn ends so a client can resume."""
 

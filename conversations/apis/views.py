@@ -21,6 +21,7 @@ from conversations.apis import serializers as s
 from conversations.apis.paging import CursorPages, page_body, page_nodes, read_cursor
 from conversations.apis.schema import TURN_EVENT, TURN_MESSAGE_EVENT
 from conversations.apis.streams import FORMAT, EventStreamRenderer, log_stream
+from conversations.idempotency import IdempotentView
 from conversations.models import Conversation, Node
 from conversations.screen import BubblePage, bubbles_after, bubbles_before
 from conversations.selectors import conversation_for_user, conversation_list, node_for_user, node_page
@@ -103,11 +104,15 @@ def _turn_response(request: Request, turn: Turn | None) -> Response | StreamingH
     return Response(body, status=outcome.http_status)
 
 
-class TurnView(StreamSlotView):
+class TurnView(IdempotentView, StreamSlotView):
     renderer_classes = [JSONRenderer, EventStreamRenderer]
 
     def wants_stream(self, request: Request) -> bool:
         return _wants_stream(request)
+
+    def stream_run(self, request: Request, run_id) -> StreamingHttpResponse:
+        """A run's events from its first: what a retry with the same Idempotency-Key follows again."""
+        return log_stream(run_id)
 
 
 

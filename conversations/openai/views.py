@@ -24,6 +24,7 @@ from config.throttles import AnonRateFirst
 from config.web import in_pool_thread
 from conversations import items as it
 from conversations import llm, services
+from conversations.idempotency import IdempotentView
 from conversations.models import Conversation, Node
 from conversations.openai import chat, conversations, deletion, errors, messages, shapes
 from conversations.openai.auth import ApiKeyAuthentication, BearerTokenAuthentication
@@ -104,46 +105,66 @@ def _call(request: Request) -> tuple[dict, str, bool]:
     return body, model, stream
 
 
-class Responses(GatewayView):
+def _stream(events, run_id) -> EventStream:
+    stream = EventStream(events)
+    stream.run_id = run_id  # what a retry with the same Idempotency-Key follows again (`idempotency`)
+    return stream
+
+
+def _responses_sent(body: dict, options) -> dict:
+    """The request's own fields a Responses object says back (`response_of`)."""
+    named = body.get("conversation")
+    said = named.get("id") if isinstance(named, dict) else named
+    return {**options.echo, "previous_response_id": body.get("previous_response_id"),
+            "conversation": {"id": said} if named is not None else None}
+
+
+class Responses(IdempotentView, GatewayView):
+    def stream_run(self, request: Request, run_id) -> EventStream:
+        body = request.data
+        return _stream(_response_events(run_id, _responses_sent(body, responses_options(
+            body, tools_of(body.get("tools"))))), run_id)
+
     def post(self, request: Request):
         body, model, stream = _call(request)
-        instructions = instructions_text(body.get("instructions"))  # the call's own, never the account's
         tools = tools_of(body.get("tools"))  # the caller's: it runs them itself (T4); Arbor's stay out
         options = responses_options(body, tools)
-        previous = body.get("previous_response_id")
-        named = body.get("conversation")
-        if named is not None and previous is not None:
-            raise BadInput("Send `conversation` or `previous_response_id`, not both.", param="conversation")
-        history = history_messages(body.get("input")) if previous is None and named is None else None
-        if named is not None:  # OpenAI's Conversations API: below its head, its waiting items sent first
-            conversation = conversations.conversation_named(request.user, named)
-            pending = conversation.pending_input
-            new = input_items(body.get("input"), open_calls=conversations.open_calls(conversation))
-            items = sorted([*pending, *new], key=lambda item: item["type"] != "tool_result")  # results first
-            turn = _turn_in(request.user, conversation, model, parent_id=conversation.head_id, items=items,
-                            instructions=instructions, tools=tools or [], call_options=options.model)
-            conversations.take_pending(conversation, len(pending))
-        elif history is not None:  # earlier turns resent, not named: matched as a chat completion's list is
-            listed_instructions, turns = chat.read_messages(history[0], field="input", positions=history[1])
-            instructions = "\n\n".join(filter(None, [instructions, listed_instructions]))
-            turn = _turn_from_list(request, body, model, turns, instructions=instructions, tools=tools,
-                                   call_options=options.model)
-        else:
-            parent = None if previous is None else _response_node(request.user, previous,
-                                                                   field="previous_response_id")
-            open_calls = {call["id"]: call for call in it.tool_calls(parent.received)} if parent else {}
-            items = input_items(body.get("input"), open_calls=open_calls)
-            conversation = Conversation.objects.get(pk=parent.conversation_id) if parent else None
-            turn = _turn_in(request.user, conversation, model, parent_id=parent and parent.pk, items=items,
-                            instructions=instructions, tools=tools or [], call_options=options.model)
-        sent = {**options.echo, "previous_response_id": previous,
-                "conversation": {"id": conversations.conversation_id(conversation)} if named is not None else None}
+        turn = _response_turn(request, body, model=model, tools=tools, call_options=options.model,
+                              instructions=instructions_text(body.get("instructions")))  # never the account's
         if stream:
-            return EventStream(_response_events(detached.launch(turn), sent))
+            return self.stream_run(request, detached.launch(turn))
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
-        return Response(response_of(Node.objects.get(pk=outcome.head), sent=sent))
+        return Response(response_of(Node.objects.get(pk=outcome.head), sent=_responses_sent(body, options)))
+
+
+def _response_turn(request: Request, body: dict, *, model: str, instructions: str, tools, call_options):
+    """Where a Responses call hangs: below a named conversation's head, below `previous_response_id`, below the
+    stored path a resent history extends, or at a new conversation's root."""
+    previous, named = body.get("previous_response_id"), body.get("conversation")
+    if named is not None and previous is not None:
+        raise BadInput("Send `conversation` or `previous_response_id`, not both.", param="conversation")
+    if named is not None:  # OpenAI's Conversations API: below its head, its waiting items sent first
+        conversation = conversations.conversation_named(request.user, named)
+        pending = conversation.pending_input
+        new = input_items(body.get("input"), open_calls=conversations.open_calls(conversation))
+        items = sorted([*pending, *new], key=lambda item: item["type"] != "tool_result")  # results first
+        turn = _turn_in(request.user, conversation, model, parent_id=conversation.head_id, items=items,
+                        instructions=instructions, tools=tools or [], call_options=call_options)
+        conversations.take_pending(conversation, len(pending))
+        return turn
+    history = history_messages(body.get("input")) if previous is None else None
+    if history is not None:  # earlier turns resent, not named: matched as a chat completion's list is
+        listed_instructions, turns = chat.read_messages(history[0], field="input", positions=history[1])
+        return _turn_from_list(request, body, model, turns, tools=tools, call_options=call_options,
+                               instructions="\n\n".join(filter(None, [instructions, listed_instructions])))
+    parent = None if previous is None else _response_node(request.user, previous, field="previous_response_id")
+    open_calls = {call["id"]: call for call in it.tool_calls(parent.received)} if parent else {}
+    items = input_items(body.get("input"), open_calls=open_calls)
+    conversation = Conversation.objects.get(pk=parent.conversation_id) if parent else None
+    return _turn_in(request.user, conversation, model, parent_id=parent and parent.pk, items=items,
+                    instructions=instructions, tools=tools or [], call_options=call_options)
 
 
 def _chat_tools(value: Any) -> list[dict] | None:
@@ -162,7 +183,12 @@ def _chat_tools(value: Any) -> list[dict] | None:
                                               or {"type": "object", "properties": {}}}} for t in value]
 
 
-class ChatCompletions(GatewayView):
+class ChatCompletions(IdempotentView, GatewayView):
+    def stream_run(self, request: Request, run_id) -> EventStream:
+        options = request.data.get("stream_options")
+        usage = isinstance(options, dict) and options.get("include_usage") is True
+        return _stream(_chat_chunks(run_id, request.data["model"], usage), run_id)
+
     def post(self, request: Request):
         body, model, stream = _call(request)
         instructions, turns = chat.read_messages(body.get("messages"))
@@ -171,17 +197,19 @@ class ChatCompletions(GatewayView):
         turn = _turn_from_list(request, body, model, turns, instructions=instructions, tools=tools,
                                call_options=options.model)
         if stream:
-            options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
-            return EventStream(_chat_chunks(detached.launch(turn), model, options.get("include_usage") is True))
+            return self.stream_run(request, detached.launch(turn))
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
         return Response(chat.completion_of(Node.objects.get(pk=outcome.head), model=model))
 
 
-class AnthropicMessages(GatewayView):
+class AnthropicMessages(IdempotentView, GatewayView):
     """Issue 27: Anthropic's Messages API (`messages.py`), run as a chat list is (`_turn_from_list`)."""
     authentication_classes = [ApiKeyAuthentication, BearerTokenAuthentication]
+
+    def stream_run(self, request: Request, run_id) -> EventStream:
+        return _stream(_message_events(run_id, request.data["model"]), run_id)
 
     def get_exception_handler(self):
         return errors.anthropic_exception_handler
@@ -198,7 +226,7 @@ class AnthropicMessages(GatewayView):
         turn = _turn_from_list(request, body, model, turns, instructions=instructions_text(
             messages.system_text(body.get("system")), "system"), tools=tools, call_options=options.model)
         if stream:
-            return EventStream(_message_events(detached.launch(turn), model))
+            return self.stream_run(request, detached.launch(turn))
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)

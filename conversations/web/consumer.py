@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import import_module
 from types import SimpleNamespace
 from typing import Any
@@ -23,7 +26,9 @@ from django.contrib import auth
 from config.api import UnsafeJSON, strict_loads
 from config.errors import ArborError, BadInput, NotFound
 from config.web import in_pool_thread
+from conversations import idempotency
 from conversations.apis.serializers import ApprovalIn, EditIn, RegenerateIn, TurnIn
+from conversations.models import IdempotentRequest
 from conversations.selectors import conversation_for_user
 from conversations.turns import detached
 from conversations.turns.events import ENDINGS, EventType
@@ -62,10 +67,47 @@ _STARTS: dict[str, tuple[type | None, Callable[..., Turn | None]]] = {
 }
 
 
-def _begin_and_launch(begin: Callable[[], Turn | None]):
-    """Start the turn a message asks for and launch it; its run id, or None for an approval recorded."""
-    turn = begin()
-    return None if turn is None else detached.launch(turn)
+@dataclass(frozen=True)
+class _Started:
+    run_id: uuid.UUID | None  # None: an approval recorded, others still wait
+    resent: bool = False  # the message was sent before (its id): this is the first sending's run
+
+
+def _begin_and_launch(begin: Callable[[], Turn | None], *, user=None, message_id: str | None = None,
+                      asked: str = "") -> _Started:
+    """Start the turn a message asks for and launch it. A message with an `id` the page sent before (a resend
+    after a reconnect) starts nothing: it is the first sending's run (issue 31, as an Idempotency-Key)."""
+    held = None
+    if message_id is not None:
+        try:
+            held = idempotency.claim_key(user, f"socket:{message_id}", asked)
+        except idempotency.Replay as replay:
+            run_id = replay.claim.run_id
+            return _Started(uuid.UUID(run_id) if run_id else None, resent=True)
+    try:
+        turn = begin()
+    except Exception:
+        idempotency.release(held)
+        raise
+    run_id = None if turn is None else detached.launch(turn)
+    idempotency.settle_run(held, run_id)
+    return _Started(run_id)
+
+
+def _message_id(content: dict[str, Any]) -> str | None:
+    """The page's own id for a message (a resend carries the same): text of at most 200 characters, or none."""
+    value = content.get("id")
+    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 200):
+        raise BadInput("id: a message's id is text of 1 to 200 characters.")
+    return value
+
+
+def _asked(content: dict[str, Any]) -> str:
+    return idempotency.digest("socket", {k: v for k, v in content.items() if k != "id"})
+
+
+def _first_sending(user, message_id: str):
+    return IdempotentRequest.objects.filter(owner=user, key=f"socket:{message_id}").first()
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -152,12 +194,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         try:
             begin = self._begin_for(content)
+            message_id = _message_id(content)
         except ArborError as error:
             await self.send_json({"type": "error", "code": error.code, "message": error.message})
             return
         if begin is None:
             await self.send_json({"type": "error", "code": "bad_input",
                                   "message": f"Unknown message type {content['type']!r}."})
+            return
+        if message_id is not None and await self._resent(message_id, content):
             return
         if self.generation and not self.generation.done():
             if not self.turn_ended:
@@ -170,18 +215,49 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         try:
             # One step in a thread: the turn (its question written) and the thread that runs it. A socket
             # that drops meanwhile cancels only this wait; the turn runs all the same.
-            run_id = await in_pool_thread(_begin_and_launch, begin)
+            started = await in_pool_thread(functools.partial(
+                _begin_and_launch, begin, user=self.user, message_id=message_id, asked=_asked(content)))
         except ArborError as error:
             await self.send_json({"type": "error", "code": error.code, "message": error.message})
             return
         finally:
             self.starting = False
+        if started.resent:  # sent again meanwhile (another socket of the page's): the first sending's run
+            await self._show_resent(started.run_id)
+            return
+        run_id = started.run_id
         if run_id is None:  # an approval recorded; others still wait
             await self.send_json({"type": "approval_recorded"})
             return
         self.turn_ended = False
         self.following = run_id
         self.generation = asyncio.create_task(self._join(run_id, announce=False))
+
+    async def _resent(self, message_id: str, content: dict[str, Any]) -> bool:
+        """A message this page sent before (a resend after a reconnect): show the first sending's run, start
+        nothing. False for a message not seen before."""
+        found = await in_pool_thread(_first_sending, self.user, message_id)
+        if found is None:
+            return False
+        if found.fingerprint != _asked(content):
+            await self.send_json({"type": "error", "code": "idempotency_key_reused",
+                                  "message": "This message id was used for another message."})
+            return True
+        if not (found.done or found.run_id):  # the first sending is still starting its turn: it will show it
+            return True
+        await self._show_resent(uuid.UUID(found.run_id) if found.run_id else None)
+        return True
+
+    async def _show_resent(self, run_id) -> None:
+        if run_id is None:
+            await self.send_json({"type": "approval_recorded"})
+        elif run_id != self.following or self.generation is None or self.generation.done():
+            await self._stop_reading()
+            self.turn_ended = False
+            self.following = run_id
+            self.generation = asyncio.create_task(self._join(run_id))
+        else:
+            await self.send_json({"type": "joined"})  # already showing it: say the question was taken
 
     def _begin_for(self, content: dict[str, Any]) -> Callable[[], Turn | None] | None:
         """The turn start a message asks for, its fields checked by the API's own input serializer;
@@ -190,7 +266,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if kind not in _STARTS:
             return None
         serializer_class, start = _STARTS[kind]
-        fields = {k: v for k, v in content.items() if k != "type"}
+        fields = {k: v for k, v in content.items() if k not in ("type", "id")}
         data = serializer_class(data=fields) if serializer_class else None
         if data is not None and not data.is_valid():
             raise BadInput(" ".join(f"{name}: {' '.join(map(str, errors))}" for name, errors in data.errors.items()))

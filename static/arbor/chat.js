@@ -135,6 +135,13 @@
         // Back after a drop (a restart, a network change): show what the server has now, and keep looking while
         // a turn runs or was cut off, so a cut answer appears with its Retry without a reload (issue 26).
         dropped = false;
+        if (unanswered !== null) {
+          // The message sent just before the drop got no answer: send it again with its id. If the server took
+          // it, this shows that turn; if not, it starts now.
+          socket.send(JSON.stringify(unanswered));
+          say("Reconnected; sending your message again…");
+          return;
+        }
         finish("Reconnected.");
       }
     });
@@ -173,17 +180,29 @@
   }
 
   let unsent = null;  // the question just sent, until the server shows it took it
+  // The turn message just sent, with its id, until the server answers it: sent again after a reconnect, and the
+  // server starts nothing for an id it has seen (issue 31), so a drop never loses a question nor doubles one.
+  let unanswered = null;
+
+  function messageId() {
+    return globalThis.crypto?.randomUUID?.() ?? `${Date.now().toString(36)}-${Math.random().toString(36).slice(2)}`;
+  }
 
   function send(message) {
     if (gone || !socket || socket.readyState !== WebSocket.OPEN) {
       say("Not connected yet; try again in a moment.");
       return false;
     }
+    if (message.type !== "stop") {
+      message = { ...message, id: messageId() };
+      unanswered = message;
+    }
     socket.send(JSON.stringify(message));
     return true;
   }
 
   function onEvent(event) {
+    if (unanswered !== null && event.type !== "joined") unanswered = null;
     if (unsent !== null && event.type === "error" && event.node == null) {
       giveBack(unsent);  // refused before anything was written (an approval waits, another tab's turn): kept
       unsent = null;

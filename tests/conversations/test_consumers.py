@@ -138,10 +138,10 @@ async def test_issue_12_a_socket_dropped_the_moment_its_question_is_sent_keeps_t
     entered, leave = threading.Event(), threading.Event()
     begin_and_launch = consumer._begin_and_launch
 
-    def held(begin):
+    def held(begin, **sending):
         entered.set()
         leave.wait(10)  # until the consumer has been cancelled
-        return begin_and_launch(begin)
+        return begin_and_launch(begin, **sending)
 
     monkeypatch.setattr(consumer, "_begin_and_launch", held)
     socket = chat_socket(conversation.pk, cookie)
