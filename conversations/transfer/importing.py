@@ -19,11 +19,14 @@ from config.api import TooDeep, UnsafeJSON, strict_loads
 from config.errors import TooLarge
 from conversations.models import Conversation
 from conversations.transfer import (
+    aistudio,
     arbor_tree,
     archive,
     chatbotui,
     chatgpt,
     claude,
+    deepseek,
+    grok,
     librechat,
     openwebui,
     sharegpt,
@@ -94,6 +97,7 @@ class Imported:
 
 # Each peer format: its name, its entries when a document is one of its files (else None), one entry's plan.
 _FORMATS: list[tuple[str, Callable[[Any], list | None], Callable[[Any, int], Plan]]] = [
+    ("DeepSeek", deepseek.entries, deepseek.plan),  # before ChatGPT: its files have a `mapping` too
     ("ChatGPT", chatgpt.entries, chatgpt.chatgpt_plan),
     ("Open WebUI", openwebui.entries, openwebui.plan),
     ("LibreChat", librechat.entries, librechat.plan),
@@ -101,9 +105,11 @@ _FORMATS: list[tuple[str, Callable[[Any], list | None], Callable[[Any, int], Pla
     ("chatbot-ui", chatbotui.entries, chatbotui.plan),
     ("SillyTavern", sillytavern.entries, sillytavern.plan),
     ("ShareGPT", sharegpt.entries, sharegpt.plan),
+    ("Grok", grok.entries, grok.plan),
+    ("Google AI Studio", aistudio.entries, aistudio.plan),
 ]
-ACCEPTED = ("Arbor's tree export, or an export of ChatGPT, Open WebUI, LibreChat, Claude.ai or chatbot-ui, "
-            "a SillyTavern chat (.jsonl) or ShareGPT data")
+ACCEPTED = ("Arbor's tree export, or an export of ChatGPT, Open WebUI, LibreChat, Claude.ai or chatbot-ui, of "
+            "DeepSeek or Grok, a Google AI Studio prompt, a SillyTavern chat (.jsonl) or ShareGPT data")
 
 
 def import_any(*, owner, document: Any) -> Imported:

@@ -1,0 +1,208 @@
+"""Issue 28: more files people bring: DeepSeek's data export (a `mapping` of messages made of fragments, thoughts as
+THINK), Grok's (`prod-grok-backend.json`, responses chained by `parent_response_id`) and Google AI Studio prompt
+files (`chunkedPrompt.chunks`, thoughts as `isThought`, `systemInstruction`). Branches become siblings (T8), the
+branch the app shows ends at the head (T2), thoughts are reasoning items (C4), and a file that cannot be read is
+refused whole, named, and creates nothing (D5). Where each file came from: tests/fixtures/exports/SOURCES.md."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from conversations import items as it
+from conversations.models import Conversation, Node
+from conversations.screen import path_bubbles
+from conversations.selectors import node_path
+from tests.conversations.helpers import head
+
+pytestmark = pytest.mark.django_db
+
+EXPORTS = Path(__file__).resolve().parent.parent / "fixtures" / "exports"
+DEEPSEEK = EXPORTS / "deepseek" / "deepseek-export-regenerated-HANDMADE.json"
+GROK = EXPORTS / "grok" / "grok-backend-branches-HANDMADE.json"
+AISTUDIO = EXPORTS / "aistudio" / "export-unshitter-hi-2025.json"
+
+
+def _post(api, raw: bytes):
+    return api.post("/api/conversations/import/", data=raw, content_type="application/json")
+
+
+def _imported(response) -> list[Conversation]:
+    assert response.status_code == 201, response.json()
+    return [Conversation.objects.get(pk=c["id"]) for c in response.json()["conversations"]]
+
+
+def _refused(api, document, message: str) -> None:
+    response = _post(api, json.dumps(document).encode())
+    assert response.status_code == 400, response.json()
+    assert message in response.json()["error"]["message"]
+    assert not Conversation.objects.exists() and not Node.objects.exists()
+
+
+def _shown(conversation) -> list[tuple[str, str]]:
+    return [(v.bubble.role, v.bubble.content) for v in path_bubbles(conversation=conversation)]
+
+
+def _types(node) -> list[str]:
+    return [item["type"] for item in node.received]
+
+
+def _nodes(conversation) -> int:
+    return Node.objects.filter(conversation=conversation).count()
+
+
+# --- DeepSeek ---------------------------------------------------------------------------------------------
+
+
+def test_issue_28_t8_t2_deepseek_regenerated_answer_is_a_sibling_and_the_newest_tip_is_the_head(api):
+    """Issue 28, T8, T2: DeepSeek's export (read as DeepSeek, not as ChatGPT, whose files also have a `mapping`):
+    the two answers to one question are sibling nodes that both sent it; the conversation goes on from the newer
+    one, and the newest tip is the head, so the screen shows that branch."""
+    document = json.loads(DEEPSEEK.read_text())
+    regenerated, plain = _imported(_post(api, DEEPSEEK.read_bytes()))
+    mapping = document[0]["mapping"]
+    text = {key: [f["content"] for f in mapping[key]["message"]["fragments"]][-1] for key in "12345"}
+    assert regenerated.title == "Boiling point at altitude"
+    assert _nodes(regenerated) == 3
+    assert _shown(regenerated) == [("user", text["1"]), ("assistant", text["3"]), ("user", text["4"]),
+                                   ("assistant", text["5"])]
+    first, last = node_path(head(regenerated).pk)
+    siblings = Node.objects.filter(conversation=regenerated, parent_id=None).exclude(pk=first.id)
+    assert [it.answer_text(n.received) for n in siblings] == [text["2"]]
+    assert all(n.sent == first.sent for n in siblings), "each answer answers the same question"
+    assert it.answer_text(last.received) == text["5"]
+    assert _nodes(plain) == 1 and _shown(plain) == [("user", "Say hello."), ("assistant", "Hello!")]
+
+
+def test_issue_28_c4_deepseek_think_fragments_are_reasoning_not_text(api):
+    """Issue 28, C4, T8: a THINK fragment is the answer's reasoning item (kept and shown as thoughts, never as the
+    answer's text, never sent to another model); each regenerated answer keeps its own."""
+    document = json.loads(DEEPSEEK.read_text())
+    thoughts = {key: document[0]["mapping"][key]["message"]["fragments"][0]["content"] for key in "23"}
+    regenerated, _ = _imported(_post(api, DEEPSEEK.read_bytes()))
+    answers = Node.objects.filter(conversation=regenerated, parent_id=None).order_by("id")
+    assert [_types(n) for n in answers] == [["reasoning", "text"], ["reasoning", "text"]]
+    assert [n.received[0]["text"] for n in answers] == [thoughts["2"], thoughts["3"]]
+    assert {n.received[0]["provider"] for n in answers} == {"deepseek"}
+    assert all(thoughts["2"] not in content for _, content in _shown(regenerated))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    pytest.param(lambda m: m["2"]["message"].update(fragments="hi"), "fragments: expected a list", id="fragments"),
+    pytest.param(lambda m: m["4"].update(parent="gone"), "its parent 'gone' is not in the file", id="parent"),
+    pytest.param(lambda m: m["5"]["message"]["fragments"][0].update(content=7), "content: expected text",
+                 id="content"),
+])
+def test_issue_28_d5_a_deepseek_conversation_that_cannot_be_read_is_refused_whole(api, change, message):
+    """Issue 28, D5: fragments that are not a list, a parent the file does not hold, content that is not text:
+    the conversation is refused, the error names the place, and nothing is created."""
+    document = json.loads(DEEPSEEK.read_text())[:1]
+    change(document[0]["mapping"])
+    _refused(api, document, message)
+
+
+# --- Grok ---------------------------------------------------------------------------------------------------
+
+
+def test_issue_28_t8_t2_grok_branches_are_siblings_and_leaf_response_id_is_the_head(api):
+    """Issue 28, T8, T2: Grok's responses chain by `parent_response_id`; two answers to one question are siblings,
+    the older one with the conversation's next question below it; `leaf_response_id` names the tip the app shows,
+    which is the head even where another branch is newer. Senders are `human` or the model (`assistant`,
+    `ASSISTANT`, a model's name)."""
+    document = json.loads(GROK.read_text())
+    responses = {r["response"]["_id"]: r["response"]["message"] for r in document["conversations"][0]["responses"]}
+    branched, greeting = _imported(_post(api, GROK.read_bytes()))
+    assert branched.title == "Tides" and _nodes(branched) == 3
+    assert _shown(branched) == [("user", responses["h1"]), ("assistant", responses["a1b"])]
+    (shown,) = node_path(head(branched).pk)
+    (other,) = Node.objects.filter(conversation=branched, parent_id=None).exclude(pk=shown.id)
+    assert other.sent == shown.sent and it.answer_text(other.received) == responses["a1"]
+    (below,) = Node.objects.filter(parent_id=other.id)
+    assert it.question_of(below.sent) == responses["h2"] and it.answer_text(below.received) == responses["a2"]
+    assert _nodes(greeting) == 1
+    assert _shown(greeting) == [("user", "Hi Grok"), ("assistant", "Hi! What's on your mind?")]
+
+
+def test_issue_28_c4_grok_thinking_trace_is_a_reasoning_item(api):
+    """Issue 28, C4: a response's `thinking_trace` is the answer's reasoning item, before its text, not shown as
+    the answer."""
+    document = json.loads(GROK.read_text())
+    trace = document["conversations"][0]["responses"][4]["response"]["thinking_trace"]
+    branched, _ = _imported(_post(api, GROK.read_bytes()))
+    node = head(branched)
+    assert _types(node) == ["reasoning", "text"]
+    assert node.received[0] == {"type": "reasoning", "provider": "grok", "text": trace, "data": None}
+    assert all(trace not in content for _, content in _shown(branched))
+
+
+def test_issue_28_t2_grok_without_a_leaf_the_newest_tip_is_the_head(api):
+    """Issue 28, T2, T8: with `leaf_response_id` null, the head is the newest tip (by `create_time`)."""
+    document = json.loads(GROK.read_text())
+    document["conversations"] = document["conversations"][:1]
+    document["conversations"][0]["conversation"]["leaf_response_id"] = None
+    (branched,) = _imported(_post(api, json.dumps(document).encode()))
+    assert [t for _, t in _shown(branched)][-1] == "The Sun adds about half as much again: spring and neap tides."
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    pytest.param(lambda r: r[1]["response"].update(message=["x"]), "message: expected text", id="message"),
+    pytest.param(lambda r: r[2]["response"].update(_id="h1"), "the id 'h1' is used twice", id="duplicate-id"),
+    pytest.param(lambda r: r.append({"share_link": None}), "expected an object with a response", id="no-response"),
+])
+def test_issue_28_d5_a_grok_conversation_that_cannot_be_read_is_refused_whole(api, change, message):
+    """Issue 28, D5: a message that is not text, an id used twice, a response missing: refused, named, and
+    nothing is created."""
+    document = json.loads(GROK.read_text())
+    document["conversations"] = document["conversations"][:1]
+    change(document["conversations"][0]["responses"])
+    _refused(api, document, message)
+
+
+# --- Google AI Studio ------------------------------------------------------------------------------------
+
+
+def test_issue_28_c4_a_real_ai_studio_file_imports_its_thoughts_as_reasoning(api):
+    """Issue 28, C4, T1: a real AI Studio prompt file: the question and the answer make one node; the thought
+    chunk (`isThought`) is the answer's reasoning item, not its text; the unsent draft (`pendingInputs`) is left
+    out; the first question names the conversation, and an empty `systemInstruction` gives no instructions."""
+    chunks = json.loads(AISTUDIO.read_text())["chunkedPrompt"]["chunks"]
+    (conversation,) = _imported(_post(api, AISTUDIO.read_bytes()))
+    assert _nodes(conversation) == 1
+    assert _shown(conversation) == [("user", "Hi! just write hi!"), ("assistant", "hi!")]
+    node = head(conversation)
+    assert _types(node) == ["reasoning", "text"]
+    assert node.received[0]["text"] == chunks[1]["text"] and node.received[0]["provider"] == "aistudio"
+    assert conversation.title == "Hi! just write hi!" and conversation.instructions == ""
+
+
+def test_issue_28_ai_studio_system_instruction_becomes_the_conversations_instructions(api):
+    """Issue 28, T1, T2: `systemInstruction.parts` (the shape AI Studio's files give it once one is set) become the
+    conversation's instructions (gathered before each call, not a node); each question and its answer is one node,
+    the next below it, and the head is the last."""
+    document = json.loads(AISTUDIO.read_text())
+    document["systemInstruction"] = {"parts": [{"text": "Answer in one word."}, {"text": "Be kind."}]}
+    document["chunkedPrompt"]["chunks"] += [{"text": "Again?", "role": "user", "tokenCount": 2},
+                                           {"text": "hi!", "role": "model", "finishReason": "STOP"}]
+    (conversation,) = _imported(_post(api, json.dumps(document).encode()))
+    assert conversation.instructions == "Answer in one word.\n\nBe kind."
+    assert _nodes(conversation) == 2
+    assert [t for _, t in _shown(conversation)] == ["Hi! just write hi!", "hi!", "Again?", "hi!"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    pytest.param(lambda d: d["chunkedPrompt"]["chunks"][2].update(text=3), "chunks[2].text: expected text",
+                 id="text"),
+    pytest.param(lambda d: d["chunkedPrompt"]["chunks"].insert(0, "hi"), "chunks[0]: expected an object",
+                 id="chunk"),
+    pytest.param(lambda d: d.update(systemInstruction={"parts": "x"}), "systemInstruction.parts: expected a list",
+                 id="instruction"),
+])
+def test_issue_28_d5_an_ai_studio_file_that_cannot_be_read_is_refused_whole(api, change, message):
+    """Issue 28, D5: a chunk whose text is not text, a chunk that is not an object, instructions of the wrong
+    shape: refused, named, and nothing is created."""
+    document = copy.deepcopy(json.loads(AISTUDIO.read_text()))
+    change(document)
+    _refused(api, document, message)
