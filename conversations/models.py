@@ -80,6 +80,17 @@ class Conversation(models.Model):
 SIDE_CALL = Q(kind="title") | Q(kind="compaction", parent__isnull=False) | Q(window_root=True)
 
 
+class CallSettings(models.Model):
+    """What calls sent beside their messages (`llm.wire_settings`: max_tokens, tools, the caller's options), kept
+    once for every call that sent the same: "what the model saw" shows it, never a copy per call (issue 27)."""
+
+    digest = models.CharField(max_length=64, primary_key=True)  # of the settings: written once, by any call
+    settings = models.JSONField()
+
+    def __str__(self) -> str:
+        return self.digest[:12]
+
+
 class NodeQuerySet(TreeQuerySet):
     def path_up(self, node_id: int | None, *, history: bool = False) -> list[tuple]:
         """The path from the root down to `node_id` as rows of `PATH_COLUMNS`, in one upward recursive query.
@@ -152,6 +163,9 @@ class Node(TreeNode):
     # The system instructions this call was sent (the user's, then the conversation's). Nodes carry
     # them so "what the model saw" stays exact after someone edits their instructions.
     instructions = models.TextField(blank=True)
+    # What the call sent beside its messages (max_tokens, tools, options); none for calls that kept no record of it.
+    call_settings = models.ForeignKey(CallSettings, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+                                      db_index=False)  # never looked up from this side
     # R2: whether this call's context kept earlier calls' retrieved items (the conversation's policy then).
     keep_ephemeral = models.BooleanField(default=False)
     # C3: a root that only carries one window's summary into the next window's summarising call, when a

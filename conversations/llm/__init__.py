@@ -343,43 +343,54 @@ def _tools_in_history(messages: list[dict]) -> list[dict]:
             for name in names]
 
 
+def wire_settings(model: str, messages: list[dict], *, tools: list[dict] | None,
+                  response_format: dict[str, Any] | None = None, options: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """Everything a call sends beside its messages and the transport: `max_tokens`, the tools and the caller's
+    own options (`temperature`, `top_p`, `tool_choice`, `parallel_tool_calls`, `response_format`, and
+    `max_tokens`, which never exceeds the reserve); its tool options go only with tools it offers. A node keeps
+    this ("what the model saw", issue 27), so it is made once, here, for the call and for the record."""
+    sent: dict[str, Any] = {
+        # The reserve the budget kept free (C1): without it litellm sends the model's whole output limit
+        # (64,000 for a Claude model), and the provider refuses a long context the budget let through.
+        "max_tokens": answer_reserve(model),
+    }
+    if tools:
+        sent["tools"] = tools
+    elif provider_of(model) in _DECLARE_HISTORY_TOOLS and (used := _tools_in_history(messages)):
+        # A call that must answer, below tool calls: Anthropic refuses tool calls in the history of a request
+        # that declares no tools, and litellm would add a "dummy_tool" the person never sees. Declared here
+        # instead: the tools the history used, which this call may not call.
+        sent["tools"], sent["tool_choice"] = used, "none"
+    if response_format:
+        sent["response_format"] = response_format
+    options = dict(options or {})
+    sent["max_tokens"] = min(sent["max_tokens"], options.pop("max_tokens", sent["max_tokens"]))
+    if not tools:  # a round that offers none (a provider refuses a tool choice without tools)
+        options = {k: v for k, v in options.items() if k not in ("tool_choice", "parallel_tool_calls")}
+    return {**sent, **options}
+
+
 def _request(model: str, provider: str, messages: list[dict], *, tools: list[dict] | None, api_base: str | None,
              compaction: bool, response_format: dict[str, Any] | None,
              options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """litellm's arguments for one streamed call. `options`: a caller's own (`temperature`, `top_p`,
-    `tool_choice`, `parallel_tool_calls`, `response_format`, and `max_tokens`, which never exceeds the reserve);
-    its tool options go only with tools it offers."""
+    """litellm's arguments for one streamed call: the transport, the messages and `wire_settings`."""
     kwargs: dict[str, Any] = {
         **provider_options(model),
         "model": model,
         "messages": messages,
         "stream": True,
         "stream_options": {"include_usage": True},
-        # The reserve the budget kept free (C1): without it litellm sends the model's whole output limit
-        # (64,000 for a Claude model), and the provider refuses a long context the budget let through.
-        "max_tokens": answer_reserve(model),
         "timeout": settings.ARBOR_LLM_TIMEOUT_SECONDS,
         "num_retries": 0,
         "max_retries": 0,
+        **wire_settings(model, messages, tools=tools, response_format=response_format, options=options),
     }
-    if tools:
-        kwargs["tools"] = tools
-    elif provider in _DECLARE_HISTORY_TOOLS and (used := _tools_in_history(messages)):
-        # A call that must answer, below tool calls: Anthropic refuses tool calls in the history of a request
-        # that declares no tools, and litellm would add a "dummy_tool" the person never sees. Declared here
-        # instead: the tools the history used, which this call may not call.
-        kwargs["tools"], kwargs["tool_choice"] = used, "none"
     if compaction and native_compaction(provider):
         kwargs["arbor_compaction"] = True
-    if response_format:
-        kwargs["response_format"] = response_format
     if api_base:
         kwargs["api_base"] = api_base
-    options = dict(options or {})
-    kwargs["max_tokens"] = min(kwargs["max_tokens"], options.pop("max_tokens", kwargs["max_tokens"]))
-    if not tools:  # a round that offers none (a provider refuses a tool choice without tools)
-        options = {k: v for k, v in options.items() if k not in ("tool_choice", "parallel_tool_calls")}
-    return {**kwargs, **options}
+    return kwargs
 
 
 def _cost(model: str, usage: dict[str, Any]) -> float | None:

@@ -254,6 +254,30 @@ def response_of(node: Node, *, status: str | None = None, sent: dict[str, Any] |
     }
 
 
+def settings_said(node: Node) -> dict[str, Any]:
+    """What a stored call sent beside its messages (`llm.wire_settings`), as a Responses object's fields: a
+    retrieve says the options the call went out with. `max_output_tokens` stays OpenAI's default: the stored
+    limit is the reserve when the caller set none, so it cannot say what was asked."""
+    if node.call_settings_id is None:
+        return {}
+    sent = node.call_settings.settings
+    said: dict[str, Any] = {name: sent[name] for name in ("temperature", "top_p", "parallel_tool_calls")
+                            if name in sent}
+    tools = [tool["function"] for tool in sent.get("tools", []) if isinstance(tool.get("function"), dict)]
+    said["tools"] = [{"type": "function", "name": f["name"], "description": f.get("description") or None,
+                      "parameters": f.get("parameters"), "strict": None} for f in tools]
+    choice = sent.get("tool_choice")
+    if isinstance(choice, dict):
+        choice = {"type": "function", "name": choice.get("function", {}).get("name")}
+    if choice is not None:
+        said["tool_choice"] = choice
+    answer_format = sent.get("response_format")
+    if isinstance(answer_format, dict):
+        schema = answer_format.get("json_schema") or {}
+        said["text"] = {"format": {"type": answer_format.get("type"), **schema}}
+    return said
+
+
 def input_items_of(node: Node) -> list[dict[str, Any]]:
     """What the call of `node` added: its sent messages and function call outputs, as Responses input items."""
     roles = {"user": "user", "system": "system"}

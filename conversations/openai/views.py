@@ -375,7 +375,8 @@ def _previous_of(node: Node) -> str | None:
 class ResponseDetail(GatewayView):
     def get(self, request: Request, response_id: str) -> Response:  # not `response`: DRF's own argument
         node = _response_node(request.user, response_id, field="id")
-        return Response(response_of(node, sent={"previous_response_id": _previous_of(node)}))
+        return Response(response_of(node, sent={**shapes.settings_said(node),
+                                                "previous_response_id": _previous_of(node)}))
 
     def delete(self, request: Request, response_id: str) -> Response:
         """Issue 27: a response nothing continues (`deletion.response_delete`); 409 saying what continues it."""

@@ -8,6 +8,8 @@ here too, so the three callers cannot drift apart.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -18,25 +20,39 @@ from config.together import Together, Written, together
 from conversations import budget, llm, outbox
 from conversations import items as it
 from conversations.context import PathNode
-from conversations.models import Bubble, Conversation, Node, ToolStatus
+from conversations.models import Bubble, CallSettings, Conversation, Node, ToolStatus
 
 # --- nodes --------------------------------------------------------------------------------------------
 
 
 def start(*, conversation: Conversation | None, parent: PathNode | None, kind: str, sent: list[it.Item],
-          model: str, instructions: str = "", keep_ephemeral: bool = False, writes: Together | None = None) -> Node:
+          model: str, instructions: str = "", keep_ephemeral: bool = False, call_settings: dict | None = None,
+          writes: Together | None = None) -> Node:
     """T3: the node exists, pending, before its call; its token count and its path's are kept (C1). With
-    `writes`, it is written with that batch (its key is known once the batch ran: `writes.pk_of`)."""
+    `writes`, it is written with that batch (its key is known once the batch ran: `writes.pk_of`).
+    `call_settings`: what the call sends beside its messages (`llm.wire_settings`), kept once for all calls that
+    send the same (`CallSettings`), in the same batch."""
     provider = llm.provider_of(model)
     tokens = budget.items_tokens(sent, model=model, provider=provider)
+    kept = _kept_settings(call_settings)
     node = Node(
         parent_id=parent.id if parent else None, conversation=conversation, kind=kind,
         status=Node.Status.PENDING, sent=sent, provider=provider, model=model, instructions=instructions,
         keep_ephemeral=keep_ephemeral, tokens=tokens, path_tokens=(parent.stored_path_tokens if parent else 0) + tokens,
+        call_settings_id=kept and kept.digest,
     )
     with together(writes) as batch:
+        if kept is not None:
+            batch.insert_once(kept)
         batch.insert(node)
     return node
+
+
+def _kept_settings(settings: dict | None) -> CallSettings | None:
+    if settings is None:
+        return None
+    canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+    return CallSettings(digest=hashlib.sha256(canonical.encode()).hexdigest(), settings=json.loads(canonical))
 
 
 def succeed(node: Node, result: llm.CallResult, *, writes: Together | None = None) -> Written:

@@ -7,6 +7,7 @@ Nothing here assembles context, runs a turn or moves a head its own way.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -273,11 +274,23 @@ def chat_seen(request: HttpRequest, node_id: int) -> HttpResponse:
     """What the model saw: the exact context of the call that made `node`, from the one assembly."""
     node = node_for_user(user=request.user, node_id=node_id)
     retrieved = {item.get("text") for item in node.sent if item.get("ephemeral")}
-    context = {"node": node, "usage": node.usage or {},
+    context = {"node": node, "usage": node.usage or {}, "settings": _shown_settings(node),
                "context": [_shown_message(message, retrieved) for message in call_context(node)]}
     if request.headers.get("X-Fragment"):
         return render(request, "chat/_seen.html", context)
     return render(request, "chat/seen.html", context)
+
+
+def _shown_settings(node) -> dict[str, Any] | None:
+    """What the call sent beside its messages (issue 27): each option as `name = value`, and each tool with its
+    description and parameters as they went on the wire; None for a call that kept no record of it."""
+    if node.call_settings_id is None:
+        return None
+    sent = dict(node.call_settings.settings)
+    functions = [tool.get("function") or {} for tool in sent.pop("tools", [])]
+    tools = [{"name": f.get("name", ""), "description": f.get("description", ""),
+              "parameters": json.dumps(f.get("parameters", {}), indent=1)} for f in functions]
+    return {"options": [(name, json.dumps(value)) for name, value in sorted(sent.items())], "tools": tools}
 
 
 def _shown_message(message: dict[str, Any], retrieved: set[str]) -> dict[str, Any]:

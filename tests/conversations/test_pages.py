@@ -155,6 +155,26 @@ def test_what_the_model_saw_is_the_exact_context_of_that_call(page, conversation
     assert "<html" in page.get(reverse("chat-seen", args=[head(conversation).pk])).content.decode()
 
 
+def test_issue_27_what_the_model_saw_shows_the_tools_and_settings_that_went_on_the_wire(page, conversation):
+    """Issue 27 (T5): beside the messages, the panel shows what the call sent with them, from the node's own
+    record (`llm.wire_settings`): its max_tokens and every tool with its description and parameters; calls that
+    sent the same share one record."""
+    from conversations import llm
+    from conversations.models import CallSettings
+
+    ask(conversation, "one")
+    ask(conversation, "two")
+    node = head(conversation)
+    html = page.get(reverse("chat-seen", args=[node.pk]), headers={"X-Fragment": "1"}).content.decode()
+    sent = node.call_settings.settings
+    assert sent["max_tokens"] == llm.answer_reserve(conversation.effective_model)
+    assert f"<dt>max_tokens</dt><dd><code>{sent['max_tokens']}</code></dd>" in html
+    names = [tool["function"]["name"] for tool in sent["tools"]]
+    assert "sql_query" in names and all(f"<strong>{name}</strong>" in html for name in names)
+    assert "&quot;sql&quot;" in html, "each tool's parameters as they were sent"
+    assert CallSettings.objects.count() == 1, "two calls that sent the same keep one record"
+
+
 def test_compare_shows_two_branches_of_the_same_question_and_refuses_anything_else(page, conversation):
     ask(conversation, "left question")
     left = head(conversation)

@@ -285,9 +285,16 @@ def test_issue_27_a_response_says_back_every_field_sent_and_the_provider_got_the
         "name": "weather", "strict": True, "schema": SENT["text"]["format"]["schema"]}}
     assert "temperature" not in stub.requests[0], "a call that sent none gets the provider's own"
 
-    again = Response.model_validate(sdk.responses.retrieve(response.id).model_dump())
+    again = sdk.responses.retrieve(response.id)  # parsed strictly by the SDK's own Response type
     assert (again.id, again.previous_response_id, again.instructions) == (response.id, first.id, "Be terse.")
-    assert (again.temperature, again.tool_choice, again.metadata, again.store) == (None, "auto", {}, True)
+    # A retrieve says the options the call went out with (kept on its node); what a node cannot say (the
+    # request's metadata, its asked-for limit) is OpenAI's default.
+    assert (again.temperature, again.top_p, again.parallel_tool_calls) == (0.3, 0.9, False)
+    assert again.tool_choice.name == "get_weather" and [tool.name for tool in again.tools] == ["get_weather"]
+    assert again.text.format.type == "json_schema" and again.text.format.name == "weather"
+    assert (again.metadata, again.store, again.max_output_tokens) == ({}, True, None)
+    plain = sdk.responses.retrieve(first.id)
+    assert (plain.temperature, plain.tool_choice, plain.tools) == (None, "auto", [])
 
 
 def test_issue_27_chat_options_reach_the_provider_and_the_completion_is_the_sdks_type(sdk, stub):
