@@ -75,6 +75,28 @@ def head_switch(*, conversation: Conversation, node_id: Any) -> None:
         head_move(conversation=conversation, to=tip)
 
 
+def conversation_fork(*, conversation: Conversation, node_id: Any) -> Conversation:
+    """Issue 33 (P3): a new conversation of the same person whose head is `node_id`, a node of this one's tree the
+    head may rest on. Nothing is copied: both go on from the same nodes, and what either adds later hangs in its
+    own tree only. It keeps the source's model, instructions and retrieval settings."""
+    try:
+        node_id = int(node_id)
+    except (TypeError, ValueError):
+        raise BadInput("`node` must be a node id.") from None
+    if not conversation_has_node(conversation=conversation, node_id=node_id):
+        raise NotFound(f"No node {node_id} in this conversation.")
+    if not Node.objects.can_be_head().filter(pk=node_id).exists():
+        raise BadInput(f"Node {node_id} cannot be a conversation's head (a call under way, an overflow or a "
+                       "summarising call): fork from an answer.")
+    title = f"{conversation.title or 'Untitled'} (fork)"[:200]
+    with transaction.atomic():
+        fork = conversation_create(owner=conversation.owner, title=title, model=conversation.model,
+                                   instructions=conversation.instructions, retrieval=conversation.retrieval,
+                                   keep_retrieved=conversation.keep_retrieved)
+        head_move(conversation=fork, to=node_id)
+    return fork
+
+
 def branch_mark(*, node: Node, label: str | None = None, starred: bool | None = None) -> Node:
     """Name or star the branch a turn leads (the tree map's marks, issue 16); the mark is kept on the turn's node.
     One star a conversation: starring takes it off any other. Nothing a call sent or received changes.

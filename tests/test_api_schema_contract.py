@@ -70,8 +70,10 @@ def test_import_declares_its_body_an_export_file_object_or_array(schema):
     declared = body["content"]["application/json"]["schema"]
     kinds = {_resolve(schema, branch).get("type") for branch in declared["anyOf"]}
     assert kinds == {"object", "array"}
-    tree, conversation, conversations, librechat, chatbotui, claude, claude_wrapped, webui, webui_bare = (
+    tree, conversation, conversations, librechat, chatbotui, claude, claude_wrapped, webui, webui_bare, aistudio = (
         declared["anyOf"])
+    assert aistudio["required"] == ["chunkedPrompt"] and aistudio["properties"]["chunkedPrompt"]["required"] == [
+        "chunks"]
     assert tree["properties"]["format"]["enum"] == ["arbor.tree"]
     assert tree["required"] == ["format", "version", "conversation", "nodes"]
     assert conversation["required"] == ["mapping"] and conversations["items"]["anyOf"][0] == conversation

@@ -79,9 +79,10 @@ _CHATGPT_CONVERSATION: dict[str, Any] = {
 
 IMPORT_REQUEST: dict[str, Any] = {
     "description": "The export file itself, as JSON: Arbor's tree export (an object); ChatGPT's conversations.json, "
-                   "Open WebUI's chat export or Claude.ai's conversations.json (an array; one entry of them, an "
-                   "object, too); LibreChat's conversation export or chatbot-ui's export (an object). An entry "
-                   "that cannot be read is skipped and named in the answer's `skipped`.",
+                   "Open WebUI's chat export, Claude.ai's or DeepSeek's conversations.json (an array; one entry of "
+                   "them, an object, too); LibreChat's conversation export, chatbot-ui's export, Grok's data "
+                   "export (`conversations`) or a Google AI Studio prompt (an object). An entry that cannot be read "
+                   "is skipped and named in the answer's `skipped`.",
     "anyOf": [
         {
             "type": "object",
@@ -117,6 +118,11 @@ IMPORT_REQUEST: dict[str, Any] = {
          "required": ["chat"]},
         {"type": "object", "description": "One bare Open WebUI chat object (Open WebUI imports those too)",
          "properties": {"history": {"type": "object"}}, "required": ["history"]},
+        {"type": "object", "description": "A Google AI Studio prompt file: `chunkedPrompt.chunks` (`role`, `text`, "
+                                          "`isThought`), `systemInstruction.parts`",
+         "properties": {"chunkedPrompt": {"type": "object", "properties": {"chunks": {"type": "array"}},
+                                          "required": ["chunks"]},
+                        "systemInstruction": {"type": "object"}}, "required": ["chunkedPrompt"]},
     ],
 }
 

@@ -205,3 +205,12 @@ class SkippedOut(serializers.Serializer):
 class ImportOut(serializers.Serializer):
     conversations = ConversationOut(many=True)
     skipped = SkippedOut(many=True)
+
+
+class DiffOut(serializers.Serializer):
+    """Issue 33: where two calls' contexts part."""
+
+    common = serializers.IntegerField(help_text="messages both calls were sent alike, from the start")
+    a = serializers.ListField(child=serializers.DictField(), help_text="a's messages after those")
+    b = serializers.ListField(child=serializers.DictField(), help_text="b's messages after those")
+    answers = serializers.DictField(child=serializers.CharField(), help_text="what each call answered: {a, b}")

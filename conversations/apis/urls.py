@@ -23,6 +23,8 @@ urlpatterns = [
     path("conversations/<int:conversation_id>/switch/", v.HeadSwitch.as_view(), name="head-switch"),
     path("conversations/<int:conversation_id>/compact/", _turn_view(v.ConversationCompact.as_view()),
          name="conversation-compact"),
+    path("conversations/<int:conversation_id>/fork/", v.ConversationFork.as_view(), name="conversation-fork"),
+    path("conversations/<int:conversation_id>/diff/", v.ContextDiff.as_view(), name="conversation-diff"),
     path("conversations/<int:conversation_id>/clear/", v.ConversationClear.as_view(), name="conversation-clear"),
     path("conversations/<int:conversation_id>/context/", v.ContextDetail.as_view(), name="conversation-context"),
     path("conversations/<int:conversation_id>/bubbles/", v.BubbleList.as_view(), name="conversation-bubbles"),

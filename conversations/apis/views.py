@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.http import StreamingHttpResponse
-from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -13,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.api import error_body, paginated, valid_input
-from config.errors import NotFound
+from config.errors import BadInput, NotFound
 from config.schema import SSE, PaginatedList
 from config.streams import StreamSlotView
 from conversations import services
@@ -24,12 +25,18 @@ from conversations.apis.streams import FORMAT, EventStreamRenderer, log_stream
 from conversations.idempotency import IdempotentView
 from conversations.models import Conversation, Node
 from conversations.screen import BubblePage, bubbles_after, bubbles_before
-from conversations.selectors import conversation_for_user, conversation_list, node_for_user, node_page
+from conversations.selectors import (
+    conversation_for_user,
+    conversation_has_node,
+    conversation_list,
+    node_for_user,
+    node_page,
+)
 from conversations.tree_map import tree_map
 from conversations.turns import detached
 from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.runner import Turn
-from conversations.turns.seen import next_context
+from conversations.turns.seen import context_diff, next_context
 from conversations.turns.start import turn_ask, turn_compact, turn_decide, turn_edit, turn_regenerate, turn_retry
 
 logger = logging.getLogger("arbor.api")
@@ -203,6 +210,40 @@ class HeadSwitch(APIView):
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
         services.head_switch(conversation=conversation, node_id=data["node"])
         return Response(s.ConversationOut(conversation).data)
+
+
+class ConversationFork(APIView):
+    @extend_schema(request=s.SwitchIn, responses={
+        201: s.ConversationOut,
+        400: OpenApiResponse(description="bad_input: `node` is no node id, or no node a head may rest on"),
+        404: OpenApiResponse(description="not_found: no such node in this conversation")},
+        description="Issue 33 (P3): a new conversation whose head is `node`; nothing is copied.")
+    def post(self, request: Request, conversation_id: int) -> Response:
+        data = valid_input(s.SwitchIn, request)
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        fork = services.conversation_fork(conversation=conversation, node_id=data["node"])
+        return Response(s.ConversationOut(fork).data, status=status.HTTP_201_CREATED)
+
+
+class ContextDiff(APIView):
+    @extend_schema(parameters=[OpenApiParameter("a", int, required=True), OpenApiParameter("b", int, required=True)],
+                   responses={200: s.DiffOut, 400: OpenApiResponse(description="bad_input"),
+                              404: OpenApiResponse(description="not_found: a node not in this conversation")},
+                   description="Issue 33: where the contexts of two calls part. `common`: how many messages "
+                               "both calls were sent alike from the start; `a`, `b`: the messages after that "
+                               "of each; `answers`: what each call answered.")
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        nodes = [_node_of(conversation, request.query_params.get(name), name) for name in ("a", "b")]
+        return Response(context_diff(*nodes))
+
+
+def _node_of(conversation: Conversation, value: Any, name: str) -> Node:
+    if value is None or not str(value).isdigit() or len(str(value)) > 18:
+        raise BadInput(f"`{name}` must be a node id.", param=name)
+    if not conversation_has_node(conversation=conversation, node_id=int(value)):
+        raise NotFound(f"No node {value} in this conversation.")
+    return Node.objects.get(pk=int(value))
 
 
 class ConversationClear(APIView):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from conversations import items as it
 from conversations import llm
 from conversations.context import assemble, is_compaction_root
 from conversations.models import Conversation, Node
@@ -32,3 +33,13 @@ def call_context(node: Node) -> list[dict[str, Any]]:
                         keep_ephemeral=node.keep_ephemeral)
     return assemble(context_path(node_path(node.parent_id), provider), node.sent, instructions=node.instructions,
                     provider=provider, keep_ephemeral=node.keep_ephemeral)
+
+
+def context_diff(a: Node, b: Node) -> dict[str, Any]:
+    """Issue 33: where the contexts of two calls part, message by message (each from `call_context`, the one
+    assembly): how many they share from the start, the rest of each, and what each answered."""
+    first, second = call_context(a), call_context(b)
+    common = next((index for index, (x, y) in enumerate(zip(first, second, strict=False)) if x != y),
+                  min(len(first), len(second)))
+    return {"common": common, "a": first[common:], "b": second[common:],
+            "answers": {"a": it.answer_text(a.received), "b": it.answer_text(b.received)}}

@@ -38,7 +38,7 @@ from conversations.selectors import (
     user_instructions,
 )
 from conversations.transfer import importing
-from conversations.turns.seen import call_context
+from conversations.turns.seen import call_context, context_diff
 from conversations.turns.start import turn_compact
 from conversations.web.markdown import render_markdown
 from conversations.web.shell import SIDEBAR_SHOWS
@@ -218,6 +218,16 @@ def chat_clear(request: HttpRequest, conversation_id: int) -> HttpResponse:
 
 
 @require_POST
+@page
+def chat_fork(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    """Issue 33 (P3): "Fork from here": a new conversation that goes on from this answer; nothing is copied."""
+    conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+    fork = services.conversation_fork(conversation=conversation, node_id=request.POST.get("node"))
+    messages.success(request, "Forked: this conversation goes on from that answer; the original is unchanged.")
+    return redirect("chat-conversation", fork.pk)
+
+
+@require_POST
 @off_the_shared_thread  # the summarising call is a model call: it must not hold up other requests
 @page
 def chat_compact(request: HttpRequest, conversation_id: int) -> HttpResponse:
@@ -339,7 +349,10 @@ def chat_compare(request: HttpRequest, conversation_id: int) -> HttpResponse:
     siblings = _siblings_of(conversation, chosen[0])
     if chosen[1] not in siblings or chosen[0] == chosen[1]:
         raise ArborError("Those two are not different branches of the same question.")
-    context = {"conversation": conversation, "siblings": siblings,
+    nodes = Node.objects.in_bulk(chosen)
+    diff = context_diff(nodes[chosen[0]], nodes[chosen[1]])  # issue 33: where the two contexts part
+    parted = {"common": diff["common"], "sides": [[_shown_message(m, set()) for m in diff[side]] for side in "ab"]}
+    context = {"conversation": conversation, "siblings": siblings, "parted": parted,
                "branches": [_branch(conversation, opener, siblings) for opener in chosen]}
     return render(request, "chat/compare.html", context)
 
@@ -413,6 +426,7 @@ urlpatterns = [
     path("chat/<int:conversation_id>/switch/", chat_switch, name="chat-switch"),
     path("chat/<int:conversation_id>/update/", chat_update, name="chat-update"),
     path("chat/<int:conversation_id>/clear/", chat_clear, name="chat-clear"),
+    path("chat/<int:conversation_id>/fork/", chat_fork, name="chat-fork"),
     path("chat/<int:conversation_id>/compact/", chat_compact, name="chat-compact"),
     path("chat/<int:conversation_id>/delete/", chat_delete, name="chat-delete"),
     path("chat/<int:conversation_id>/compare/", chat_compare, name="chat-compare"),
