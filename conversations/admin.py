@@ -27,7 +27,7 @@ from rest_framework.authtoken.models import TokenProxy
 from conversations import services
 from conversations.errors import TurnInProgress
 from conversations.items import answer_text, question_of
-from conversations.models import SIDE_CALL, Bubble, Conversation, Node, OutboxJob, Preferences
+from conversations.models import SIDE_CALL, Bubble, Conversation, Node, OutboxJob, Preferences, UsageBudget, UsageEntry
 from conversations.selectors import node_path, tree_scope
 from conversations.turns.seen import call_context
 
@@ -395,6 +395,37 @@ class BubbleAdmin(ReadOnlyAdmin):
 class PreferencesAdmin(admin.ModelAdmin):
     list_display = ["user", "updated_at"]
     search_fields = ["user__username"]
+
+
+@admin.register(UsageBudget)
+class UsageBudgetAdmin(admin.ModelAdmin):
+    """Issue 31: staff set what a person may spend a month; empty is no limit."""
+    list_display = ["owner", "monthly_tokens", "monthly_cost_usd"]
+    search_fields = ["owner__username"]
+    autocomplete_fields = ["owner"]
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        from conversations.usage import forget_budget  # the turn path's cache, in this process at once
+
+        forget_budget(obj.owner_id)
+
+
+@admin.register(UsageEntry)
+class UsageEntryAdmin(admin.ModelAdmin):
+    """Issue 31: the ledger, read-only: a row is written with its call's ending, never by hand."""
+    list_display = ["node_id", "owner", "day", "model", "input_tokens", "output_tokens", "cost_usd"]
+    list_filter = ["day", "model"]
+    search_fields = ["owner__username", "=node_id"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(OutboxJob)

@@ -392,6 +392,41 @@ class IdempotentRequest(models.Model):
         return f"{self.owner_id}:{self.key}"
 
 
+class UsageEntry(models.Model):
+    """Issue 31: one row per call that reached a provider, unique on its node, written in the same batch as the
+    node's ending, so the ledger and the tree never disagree (`manage.py usage_check` says so). It outlives the
+    node and the conversation (a bill does): their ids are kept, not foreign keys."""
+
+    node_id = models.BigIntegerField(unique=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    conversation_id = models.BigIntegerField(null=True)
+    model = models.CharField(max_length=200)
+    provider = models.CharField(max_length=64, blank=True)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.FloatField(default=0.0)
+    day = models.DateField()
+
+    class Meta:
+        indexes = [models.Index(fields=["owner", "day"])]
+
+    def __str__(self) -> str:
+        return f"node {self.node_id}: {self.input_tokens}+{self.output_tokens}"
+
+
+class UsageBudget(models.Model):
+    """Issue 31: what a person may spend a calendar month (UTC), in tokens and/or dollars; none: no limit. A turn
+    that would start past it is refused (402 `budget_exceeded`) with nothing recorded."""
+
+    owner = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_budget")
+    monthly_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    monthly_cost_usd = models.FloatField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"budget of {self.owner_id}"
+
+
 class TurnLogEntry(models.Model):
     """One numbered event of a turn (its SSE id), kept a while after the turn ends so a client can resume."""
 

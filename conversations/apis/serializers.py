@@ -214,3 +214,32 @@ class DiffOut(serializers.Serializer):
     a = serializers.ListField(child=serializers.DictField(), help_text="a's messages after those")
     b = serializers.ListField(child=serializers.DictField(), help_text="b's messages after those")
     answers = serializers.DictField(child=serializers.CharField(), help_text="what each call answered: {a, b}")
+
+
+class UsageGroupOut(serializers.Serializer):
+    key = serializers.CharField()
+    calls = serializers.IntegerField()
+    input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    cost_usd = serializers.FloatField()
+
+
+class UsageOut(serializers.Serializer):
+    """Issue 31: totals of the usage ledger and their groups."""
+
+    calls = serializers.IntegerField()
+    input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    cost_usd = serializers.FloatField()
+    groups = UsageGroupOut(many=True)
+
+
+class BudgetIn(serializers.Serializer):
+    monthly_tokens = serializers.IntegerField(min_value=1, allow_null=True, required=False)
+    monthly_cost_usd = serializers.FloatField(min_value=0, allow_null=True, required=False)
+
+
+class BudgetOut(serializers.Serializer):
+    monthly_tokens = serializers.IntegerField(allow_null=True)
+    monthly_cost_usd = serializers.FloatField(allow_null=True)
+    spent_this_month = serializers.DictField()

@@ -32,5 +32,7 @@ urlpatterns = [
     path("conversations/<int:conversation_id>/export/", _turn_view(transfer.ConversationExport.as_view()),
          name="conversation-export"),
     path("nodes/<int:node_id>/", v.NodeDetail.as_view(), name="node-detail"),
+    path("usage/", v.UsageSummary.as_view(), name="usage"),
+    path("users/<str:username>/budget/", v.UserBudget.as_view(), name="user-budget"),
     path("conversations/<int:conversation_id>/tree/", v.ConversationTree.as_view(), name="conversation-tree"),
 ]

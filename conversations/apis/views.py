@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
@@ -14,10 +15,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.api import error_body, paginated, valid_input
-from config.errors import BadInput, NotFound
+from config.errors import ArborError, BadInput, NotFound
 from config.schema import SSE, PaginatedList
 from config.streams import StreamSlotView
-from conversations import services
+from conversations import services, usage
 from conversations.apis import serializers as s
 from conversations.apis.paging import CursorPages, page_body, page_nodes, read_cursor
 from conversations.apis.schema import TURN_EVENT, TURN_MESSAGE_EVENT
@@ -374,3 +375,41 @@ class ConversationTree(APIView):
     def get(self, request: Request, conversation_id: int) -> Response:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
         return Response(s.TreeOut(tree_map(conversation)).data)
+
+
+# --- usage and budgets (issue 31) ------------------------------------------------------------------
+
+
+def _person(request: Request, username: str | None):
+    """The caller, or (staff only) the person named; anyone else's name is a 404, as a missing one."""
+    if username in (None, "", request.user.get_username()):
+        return request.user
+    found = get_user_model().objects.filter(username=username).first() if request.user.is_staff else None
+    if found is None:
+        raise NotFound(f"No user {username!r}.")
+    return found
+
+
+class UsageSummary(APIView):
+    @extend_schema(parameters=[OpenApiParameter("from", str), OpenApiParameter("to", str),
+                               OpenApiParameter("group", str, enum=["day", "model", "conversation"]),
+                               OpenApiParameter("user", str, description="staff only: another person's")],
+                   responses={200: s.UsageOut, 400: OpenApiResponse(description="bad_input")},
+                   description="Issue 31: calls, tokens and cost from the usage ledger, in groups.")
+    def get(self, request: Request) -> Response:
+        person = _person(request, request.query_params.get("user"))
+        return Response(usage.summary(person.pk, request.query_params))
+
+
+class UserBudget(APIView):
+    @extend_schema(responses={200: s.BudgetOut, 404: OpenApiResponse(description="not_found")})
+    def get(self, request: Request, username: str) -> Response:
+        return Response(usage.budget_of(_person(request, username)))
+
+    @extend_schema(request=s.BudgetIn, responses={200: s.BudgetOut, 400: OpenApiResponse(description="bad_input"),
+                                                  403: OpenApiResponse(description="staff only")},
+                   description="Issue 31: staff set a person's monthly budget; null is no limit.")
+    def put(self, request: Request, username: str) -> Response:
+        if not request.user.is_staff:
+            raise ArborError("Only staff set budgets.", code="permission_denied", status=403)
+        return Response(usage.set_budget(_person(request, username), request.data))

@@ -8,11 +8,13 @@ here too, so the three callers cannot drift apart.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from config.db import release_connection
@@ -20,7 +22,9 @@ from config.together import Together, Written, together
 from conversations import budget, llm, outbox
 from conversations import items as it
 from conversations.context import PathNode
-from conversations.models import Bubble, CallSettings, Conversation, Node, ToolStatus
+from conversations.models import Bubble, CallSettings, Conversation, Node, ToolStatus, UsageEntry
+
+CLIENT = "client"  # the provider of a call a client made elsewhere and sent as history
 
 # --- nodes --------------------------------------------------------------------------------------------
 
@@ -58,9 +62,22 @@ def _kept_settings(settings: dict | None) -> CallSettings | None:
 def succeed(node: Node, result: llm.CallResult, *, writes: Together | None = None) -> Written:
     """The answer arrived: what was received, its usage, who answered (the provider may differ from the ask)."""
     received_tokens = budget.items_tokens(result.received, model=node.model, provider=result.provider)
-    return _settle(node, writes, status=Node.Status.SUCCEEDED, received=result.received, usage=result.usage,
-                   provider=result.provider, model=result.model, finished_at=timezone.now(),
+    charged = result.provider != CLIENT  # a call a client made elsewhere reached no provider of Arbor's
+    return _settle(node, writes, ledger=charged, status=Node.Status.SUCCEEDED, received=result.received,
+                   usage=result.usage, provider=result.provider, model=result.model, finished_at=timezone.now(),
                    tokens=node.tokens + received_tokens, path_tokens=node.path_tokens + received_tokens)
+
+
+def ledger_entry(node: Node) -> UsageEntry:
+    """Issue 31: the call's row of the usage ledger, from what its node records (`usage_check` compares them)."""
+    usage = node.usage or {}
+    details = usage.get("prompt_tokens_details") or {}
+    owner_id = node.conversation.owner_id if node.conversation_id else None
+    return UsageEntry(node_id=node.pk, owner_id=owner_id, conversation_id=node.conversation_id, model=node.model,
+                      provider=node.provider, input_tokens=usage.get("prompt_tokens") or 0,
+                      output_tokens=usage.get("completion_tokens") or 0,
+                      cached_tokens=(details.get("cached_tokens") if isinstance(details, dict) else 0) or 0,
+                      cost_usd=usage.get("cost_usd") or 0.0, day=(node.finished_at or timezone.now()).date())
 
 
 def record_supplied(*, conversation: Conversation, parent: PathNode | None, sent: list[it.Item],
@@ -72,7 +89,7 @@ def record_supplied(*, conversation: Conversation, parent: PathNode | None, sent
         node = start(conversation=conversation, parent=parent, kind=Node.Kind.TURN, sent=sent, model=model,
                      writes=writes)
         question_bubble(node, sent, writes=writes)
-    succeed(node, llm.CallResult(received=received, usage={}, provider="client", model=model))
+    succeed(node, llm.CallResult(received=received, usage={}, provider=CLIENT, model=model))
     answer_bubbles(node, needs_approval=lambda call: False)  # written under the turn lock: no sweep races it
     return node
 
@@ -98,7 +115,7 @@ def interrupt(node: Node, error: llm.LLMError) -> bool:
         received=error.partial, finished_at=timezone.now()))
 
 
-def _settle(node: Node, writes: Together | None, **fields: Any) -> Written:
+def _settle(node: Node, writes: Together | None, ledger: bool = False, **fields: Any) -> Written:
     """Write how a pending node ended, once; `.count` is 0 when a sweep had already failed it.
 
     A node a sweep has already failed as interrupted (its process outlived its lease, and the next turn
@@ -108,16 +125,29 @@ def _settle(node: Node, writes: Together | None, **fields: Any) -> Written:
     the caller writes it for the sibling."""
     with together(writes) as batch:
         settled = batch.update(Node.objects.filter(pk=node.pk, status=Node.Status.PENDING), **fields)
+        if ledger:  # `ledger`: the call reached a provider; its ledger row goes with its ending (issue 31)
+            batch.insert(ledger_entry(_ended(node, fields)), when=settled)
 
         def in_memory() -> None:
             for name, value in fields.items():
                 setattr(node, name, value)
             if not settled.count:  # the sibling, written as it ended in one INSERT: no moment it is pending
                 node.pk, node._state.adding = None, True
-                node.save(force_insert=True)
+                with transaction.atomic():
+                    node.save(force_insert=True)
+                    if ledger:
+                        ledger_entry(node).save(force_insert=True)
 
         batch.after(in_memory)
     return settled
+
+
+def _ended(node: Node, fields: dict[str, Any]) -> Node:
+    """`node` as `fields` end it, for what is written beside the ending (the node itself changes after)."""
+    ended = copy.copy(node)
+    for name, value in fields.items():
+        setattr(ended, name, value)
+    return ended
 
 
 def stopped(error: BaseException, *, partial: list[it.Item] | None = None) -> llm.LLMError:

@@ -21,7 +21,7 @@ from django.db import transaction
 
 from config.errors import BadInput, NotFound, TooLarge
 from conversations import items as it
-from conversations import llm, services
+from conversations import llm, services, usage
 from conversations.context import PathNode, is_compaction_root
 from conversations.errors import ApprovalPending, BeforeCompaction, ProviderFailed, TurnInProgress
 from conversations.locks import TurnLock
@@ -56,6 +56,7 @@ def _under_lock(user, conversation_id: int, begin: Callable[[Conversation, TurnL
 
     The conversation is read by the UPDATE that takes the lock, so no turn that ended before can have moved
     its head since."""
+    usage.check_budget(user.pk)  # issue 31: past the month's budget, nothing is written
     lock = TurnLock.take(owner=user, conversation_id=conversation_id)
     with lock.until_handed_over():
         if lock.took_over:  # its last holder died: what it left pending is failed first (and may be the head)

@@ -22,7 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from config.errors import ArborError, BadInput, NotFound
 from config.web import off_the_shared_thread, page
-from conversations import services
+from conversations import services, usage
 from conversations.apis.paging import cursor_token, decode_cursor, page_nodes
 from conversations.apis.serializers import ConversationIn, PreferencesIn
 from conversations.apis.transfer import read_upload
@@ -128,7 +128,8 @@ def chat_conversation(request: HttpRequest, conversation_id: int) -> HttpRespons
     if not switched and not urlparse(request.headers.get("Referer", "")).path.startswith(own):
         services.open_on_star(conversation=conversation)
     labelled = Node.objects.filter(conversation=conversation).exclude(label="").exists()  # the arrows name them
-    context = {"conversation": conversation, "labelled": labelled, **_bubbles_context(conversation)}
+    context = {"conversation": conversation, "labelled": labelled, "budget_note": usage.budget_left_note(
+        request.user.pk), **_bubbles_context(conversation)}
     return render(request, "chat/conversation.html", context)
 
 

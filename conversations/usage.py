@@ -1,0 +1,170 @@
+"""What people spend (issue 31): the usage ledger read back, budgets, and the check that ledger and tree agree.
+
+The ledger (`UsageEntry`) is written by the node recorder with each call's ending (`records.succeed`), never here.
+A budget is checked before a turn takes its lock (`start._under_lock`): past it, the turn is refused with nothing
+recorded. Budgets are read through a short cache, so a person without one costs no query a turn.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from config.errors import ArborError, BadInput
+from conversations.models import Node, UsageBudget, UsageEntry
+from conversations.turns.records import CLIENT, ledger_entry  # the recorder makes the rows: one definition
+
+BUDGET_CACHE_SECONDS = 10.0
+GROUPS = {"day": "day", "model": "model", "conversation": "conversation_id"}
+_budgets: dict[int, tuple[float, UsageBudget | None]] = {}
+
+
+class BudgetExceeded(ArborError):
+    code = "budget_exceeded"
+    status = 402
+
+
+def _budget_of(owner_id: int) -> UsageBudget | None:
+    now = time.monotonic()
+    cached = _budgets.get(owner_id)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    found = UsageBudget.objects.filter(owner_id=owner_id).first()
+    _budgets[owner_id] = (now + BUDGET_CACHE_SECONDS, found)
+    return found
+
+
+def forget_budget(owner_id: int) -> None:
+    """A budget changed in this process: read it afresh on the next turn."""
+    _budgets.pop(owner_id, None)
+
+
+def month_start(now: dt.datetime | None = None) -> dt.date:
+    return (now or timezone.now()).date().replace(day=1)
+
+
+def spent_this_month(owner_id: int) -> dict[str, Any]:
+    totals = UsageEntry.objects.filter(owner_id=owner_id, day__gte=month_start()).aggregate(
+        input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"), cost_usd=Sum("cost_usd"))
+    tokens = (totals["input_tokens"] or 0) + (totals["output_tokens"] or 0)
+    return {"tokens": tokens, "cost_usd": round(totals["cost_usd"] or 0.0, 6)}
+
+
+def check_budget(owner_id: int) -> None:
+    """Refuse a turn (402 `budget_exceeded`) when its person has spent this month's budget."""
+    budget = _budget_of(owner_id)
+    if budget is None or (budget.monthly_tokens is None and budget.monthly_cost_usd is None):
+        return
+    spent = spent_this_month(owner_id)
+    if budget.monthly_tokens is not None and spent["tokens"] >= budget.monthly_tokens:
+        raise BudgetExceeded(f"This month's budget of {budget.monthly_tokens} tokens is spent ({spent['tokens']} "
+                             "used); it renews on the 1st (UTC), or ask an administrator to raise it.")
+    if budget.monthly_cost_usd is not None and spent["cost_usd"] >= budget.monthly_cost_usd:
+        raise BudgetExceeded(f"This month's budget of ${budget.monthly_cost_usd:.2f} is spent "
+                             f"(${spent['cost_usd']:.2f} used); it renews on the 1st (UTC), or ask an "
+                             "administrator to raise it.")
+
+
+def budget_of(owner) -> dict[str, Any]:
+    budget = UsageBudget.objects.filter(owner=owner).first()
+    return {"monthly_tokens": budget and budget.monthly_tokens, "monthly_cost_usd": budget and budget.monthly_cost_usd,
+            "spent_this_month": spent_this_month(owner.pk)}
+
+
+def set_budget(owner, body: Any) -> dict[str, Any]:
+    """`monthly_tokens` (a whole number ≥ 1) and `monthly_cost_usd` (a number > 0), each null for no limit."""
+    if not isinstance(body, dict) or not set(body) <= {"monthly_tokens", "monthly_cost_usd"} or not body:
+        raise BadInput("Send `monthly_tokens` and/or `monthly_cost_usd` (null for no limit), nothing else.")
+    tokens, cost = body.get("monthly_tokens"), body.get("monthly_cost_usd")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise BadInput("`monthly_tokens` must be a whole number of at least 1, or null.", param="monthly_tokens")
+    if cost is not None and (isinstance(cost, bool) or not isinstance(cost, int | float) or cost <= 0):
+        raise BadInput("`monthly_cost_usd` must be a number above 0, or null.", param="monthly_cost_usd")
+    budget, _ = UsageBudget.objects.get_or_create(owner=owner)
+    for name in ("monthly_tokens", "monthly_cost_usd"):
+        if name in body:
+            setattr(budget, name, body[name])
+    budget.save()
+    forget_budget(owner.pk)
+    return budget_of(owner)
+
+
+def _day(value: str | None, name: str) -> dt.date | None:
+    if value in (None, ""):
+        return None
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        raise BadInput(f"`{name}` must be a date (YYYY-MM-DD).", param=name) from None
+
+
+def summary(owner_id: int, query) -> dict[str, Any]:
+    """`GET /api/usage/`: the calls, tokens and cost of `owner_id` from `from` to `to` (days, both included),
+    in `group`s (day, model or conversation)."""
+    group = query.get("group", "day")
+    if group not in GROUPS:
+        raise BadInput("`group` must be day, model or conversation.", param="group")
+    entries = UsageEntry.objects.filter(owner_id=owner_id)
+    start, end = _day(query.get("from"), "from"), _day(query.get("to"), "to")
+    if start:
+        entries = entries.filter(day__gte=start)
+    if end:
+        entries = entries.filter(day__lte=end)
+    sums = {"calls": Count("id"), "input_tokens": Sum("input_tokens"), "output_tokens": Sum("output_tokens"),
+            "cost_usd": Sum("cost_usd")}
+    total = entries.aggregate(**sums)
+    rows = entries.values(GROUPS[group]).annotate(**sums).order_by(GROUPS[group])
+
+    def said(row: dict) -> dict[str, Any]:
+        return {"calls": row["calls"] or 0, "input_tokens": row["input_tokens"] or 0,
+                "output_tokens": row["output_tokens"] or 0, "cost_usd": round(row["cost_usd"] or 0.0, 6)}
+
+    groups = [{"key": str(row[GROUPS[group]]), **said(row)} for row in rows]
+    return {**said(total), "groups": groups}
+
+
+_FIGURES = ("owner_id", "conversation_id", "model", "input_tokens", "output_tokens", "cached_tokens", "cost_usd")
+
+
+def disagreements() -> list[str]:
+    """Every difference between the ledger and the nodes: a turn's call that reached a provider with no row
+    (a turn's call is known by the settings it sent, which an imported node or a compaction root never has),
+    a row whose figures are not its node's, a row of a node that reached no provider. Nodes deleted since are no
+    difference: rows outlive them."""
+    found: list[str] = []
+    rows = {row.node_id: row for row in UsageEntry.objects.all()}
+    turns = Node.objects.filter(status=Node.Status.SUCCEEDED, kind=Node.Kind.TURN, call_settings__isnull=False
+                                ).exclude(provider=CLIENT).values_list("pk", flat=True)
+    found += [f"node {pk}: a call that reached a provider has no ledger row" for pk in turns.iterator()
+              if pk not in rows]
+    for node in Node.objects.filter(pk__in=list(rows)).select_related("conversation").iterator(chunk_size=500):
+        row = rows[node.pk]
+        if node.status != Node.Status.SUCCEEDED or node.provider == CLIENT:
+            found.append(f"node {node.pk}: a ledger row for a call that reached no provider")
+            continue
+        expected = ledger_entry(node)
+        differs = [name for name in _FIGURES if getattr(expected, name) != getattr(row, name)]
+        if differs:
+            found.append(f"node {node.pk}: the ledger differs in {', '.join(differs)}")
+    return found
+
+
+LOW_SHARE = 0.8  # the chat page says what is left once this much of a budget is spent
+
+
+def budget_left_note(owner_id: int) -> str:
+    """What the chat page says when a person's month runs low (issue 31): "" while it does not."""
+    budget = _budget_of(owner_id)
+    if budget is None or (budget.monthly_tokens is None and budget.monthly_cost_usd is None):
+        return ""
+    spent = spent_this_month(owner_id)
+    notes = []
+    if budget.monthly_tokens and spent["tokens"] >= LOW_SHARE * budget.monthly_tokens:
+        notes.append(f"{max(0, budget.monthly_tokens - spent['tokens']):,} of {budget.monthly_tokens:,} tokens")
+    if budget.monthly_cost_usd and spent["cost_usd"] >= LOW_SHARE * budget.monthly_cost_usd:
+        notes.append(f"${max(0.0, budget.monthly_cost_usd - spent['cost_usd']):.2f} of ${budget.monthly_cost_usd:.2f}")
+    return f"This month's budget runs low: {' and '.join(notes)} left." if notes else ""

@@ -1,0 +1,131 @@
+"""Issue 31: a usage ledger keyed to nodes (one row per call that reached a provider, written with the node's
+ending), `GET /api/usage/`, monthly budgets (402 `budget_exceeded`, nothing recorded) and `manage.py
+usage_check`. Rule D1: the ledger and the tree never disagree, through failures too."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import CommandError, call_command
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from conversations import services
+from conversations.models import Node, UsageEntry
+from tests.conversations.helpers import ask, command_output
+
+pytestmark = pytest.mark.django_db
+
+
+def test_issue_31_d1_every_call_that_reached_a_provider_has_one_ledger_row_alike(conversation, stub):
+    from tests.support.openai_stub import Reply
+
+    ask(conversation, "one")
+    ask(conversation, "#fail please")  # a provider error: recorded failed, no usage, no row
+    ask(conversation, '#tool sql_query {"sql": "select 1"}')  # two calls: the tool's, then the answer
+    services.conversation_update(conversation=conversation, model="openai/stub-model")
+    stub.script(Reply.text("priced answer"))
+    ask(conversation, "through the stub")
+    charged = Node.objects.filter(status=Node.Status.SUCCEEDED)
+    assert UsageEntry.objects.count() == charged.count() >= 4
+    for node in charged:
+        row = UsageEntry.objects.get(node_id=node.pk)
+        assert (row.input_tokens, row.output_tokens) == (node.usage["prompt_tokens"], node.usage["completion_tokens"])
+        assert (row.owner_id, row.conversation_id, row.model) == (conversation.owner_id, conversation.pk, node.model)
+    assert not UsageEntry.objects.filter(node_id__in=Node.objects.filter(status="failed").values("pk")).exists()
+    assert "agree" in command_output("usage_check")
+
+    UsageEntry.objects.filter(node_id=charged.first().pk).delete()
+    with pytest.raises(CommandError, match="1 difference"):
+        call_command("usage_check")
+
+
+def test_issue_31_a_deleted_conversation_keeps_its_bill(conversation):
+    ask(conversation, "billed")
+    cid = conversation.pk
+    services.conversation_delete(conversation=conversation)
+    (row,) = UsageEntry.objects.all()
+    assert row.conversation_id == cid and row.input_tokens > 0 and not Node.objects.exists()
+    assert "agree" in command_output("usage_check"), "a row whose node is gone is no difference"
+
+
+def test_issue_31_usage_api_sums_the_callers_ledger_in_groups(api, other_api, user, other_user, conversation):
+    ask(conversation, "one")
+    ask(conversation, "two")
+    theirs = services.conversation_create(owner=other_user)
+    ask(theirs, "not mine")
+    body = api.get("/api/usage/", {"group": "conversation"}).json()
+    mine = UsageEntry.objects.filter(owner=user)
+    assert body["calls"] == 2 and body["input_tokens"] == sum(r.input_tokens for r in mine)
+    assert body["groups"] == [{"key": str(conversation.pk), "calls": 2, "input_tokens": body["input_tokens"],
+                               "output_tokens": body["output_tokens"], "cost_usd": 0.0}]
+    (day,) = api.get("/api/usage/", {"group": "day"}).json()["groups"]
+    assert api.get("/api/usage/", {"from": "2000-01-01", "to": "2000-01-31"}).json()["calls"] == 0
+    assert api.get("/api/usage/", {"group": "weekday"}).status_code == 400
+    assert api.get("/api/usage/", {"from": "yesterday"}).status_code == 400
+    assert api.get("/api/usage/", {"user": other_user.username}).status_code == 404, "only staff read others'"
+    user.is_staff = True
+    user.save()
+    assert api.get("/api/usage/", {"user": other_user.username}).json()["calls"] == 1
+    assert day["key"] == str(mine.first().day)
+
+
+def test_issue_31_a_turn_past_the_budget_is_a_402_with_nothing_recorded(api, user, other_user, conversation):
+    staff = APIClient()
+    staff.force_authenticate(other_user)
+    assert staff.put(f"/api/users/{user.username}/budget/", {"monthly_tokens": 1}, format="json").status_code == 403
+    assert api.put(f"/api/users/{user.username}/budget/", {"monthly_tokens": 1}, format="json").status_code == 403
+    other_user.is_staff = True
+    other_user.save()
+    assert staff.put("/api/users/nobody/budget/", {"monthly_tokens": 1}, format="json").status_code == 404
+    assert staff.put(f"/api/users/{user.username}/budget/", {"monthly_tokens": 0}, format="json").status_code == 400
+    set_to = staff.put(f"/api/users/{user.username}/budget/", {"monthly_tokens": 50}, format="json")
+    assert set_to.status_code == 200 and set_to.json()["monthly_tokens"] == 50
+
+    first = api.post(f"/api/conversations/{conversation.pk}/turns/", {"content": "x" * 400}, format="json")
+    assert first.status_code == 201, "under the budget when it starts"
+    before = (Node.objects.count(), UsageEntry.objects.count())
+    refused = api.post(f"/api/conversations/{conversation.pk}/turns/", {"content": "more"}, format="json")
+    assert refused.status_code == 402 and refused.json()["error"]["code"] == "budget_exceeded"
+    assert (Node.objects.count(), UsageEntry.objects.count()) == before, "nothing recorded"
+    gateway = APIClient()
+    gateway.credentials(HTTP_AUTHORIZATION="Bearer " + Token.objects.get_or_create(user=user)[0].key)
+    v1 = gateway.post("/v1/responses", {"model": "arbor/echo", "input": "hi"}, format="json")
+    assert v1.status_code == 402 and v1.json()["error"]["code"] == "budget_exceeded"
+    assert Node.objects.count() == before[0]
+
+    assert api.get(f"/api/users/{user.username}/budget/").json()["spent_this_month"]["tokens"] >= 50
+    lifted = staff.put(f"/api/users/{user.username}/budget/", {"monthly_tokens": None}, format="json")
+    assert lifted.json()["monthly_tokens"] is None
+    assert api.post(f"/api/conversations/{conversation.pk}/turns/", {"content": "again"},
+                    format="json").status_code == 201
+
+
+def test_issue_31_imported_calls_and_compaction_roots_are_no_bill(api, conversation, settings):
+    """An imported node (its usage came with the file) reached no provider of Arbor's: no row, and usage_check
+    agrees; so does a compaction root (its summarising call is billed)."""
+    import json
+
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    ask(conversation, "one")
+    ask(conversation, "two")
+    response = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "json"})
+    exported = json.loads(b"".join(response.streaming_content))
+    assert api.post("/api/conversations/import/", exported, format="json").status_code == 201
+    assert api.post(f"/api/conversations/{conversation.pk}/compact/").status_code == 201
+    assert UsageEntry.objects.count() == 3, "two turns and the summarising call"
+    assert "agree" in command_output("usage_check")
+
+
+def test_issue_31_the_chat_page_says_what_is_left_when_the_budget_runs_low(page, user, conversation):
+    from django.urls import reverse
+
+    from conversations import usage
+
+    ask(conversation, "one")
+    spent = usage.spent_this_month(user.pk)["tokens"]
+    url = reverse("chat-conversation", args=[conversation.pk])
+    assert "budget runs low" not in page.get(url).content.decode(), "no budget, no note"
+    usage.set_budget(user, {"monthly_tokens": spent * 10})
+    assert "budget runs low" not in page.get(url).content.decode(), "a tenth spent: nothing to say"
+    usage.set_budget(user, {"monthly_tokens": spent + 2})
+    assert f"2 of {spent + 2:,} tokens left" in page.get(url).content.decode()
