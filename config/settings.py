@@ -81,6 +81,7 @@ INSTALLED_APPS = [
     "conversations",
     "search",
     "playbooks",
+    "shares",
 ]
 
 MIDDLEWARE = [
