@@ -316,11 +316,12 @@ def exception_handler(exc, context):
                     status=status.HTTP_500_INTERNAL_SERVER_ERROR)
 
 
-def valid_input(serializer_class, request: Request) -> dict:
-    """The request's JSON object, checked by `serializer_class`; a 400 names every problem."""
+def valid_input(serializer_class, request: Request, *, partial: bool = False) -> dict:
+    """The request's JSON object, checked by `serializer_class` (`partial`: only the fields sent); a 400 names
+    every problem."""
     if not isinstance(request.data, dict):
         raise exceptions.ValidationError({"non_field_errors": ["The body must be a JSON object."]})
-    serializer = serializer_class(data=request.data)
+    serializer = serializer_class(data=request.data, partial=partial)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
 

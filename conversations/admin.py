@@ -27,7 +27,17 @@ from rest_framework.authtoken.models import TokenProxy
 from conversations import services
 from conversations.errors import TurnInProgress
 from conversations.items import answer_text, question_of
-from conversations.models import SIDE_CALL, Bubble, Conversation, Node, OutboxJob, Preferences, UsageBudget, UsageEntry
+from conversations.models import (
+    SIDE_CALL,
+    Bubble,
+    Conversation,
+    Node,
+    OutboxJob,
+    Preferences,
+    Project,
+    UsageBudget,
+    UsageEntry,
+)
 from conversations.selectors import node_path, tree_scope
 from conversations.turns.seen import call_context
 
@@ -395,6 +405,26 @@ class BubbleAdmin(ReadOnlyAdmin):
 class PreferencesAdmin(admin.ModelAdmin):
     list_display = ["user", "updated_at"]
     search_fields = ["user__username"]
+
+
+class ProjectConversations(admin.TabularInline):
+    model = Conversation
+    fields = ["title", "model", "updated_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    """Issue 30: a person's projects, with their conversations."""
+    list_display = ["name", "owner", "model", "memory", "updated_at"]
+    search_fields = ["name", "owner__username"]
+    inlines = [ProjectConversations]
 
 
 @admin.register(UsageBudget)

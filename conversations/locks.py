@@ -39,7 +39,7 @@ from config.api import INT64_MAX, INT64_MIN
 from config.errors import NotFound
 from config.together import update_sql
 from conversations.errors import TooManyTurns, TurnInProgress
-from conversations.models import Conversation, Preferences, TurnRun
+from conversations.models import Conversation, Preferences, Project, TurnRun
 from conversations.selectors import conversation_for_user
 
 
@@ -153,8 +153,10 @@ def _take_statement(by_owner: bool, limit: int, vendor: str) -> tuple[str, tuple
     table = connection.ops.quote_name(Conversation._meta.db_table)
     returning = ", ".join(f"{table}.{connection.ops.quote_name(field.column)}" for field in _FIELDS)
     preferences = connection.ops.quote_name(Preferences._meta.db_table)
+    projects = connection.ops.quote_name(Project._meta.db_table)
     return (f"{sql} RETURNING {returning}, (SELECT p.instructions FROM {preferences} p "
-            f"WHERE p.user_id = {table}.owner_id ORDER BY p.id LIMIT 1)"), slots
+            f"WHERE p.user_id = {table}.owner_id ORDER BY p.id LIMIT 1), (SELECT pr.instructions FROM {projects} pr "
+            f"WHERE pr.id = {table}.project_id)"), slots
 
 
 def _from_database(values) -> list:
@@ -179,6 +181,7 @@ class TurnLock:
         self.took_over = took_over
         self.lost = False  # set when a renewal found another holder (this one outlived its lease)
         self.owner_instructions: str | None = None  # read with the lock by `take`
+        self.project_instructions: str | None = None  # its project's (issue 30), read with it too
         self._released = False
         self._handed_over = False
         self._stop = threading.Event()
@@ -224,9 +227,9 @@ class TurnLock:
         if row is None:
             return None
         conversation = Conversation.from_db(connection.alias, [f.attname for f in _FIELDS],
-                                            _from_database(row[:-1]))
+                                            _from_database(row[:-2]))
         lock = cls(conversation, conversation.turn_token, took_over=conversation.turn_took_over)
-        lock.owner_instructions = row[-1] or ""
+        lock.owner_instructions, lock.project_instructions = row[-2] or "", row[-1] or ""
         return lock
 
     @staticmethod

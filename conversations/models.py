@@ -19,6 +19,26 @@ def offered_model(name: str | None) -> str:
     return name if name in settings.ARBOR_MODELS else settings.ARBOR_MODEL
 
 
+class Project(models.Model):
+    """Issue 30: a person's group of conversations, with instructions every call in it gets (after the person's
+    own, before the conversation's) and the model a new conversation in it starts with. `memory`: whether a new
+    conversation may retrieve from the project's earlier ones (R2; never across the project's border)."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="projects")
+    name = models.CharField(max_length=200)
+    instructions = models.TextField(blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    memory = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["owner", "name"])]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Conversation(models.Model):
     class Origin(models.TextChoices):
         """Where a conversation came from, so the sidebar can tell a person's chats from the rest (issue 26)."""
@@ -33,6 +53,8 @@ class Conversation(models.Model):
     # has sent yet; the next call of this conversation sends them first and takes them off.
     metadata = models.JSONField(default=dict, blank=True)
     pending_input = models.JSONField(default=list, blank=True)
+    # Issue 30: the project it is in, if any (deleting a project is explicit: `services.project_delete`).
+    project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.PROTECT, related_name="conversations")
     title = models.CharField(max_length=200, blank=True)
     model = models.CharField(max_length=200)
     instructions = models.TextField(blank=True)

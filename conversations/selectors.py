@@ -16,7 +16,7 @@ from django.db.models.expressions import RawSQL
 from config.errors import NotFound
 from conversations.context import PathNode, is_compaction_root, readable_by
 from conversations.items import question_of
-from conversations.models import Conversation, Node, Preferences, walk_up
+from conversations.models import Conversation, Node, Preferences, Project, walk_up
 
 _NODE = Node._meta.db_table
 # The history's ids alone, and the few columns the screen needs (no items but a turn's sent items, to
@@ -267,13 +267,25 @@ def user_theme(*, user_id: int) -> str:
     return Preferences.objects.filter(user_id=user_id).values_list("theme", flat=True).first() or ""
 
 
-def instructions_for(conversation: Conversation, *, owner_instructions: str | None = None) -> str:
-    """The system instructions a call of this conversation gets: the owner's own (read here unless given),
-    then the conversation's."""
+def instructions_for(conversation: Conversation, *, owner_instructions: str | None = None,
+                     project_instructions: str | None = None) -> str:
+    """The system instructions a call of this conversation gets: the owner's own, then its project's (issue 30),
+    then the conversation's; each read here unless given (the turn lock reads them with the conversation)."""
     if owner_instructions is None:
         owner_instructions = user_instructions(user_id=conversation.owner_id)
-    parts = [owner_instructions, conversation.instructions]
+    if project_instructions is None and conversation.project_id is not None:
+        project_instructions = Project.objects.filter(pk=conversation.project_id).values_list(
+            "instructions", flat=True).first()
+    parts = [owner_instructions, project_instructions, conversation.instructions]
     return "\n\n".join(part.strip() for part in parts if part and part.strip())
+
+
+def project_for_user(*, user, project_id: Any) -> Project:
+    """The caller's project; anyone else's is a 404, like a missing one (issue 30)."""
+    try:
+        return Project.objects.get(pk=int(project_id), owner_id=user.pk)
+    except (Project.DoesNotExist, TypeError, ValueError, OverflowError):
+        raise NotFound("No such project.") from None
 
 
 def conversation_list(*, user) -> QuerySet[Conversation]:

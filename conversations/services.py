@@ -14,7 +14,7 @@ from config.together import Together, Written, together
 from conversations import outbox
 from conversations.errors import NotABranch, TurnInProgress
 from conversations.locks import TurnLock, head_guard
-from conversations.models import Bubble, Conversation, Node, Preferences, ToolApproval
+from conversations.models import Bubble, Conversation, Node, Preferences, Project, ToolApproval
 from conversations.selectors import conversation_has_node, history_ids, latest_tip
 
 _NODE = Node._meta.db_table
@@ -136,15 +136,54 @@ def open_on_star(*, conversation: Conversation) -> None:
 
 
 def conversation_create(*, owner, title: str = "", model: str = "", instructions: str = "", retrieval: bool = False,
-                        keep_retrieved: bool = False, origin: str = Conversation.Origin.CHAT) -> Conversation:
+                        keep_retrieved: bool = False, origin: str = Conversation.Origin.CHAT,
+                        project: Project | None = None) -> Conversation:
+    """A new conversation; in `project` (the owner's), it starts with the project's model unless given one."""
     return Conversation.objects.create(
-        owner=owner, title=title, model=model or settings.ARBOR_MODEL, instructions=instructions,
-        retrieval=retrieval, keep_retrieved=keep_retrieved, origin=origin,
+        owner=owner, title=title, model=model or (project and project.model) or settings.ARBOR_MODEL,
+        instructions=instructions, retrieval=retrieval, keep_retrieved=keep_retrieved, origin=origin,
+        project=project,
     )
 
 
+# --- projects (issue 30) ------------------------------------------------------------------------------
+
+
+def project_create(*, owner, name: str, instructions: str = "", model: str = "", memory: bool = True) -> Project:
+    return Project.objects.create(owner=owner, name=name, instructions=instructions, model=model, memory=memory)
+
+
+def project_update(*, project: Project, **fields: Any) -> Project:
+    unknown = set(fields) - {"name", "instructions", "model", "memory"}
+    if unknown:
+        raise BadInput(f"Unknown fields: {', '.join(sorted(unknown))}.")
+    for name, value in fields.items():
+        setattr(project, name, value)
+    project.save()
+    return project
+
+
+class ProjectNotEmpty(ArborError):
+    code = "project_not_empty"
+    status = 409
+
+
+def project_delete(*, project: Project, confirm: Any = None) -> int:
+    """Delete the project with its conversations (T11 each, P3 holds: nodes another conversation needs stay), but
+    only when `confirm` names how many there are: a 409 says the number otherwise, and nothing changes."""
+    count = project.conversations.count()
+    if count and str(confirm) != str(count):
+        raise ProjectNotEmpty(f"This project holds {count} conversation{'s' if count != 1 else ''}; deleting it "
+                              f"deletes them too. Send confirm={count} to go on.", count=count)
+    with transaction.atomic():
+        for conversation in project.conversations.all():
+            conversation_delete(conversation=conversation)
+        project.delete()
+    return count
+
+
 def conversation_update(*, conversation: Conversation, **fields: Any) -> Conversation:
-    allowed = {"title", "model", "instructions", "retrieval", "keep_retrieved"}
+    allowed = {"title", "model", "instructions", "retrieval", "keep_retrieved", "project"}
     unknown = set(fields) - allowed
     if unknown:
         raise BadInput(f"Unknown fields: {', '.join(sorted(unknown))}.")

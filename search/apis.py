@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 from config.errors import ArborError, BadInput
 from conversations.llm import LLMError
+from conversations.selectors import project_for_user
 from search.query import MAX_QUERY_CHARS, search_bubbles
 from search.similar import QUERY_TIMEOUT_SECONDS, similar_bubbles
 
@@ -41,7 +42,9 @@ class Search(APIView):
                        description="words to find"),
                                OpenApiParameter("mode", {"type": "string", "enum": list(MODES), "default": "words"},
                                                 description="words: full-text matches; similar: messages nearest "
-                                                            "in meaning (the embedding model's vectors)")],
+                                                            "in meaning (the embedding model's vectors)"),
+                               OpenApiParameter("project", int, description="words only: the caller's conversations "
+                                                                            "in this project (issue 30)")],
                    responses={200: SearchOut,
                               400: OpenApiResponse(description="bad_input: an empty, too long or unknown `q` or "
                                                                "`mode`"),
@@ -54,8 +57,13 @@ class Search(APIView):
         if mode not in MODES:
             raise BadInput(f"`mode` must be one of {', '.join(MODES)}.")
         query = request.query_params.get("q", "")
+        project = request.query_params.get("project")
+        if project not in (None, ""):  # issue 30: the caller's own project (anyone else's is a 404)
+            if mode != "words":
+                raise BadInput("`project` filters word matches (mode=words).")
+            project = project_for_user(user=request.user, project_id=project).pk
         if mode == "words":
-            hits = search_bubbles(user=request.user, query=query)
+            hits = search_bubbles(user=request.user, query=query, project=project or None)
         else:
             if not settings.ARBOR_EMBEDDING_MODEL:
                 raise ArborError("no embedding model is set (ARBOR_EMBEDDING_MODEL): only word matches are found",

@@ -98,7 +98,7 @@ FROM (SELECT d.bubble_id, ts_rank(d.vector, q.query) AS rank
       ORDER BY rank DESC, d.bubble_id DESC) AS d
 JOIN conversations_bubble b ON b.id = d.bubble_id
 JOIN conversations_conversation c ON c.id = b.conversation_id
-WHERE c.owner_id = %s AND c.id IS DISTINCT FROM %s
+WHERE c.owner_id = %s AND c.id IS DISTINCT FROM %s AND (%s::bigint IS NULL OR c.project_id = %s)
 ORDER BY d.rank DESC, d.bubble_id DESC
 LIMIT %s
 """
@@ -130,7 +130,7 @@ SELECT b.id, b.node_id, b.role, c.id, c.title, -bm25(search_fts) AS rank,
 FROM search_fts
 JOIN conversations_bubble b ON b.id = search_fts.rowid
 JOIN conversations_conversation c ON c.id = b.conversation_id
-WHERE search_fts MATCH %s AND c.owner_id = %s AND c.id IS NOT %s
+WHERE search_fts MATCH %s AND c.owner_id = %s AND c.id IS NOT %s AND (%s IS NULL OR c.project_id = %s)
 ORDER BY bm25(search_fts), b.id DESC
 LIMIT %s
 """
@@ -170,8 +170,10 @@ def check_query(query: object) -> None:
 
 
 def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False,
-                   exclude_conversation: int | None = None, shown: bool = True) -> list[Hit]:
-    """The caller's bubbles that match `query`, best first, each marked with whether it is on the current branch.
+                   exclude_conversation: int | None = None, shown: bool = True, project: int | None = None
+                   ) -> list[Hit]:
+    """The caller's bubbles that match `query`, best first, each marked with whether it is on the current branch;
+    with `project`, only its conversations' (issue 30).
 
     `match_any` (retrieval's) finds bubbles with any of the words instead of all of them, leaving out the common
     words when others are there (`distinctive_terms`). Hits that are not `shown` to a person (retrieval's) get no
@@ -187,10 +189,10 @@ def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False
         # excluded conversation), by all of them: a slower search beats none.
         if match_any and (distinctive := distinctive_terms(cursor, terms, owner_id=user.pk)) != terms:
             rows, used = _ranked(cursor, distinctive, user=user, exclude_conversation=exclude_conversation,
-                                 limit=limit, match_any=True), distinctive
+                                 limit=limit, match_any=True, project=project), distinctive
         if not rows:
             rows, used = _ranked(cursor, terms, user=user, exclude_conversation=exclude_conversation, limit=limit,
-                                 match_any=match_any), terms
+                                 match_any=match_any, project=project), terms
         if connection.vendor == "postgresql":
             snippets: dict[int, str] = {}
             if shown and rows:
@@ -206,12 +208,13 @@ def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False
 
 
 def _ranked(cursor, terms: list[str], *, user, exclude_conversation: int | None, limit: int,
-            match_any: bool) -> list[tuple]:
+            match_any: bool, project: int | None = None) -> list[tuple]:
     """The best `limit` of the caller's bubbles with all (any, `match_any`) of `terms`; SQLite's with snippets."""
     if not terms:
         return []
     if connection.vendor != "postgresql":
-        cursor.execute(_SQLITE_RANKED, [_fts5_query(terms, match_any=match_any), user.pk, exclude_conversation, limit])
+        cursor.execute(_SQLITE_RANKED, [_fts5_query(terms, match_any=match_any), user.pk, exclude_conversation,
+                                        project, project, limit])
         return cursor.fetchall()
     config = settings.ARBOR_SEARCH_CONFIG
     query = _tsquery(terms, match_any=match_any)
@@ -221,7 +224,7 @@ def _ranked(cursor, terms: list[str], *, user, exclude_conversation: int | None,
     else:
         match, owned = _POSTGRES_ALL, [user.pk]
     cursor.execute(_POSTGRES_RANKED.format(match=match),
-                   [config, query, *owned, user.pk, exclude_conversation, limit])
+                   [config, query, *owned, user.pk, exclude_conversation, project, project, limit])
     return cursor.fetchall()
 
 

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from conversations.models import Conversation, Node
+from conversations.models import Conversation, Node, Project
 from conversations.screen import BubbleView
 
 
@@ -53,6 +53,24 @@ class ConversationIn(serializers.Serializer):
     instructions = StrictCharField(required=False, allow_blank=True, max_length=20000)
     retrieval = StrictBooleanField(required=False, help_text="R2: search my other conversations first")
     keep_retrieved = StrictBooleanField(required=False, help_text="R2: keep retrieved items in later calls' context")
+    project = StrictIntegerField(required=False, allow_null=True, help_text="issue 30: the project it is in (null: "
+                                                                           "none)")
+
+
+class ProjectIn(serializers.Serializer):
+    name = StrictCharField(max_length=200)
+    instructions = StrictCharField(required=False, allow_blank=True, max_length=20000)
+    model = StrictCharField(max_length=200, required=False, allow_blank=True, validators=[validate_model_name])
+    memory = StrictBooleanField(required=False, help_text="R2: new conversations retrieve from the project's "
+                                                          "earlier ones (never from outside it)")
+
+
+class ProjectOut(serializers.ModelSerializer):
+    conversations = serializers.IntegerField(source="conversations.count", read_only=True)
+
+    class Meta:
+        model = Project
+        fields = ["id", "name", "instructions", "model", "memory", "conversations", "created_at", "updated_at"]
 
 
 class PreferencesIn(serializers.Serializer):
@@ -64,7 +82,7 @@ class ConversationOut(serializers.ModelSerializer):
 
     class Meta:
         model = Conversation
-        fields = ["id", "title", "model", "instructions", "retrieval", "keep_retrieved", "head", "version",
+        fields = ["id", "title", "model", "instructions", "retrieval", "keep_retrieved", "project", "head", "version",
                   "turn_running", "origin", "created_at", "updated_at"]
         read_only_fields = ["origin"]
 

@@ -24,7 +24,7 @@ from conversations.apis.paging import CursorPages, page_body, page_nodes, read_c
 from conversations.apis.schema import TURN_EVENT, TURN_MESSAGE_EVENT
 from conversations.apis.streams import FORMAT, EventStreamRenderer, log_stream
 from conversations.idempotency import IdempotentView
-from conversations.models import Conversation, Node
+from conversations.models import Conversation, Node, Project
 from conversations.screen import BubblePage, bubbles_after, bubbles_before
 from conversations.selectors import (
     conversation_for_user,
@@ -32,6 +32,7 @@ from conversations.selectors import (
     conversation_list,
     node_for_user,
     node_page,
+    project_for_user,
 )
 from conversations.tree_map import tree_map
 from conversations.turns import detached
@@ -53,9 +54,16 @@ class ConversationListCreate(PaginatedList, APIView):
 
     @extend_schema(request=s.ConversationIn, responses={201: s.ConversationOut})
     def post(self, request: Request) -> Response:
-        data = valid_input(s.ConversationIn, request)
+        data = _with_project(request, valid_input(s.ConversationIn, request))
         conversation = services.conversation_create(owner=request.user, **data)
         return Response(s.ConversationOut(conversation).data, status=status.HTTP_201_CREATED)
+
+
+def _with_project(request: Request, data: dict) -> dict:
+    """`project` as the caller's Project (another person's is a 404, and nothing changes); null stays null."""
+    if data.get("project") is not None:
+        data["project"] = project_for_user(user=request.user, project_id=data["project"])
+    return data
 
 
 class ConversationDetail(APIView):
@@ -67,7 +75,7 @@ class ConversationDetail(APIView):
     @extend_schema(request=s.ConversationIn, responses=s.ConversationOut)
     def patch(self, request: Request, conversation_id: int) -> Response:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-        data = valid_input(s.ConversationIn, request)
+        data = _with_project(request, valid_input(s.ConversationIn, request))
         services.conversation_update(conversation=conversation, **data)
         return Response(s.ConversationOut(conversation).data)
 
@@ -413,3 +421,38 @@ class UserBudget(APIView):
         if not request.user.is_staff:
             raise ArborError("Only staff set budgets.", code="permission_denied", status=403)
         return Response(usage.set_budget(_person(request, username), request.data))
+
+
+# --- projects (issue 30) ---------------------------------------------------------------------------
+
+
+class ProjectListCreate(PaginatedList, APIView):
+    @extend_schema(responses=s.ProjectOut(many=True))
+    def get(self, request: Request) -> Response:
+        projects = Project.objects.filter(owner_id=request.user.pk).order_by("name", "id")
+        return paginated(self, request, projects, s.ProjectOut)
+
+    @extend_schema(request=s.ProjectIn, responses={201: s.ProjectOut})
+    def post(self, request: Request) -> Response:
+        project = services.project_create(owner=request.user, **valid_input(s.ProjectIn, request))
+        return Response(s.ProjectOut(project).data, status=status.HTTP_201_CREATED)
+
+
+class ProjectDetail(APIView):
+    @extend_schema(responses=s.ProjectOut)
+    def get(self, request: Request, project_id: int) -> Response:
+        return Response(s.ProjectOut(project_for_user(user=request.user, project_id=project_id)).data)
+
+    @extend_schema(request=s.ProjectIn(partial=True), responses=s.ProjectOut)
+    def patch(self, request: Request, project_id: int) -> Response:
+        project = project_for_user(user=request.user, project_id=project_id)
+        data = valid_input(s.ProjectIn, request, partial=True)
+        return Response(s.ProjectOut(services.project_update(project=project, **data)).data)
+
+    @extend_schema(parameters=[OpenApiParameter("confirm", int, description="how many conversations it holds")],
+                   responses={204: None, 409: OpenApiResponse(description="project_not_empty: send confirm=N")},
+                   description="Delete the project and its conversations, once `confirm` names how many.")
+    def delete(self, request: Request, project_id: int) -> Response:
+        project = project_for_user(user=request.user, project_id=project_id)
+        services.project_delete(project=project, confirm=request.query_params.get("confirm"))
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -54,7 +54,8 @@ class Turn:
         # A caller of the OpenAI-compatible surface sends its own instructions and tools with each call (and
         # Arbor's own tools stay out of it); everyone else's turns use the conversation's and Arbor's.
         self.instructions = (instructions if instructions is not None
-                             else instructions_for(conversation, owner_instructions=lock.owner_instructions))
+                             else instructions_for(conversation, owner_instructions=lock.owner_instructions,
+                                                   project_instructions=lock.project_instructions))
         self.tools = CallerTools(tools) if tools is not None else ArborTools()
         self.call_options = call_options or {}  # a gateway call's own (temperature, tool_choice, …), every round
         question = it.question_of(new_items)

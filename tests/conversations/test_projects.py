@@ -1,0 +1,92 @@
+"""Issue 30, projects: a person's conversations grouped, with instructions every call in the project gets, in
+the order the person's own, the project's, the conversation's (what the model saw shows them); a project and
+its conversations are their owner's alone; deleting one deletes its conversations only once told how many."""
+
+from __future__ import annotations
+
+import pytest
+
+from conversations import services
+from conversations.models import Conversation, Node, Project
+from tests.conversations.helpers import ask
+
+pytestmark = pytest.mark.django_db
+
+
+def test_issue_30_instructions_go_person_then_project_then_conversation(api, user):
+    services.preferences_update(user=user, instructions="Person: be kind.")
+    made = api.post("/api/projects/", {"name": "Launch", "instructions": "Project: we launch in May.",
+                                       "model": "arbor/echo"}, format="json")
+    assert made.status_code == 201 and made.json()["memory"] is True, made.content
+    project = made.json()["id"]
+    created = api.post("/api/conversations/", {"title": "Plan", "instructions": "Conversation: be brief.",
+                                               "project": project}, format="json")
+    assert created.status_code == 201 and created.json()["project"] == project
+    conversation = Conversation.objects.get(pk=created.json()["id"])
+    head = ask(conversation, "what now?")[-1].data["head"]
+    node = Node.objects.get(pk=head)
+    assert node.instructions == "Person: be kind.\n\nProject: we launch in May.\n\nConversation: be brief."
+    seen = api.get(f"/api/conversations/{conversation.pk}/context/").json()["messages"][0]
+    assert seen == {"role": "system", "content": node.instructions}, "what the next call is sent, first"
+
+    api.patch(f"/api/projects/{project}/", {"instructions": "Project: we launch in June."}, format="json")
+    head = ask(conversation, "and now?")[-1].data["head"]
+    assert "June" in Node.objects.get(pk=head).instructions, "the project's instructions as they are now"
+    moved = api.patch(f"/api/conversations/{conversation.pk}/", {"project": None}, format="json")
+    assert moved.json()["project"] is None
+    head = ask(conversation, "out?")[-1].data["head"]
+    assert Node.objects.get(pk=head).instructions == "Person: be kind.\n\nConversation: be brief."
+
+
+def test_issue_30_a_new_conversation_in_a_project_starts_with_its_model(api, settings):
+    settings.ARBOR_MODELS = [*settings.ARBOR_MODELS, "openai/stub-model"]
+    project = api.post("/api/projects/", {"name": "Stubbed", "model": "openai/stub-model"}, format="json").json()
+    created = api.post("/api/conversations/", {"project": project["id"]}, format="json").json()
+    assert created["model"] == "openai/stub-model"
+    assert api.post("/api/projects/", {"name": "Bad", "model": "nope/none"}, format="json").status_code == 400
+
+
+def test_issue_30_another_persons_project_is_a_404_everywhere_and_nothing_changes(api, other_api, user):
+    project = api.post("/api/projects/", {"name": "Mine"}, format="json").json()["id"]
+    theirs = other_api.post("/api/conversations/", {}, format="json").json()["id"]
+    assert other_api.get(f"/api/projects/{project}/").status_code == 404
+    assert other_api.patch(f"/api/projects/{project}/", {"name": "x"}, format="json").status_code == 404
+    assert other_api.delete(f"/api/projects/{project}/").status_code == 404
+    assert other_api.post("/api/conversations/", {"project": project}, format="json").status_code == 404
+    assert other_api.patch(f"/api/conversations/{theirs}/", {"project": project}, format="json").status_code == 404
+    assert other_api.get("/api/projects/").json()["results"] == []
+    assert Project.objects.get(pk=project).name == "Mine" and Conversation.objects.get(pk=theirs).project_id is None
+    assert Conversation.objects.count() == 1
+
+
+def test_issue_30_t11_deleting_a_project_names_how_many_conversations_go_first(api, user):
+    project = api.post("/api/projects/", {"name": "Old"}, format="json").json()["id"]
+    for title in ("a", "b"):
+        cid = api.post("/api/conversations/", {"title": title, "project": project}, format="json").json()["id"]
+        ask(Conversation.objects.get(pk=cid), "hello")
+    outside = services.conversation_create(owner=user, title="outside")
+    refused = api.delete(f"/api/projects/{project}/")
+    assert refused.status_code == 409 and "holds 2 conversations" in refused.json()["error"]["message"]
+    assert api.delete(f"/api/projects/{project}/?confirm=1").status_code == 409
+    assert Conversation.objects.count() == 3 and Project.objects.exists(), "nothing changed"
+    assert api.delete(f"/api/projects/{project}/?confirm=2").status_code == 204
+    assert list(Conversation.objects.values_list("title", flat=True)) == [outside.title]
+    assert not Project.objects.exists()
+    empty = api.post("/api/projects/", {"name": "Empty"}, format="json").json()["id"]
+    assert api.delete(f"/api/projects/{empty}/").status_code == 204, "an empty project needs no confirmation"
+
+
+def test_issue_30_search_filtered_by_a_project_finds_only_its_conversations(api, other_api, user):
+    from conversations.jobs import worker
+
+    project = api.post("/api/projects/", {"name": "Launch"}, format="json").json()["id"]
+    inside = api.post("/api/conversations/", {"project": project}, format="json").json()["id"]
+    outside = api.post("/api/conversations/", {}, format="json").json()["id"]
+    ask(Conversation.objects.get(pk=inside), "the zephyr launch plan")
+    ask(Conversation.objects.get(pk=outside), "the zephyr holiday plan")
+    worker.run_due()  # the search index is written by the worker (R4)
+    everywhere = {hit["conversation"] for hit in api.get("/api/search/", {"q": "zephyr"}).json()["results"]}
+    assert everywhere == {inside, outside}
+    scoped = api.get("/api/search/", {"q": "zephyr", "project": project}).json()["results"]
+    assert scoped and {hit["conversation"] for hit in scoped} == {inside}
+    assert other_api.get("/api/search/", {"q": "zephyr", "project": project}).status_code == 404
