@@ -434,12 +434,6 @@ class UsageBudgetAdmin(admin.ModelAdmin):
     search_fields = ["owner__username"]
     autocomplete_fields = ["owner"]
 
-    def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
-        from conversations.usage import forget_budget  # the turn path's cache, in this process at once
-
-        forget_budget(obj.owner_id)
-
 
 @admin.register(UsageEntry)
 class UsageEntryAdmin(admin.ModelAdmin):

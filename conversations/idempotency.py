@@ -30,6 +30,7 @@ from conversations.models import IdempotentRequest
 KEY_HOURS = 24
 MAX_KEY_CHARS = 255
 WAIT_STEP_SECONDS = 0.05
+ABANDONED_AFTER_SECONDS = 60  # past the model call's timeout
 
 
 class Replay(Exception):  # noqa: N818 - not an error: the first request's outcome, said again
@@ -45,7 +46,11 @@ def digest(where: str, data) -> str:
 
 
 def fingerprint(request) -> str:
-    return digest(f"{request.method} {request.path}", request.data)
+    """The method, the path, what picks the conversation and the answer's form beside the body (a chat list's
+    `X-Arbor-Conversation`, `Accept`), and the body."""
+    where = (f"{request.method} {request.path} {request.headers.get('X-Arbor-Conversation', '')} "
+             f"{request.headers.get('Accept', '')}")
+    return digest(where, request.data)
 
 
 def _key(request) -> str | None:
@@ -66,21 +71,25 @@ def claim(request) -> IdempotentRequest | None:
 
 def claim_key(user, key: str, mine: str) -> IdempotentRequest:
     """`user`'s hold on `key` for the request whose digest is `mine`; `Replay`, or 422 for another request."""
-    IdempotentRequest.objects.filter(owner=user, key=key,
-                                     created_at__lt=timezone.now() - timedelta(hours=KEY_HOURS)).delete()
+    now = timezone.now()
+    IdempotentRequest.objects.filter(owner=user, key=key, created_at__lt=now - timedelta(hours=KEY_HOURS)).delete()
+    # A first request that never said how it ended (its process died before it answered) lets its key go once no
+    # call of its could still be running: a retry then runs, rather than waiting on it for a day.
+    IdempotentRequest.objects.filter(owner=user, key=key, done=False, run_id="", created_at__lt=now - timedelta(
+        seconds=settings.ARBOR_LLM_TIMEOUT_SECONDS + ABANDONED_AFTER_SECONDS)).delete()
     try:
         with transaction.atomic():
             return IdempotentRequest.objects.create(owner=user, key=key, fingerprint=mine)
     except IntegrityError:
         pass
-    first = _outcome_of(user, key)
+    first = outcome_of(user, key)
     if first.fingerprint != mine:
         raise ArborError("This Idempotency-Key was used with another request; send a new key for a new request.",
                          code="idempotency_key_reused", status=422)
     raise Replay(first)
 
 
-def _outcome_of(user, key: str) -> IdempotentRequest:
+def outcome_of(user, key: str) -> IdempotentRequest:
     """The first request's row once it has an outcome to say again (a stream has one as soon as it started)."""
     deadline = time.monotonic() + settings.ARBOR_LLM_TIMEOUT_SECONDS + 30
     while True:
@@ -135,7 +144,12 @@ class IdempotentView:
     def handle_exception(self, exc):
         if isinstance(exc, Replay):
             return self.replay(exc.claim)
-        return super().handle_exception(exc)
+        try:
+            return super().handle_exception(exc)
+        except Exception:  # unhandled (a 500 Django answers): nothing to say again, and the key may be sent again
+            release(getattr(self, "_idempotent", None))
+            self._idempotent = None
+            raise
 
     def replay(self, first: IdempotentRequest):
         if first.run_id:

@@ -39,7 +39,7 @@ from config.api import INT64_MAX, INT64_MIN
 from config.errors import NotFound
 from config.together import update_sql
 from conversations.errors import TooManyTurns, TurnInProgress
-from conversations.models import Conversation, Preferences, Project, TurnRun
+from conversations.models import Conversation, Preferences, Project, TurnRun, UsageBudget
 from conversations.selectors import conversation_for_user
 
 
@@ -135,7 +135,8 @@ def _adapted(slot: str, value: Any) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _take_statement(by_owner: bool, limit: int, vendor: str) -> tuple[str, tuple[str | _Fixed, ...]]:
-    """The lock-taking UPDATE … RETURNING (the conversation and its owner's instructions), and for each of
+    """The lock-taking UPDATE … RETURNING (the conversation, its owner's budget and instructions, its project's
+    instructions), and for each of
     its parameters the slot it takes its value from, or the value it always has."""
     v = _STAND_INS
     free = Conversation.objects.filter(is_free(at=v["now"]), pk=v["pk"])
@@ -154,9 +155,11 @@ def _take_statement(by_owner: bool, limit: int, vendor: str) -> tuple[str, tuple
     returning = ", ".join(f"{table}.{connection.ops.quote_name(field.column)}" for field in _FIELDS)
     preferences = connection.ops.quote_name(Preferences._meta.db_table)
     projects = connection.ops.quote_name(Project._meta.db_table)
-    return (f"{sql} RETURNING {returning}, (SELECT p.instructions FROM {preferences} p "
-            f"WHERE p.user_id = {table}.owner_id ORDER BY p.id LIMIT 1), (SELECT pr.instructions FROM {projects} pr "
-            f"WHERE pr.id = {table}.project_id)"), slots
+    budgets = connection.ops.quote_name(UsageBudget._meta.db_table)
+    budget = f"FROM {budgets} ub WHERE ub.owner_id = {table}.owner_id"
+    return (f"{sql} RETURNING {returning}, (SELECT ub.monthly_tokens {budget}), (SELECT ub.monthly_cost_usd "
+            f"{budget}), (SELECT p.instructions FROM {preferences} p WHERE p.user_id = {table}.owner_id ORDER BY "
+            f"p.id LIMIT 1), (SELECT pr.instructions FROM {projects} pr WHERE pr.id = {table}.project_id)"), slots
 
 
 def _from_database(values) -> list:
@@ -182,6 +185,7 @@ class TurnLock:
         self.lost = False  # set when a renewal found another holder (this one outlived its lease)
         self.owner_instructions: str | None = None  # read with the lock by `take`
         self.project_instructions: str | None = None  # its project's (issue 30), read with it too
+        self.budget: tuple[int | None, float | None] = (None, None)  # its owner's monthly tokens and dollars
         self._released = False
         self._handed_over = False
         self._stop = threading.Event()
@@ -227,8 +231,9 @@ class TurnLock:
         if row is None:
             return None
         conversation = Conversation.from_db(connection.alias, [f.attname for f in _FIELDS],
-                                            _from_database(row[:-2]))
+                                            _from_database(row[:-4]))
         lock = cls(conversation, conversation.turn_token, took_over=conversation.turn_took_over)
+        lock.budget = (row[-4], row[-3])
         lock.owner_instructions, lock.project_instructions = row[-2] or "", row[-1] or ""
         return lock
 

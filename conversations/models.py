@@ -422,6 +422,7 @@ class UsageEntry(models.Model):
     node_id = models.BigIntegerField(unique=True)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     conversation_id = models.BigIntegerField(null=True)
+    project_id = models.BigIntegerField(null=True)  # the conversation's project then (issue 30)
     model = models.CharField(max_length=200)
     provider = models.CharField(max_length=64, blank=True)
     input_tokens = models.PositiveIntegerField(default=0)

@@ -78,7 +78,7 @@ def head_switch(*, conversation: Conversation, node_id: Any) -> None:
 def conversation_fork(*, conversation: Conversation, node_id: Any) -> Conversation:
     """Issue 33 (P3): a new conversation of the same person whose head is `node_id`, a node of this one's tree the
     head may rest on. Nothing is copied: both go on from the same nodes, and what either adds later hangs in its
-    own tree only. It keeps the source's model, instructions and retrieval settings."""
+    own tree only. It keeps the source's model, instructions, retrieval settings and project."""
     try:
         node_id = int(node_id)
     except (TypeError, ValueError):
@@ -92,7 +92,7 @@ def conversation_fork(*, conversation: Conversation, node_id: Any) -> Conversati
     with transaction.atomic():
         fork = conversation_create(owner=conversation.owner, title=title, model=conversation.model,
                                    instructions=conversation.instructions, retrieval=conversation.retrieval,
-                                   keep_retrieved=conversation.keep_retrieved)
+                                   keep_retrieved=conversation.keep_retrieved, project=conversation.project)
         head_move(conversation=fork, to=node_id)
     return fork
 
@@ -171,12 +171,14 @@ class ProjectNotEmpty(ArborError):
 def project_delete(*, project: Project, confirm: Any = None) -> int:
     """Delete the project with its conversations (T11 each, P3 holds: nodes another conversation needs stay), but
     only when `confirm` names how many there are: a 409 says the number otherwise, and nothing changes."""
-    count = project.conversations.count()
-    if count and str(confirm) != str(count):
-        raise ProjectNotEmpty(f"This project holds {count} conversation{'s' if count != 1 else ''}; deleting it "
-                              f"deletes them too. Send confirm={count} to go on.", count=count)
     with transaction.atomic():
-        for conversation in project.conversations.all():
+        Project.objects.select_for_update().filter(pk=project.pk).first()  # a move into it waits for this
+        conversations = list(project.conversations.select_for_update())
+        count = len(conversations)
+        if count and str(confirm) != str(count):
+            raise ProjectNotEmpty(f"This project holds {count} conversation{'s' if count != 1 else ''}; deleting "
+                                  f"it deletes them too. Send confirm={count} to go on.", count=count)
+        for conversation in conversations:
             conversation_delete(conversation=conversation)
         project.delete()
     return count

@@ -2,13 +2,12 @@
 
 The ledger (`UsageEntry`) is written by the node recorder with each call's ending (`records.succeed`), never here.
 A budget is checked before a turn takes its lock (`start._under_lock`): past it, the turn is refused with nothing
-recorded. Budgets are read through a short cache, so a person without one costs no query a turn.
+recorded. The budget is read by the statement that takes the turn lock, so a person without one costs no query.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import time
 from typing import Any
 
 from django.db.models import Count, Sum
@@ -18,29 +17,12 @@ from config.errors import ArborError, BadInput
 from conversations.models import Node, UsageBudget, UsageEntry
 from conversations.turns.records import CLIENT, ledger_entry  # the recorder makes the rows: one definition
 
-BUDGET_CACHE_SECONDS = 10.0
-GROUPS = {"day": "day", "model": "model", "conversation": "conversation_id"}
-_budgets: dict[int, tuple[float, UsageBudget | None]] = {}
+GROUPS = {"day": "day", "model": "model", "conversation": "conversation_id", "project": "project_id"}
 
 
 class BudgetExceeded(ArborError):
     code = "budget_exceeded"
     status = 402
-
-
-def _budget_of(owner_id: int) -> UsageBudget | None:
-    now = time.monotonic()
-    cached = _budgets.get(owner_id)
-    if cached is not None and cached[0] > now:
-        return cached[1]
-    found = UsageBudget.objects.filter(owner_id=owner_id).first()
-    _budgets[owner_id] = (now + BUDGET_CACHE_SECONDS, found)
-    return found
-
-
-def forget_budget(owner_id: int) -> None:
-    """A budget changed in this process: read it afresh on the next turn."""
-    _budgets.pop(owner_id, None)
 
 
 def month_start(now: dt.datetime | None = None) -> dt.date:
@@ -54,19 +36,18 @@ def spent_this_month(owner_id: int) -> dict[str, Any]:
     return {"tokens": tokens, "cost_usd": round(totals["cost_usd"] or 0.0, 6)}
 
 
-def check_budget(owner_id: int) -> None:
-    """Refuse a turn (402 `budget_exceeded`) when its person has spent this month's budget."""
-    budget = _budget_of(owner_id)
-    if budget is None or (budget.monthly_tokens is None and budget.monthly_cost_usd is None):
+def check_budget(owner_id: int, monthly_tokens: int | None, monthly_cost_usd: float | None) -> None:
+    """Refuse a turn (402 `budget_exceeded`) when its person has spent this month's budget (read with the turn
+    lock: a person without one costs no query)."""
+    if monthly_tokens is None and monthly_cost_usd is None:
         return
     spent = spent_this_month(owner_id)
-    if budget.monthly_tokens is not None and spent["tokens"] >= budget.monthly_tokens:
-        raise BudgetExceeded(f"This month's budget of {budget.monthly_tokens} tokens is spent ({spent['tokens']} "
+    if monthly_tokens is not None and spent["tokens"] >= monthly_tokens:
+        raise BudgetExceeded(f"This month's budget of {monthly_tokens} tokens is spent ({spent['tokens']} used); "
+                             "it renews on the 1st (UTC), or ask an administrator to raise it.")
+    if monthly_cost_usd is not None and spent["cost_usd"] >= monthly_cost_usd:
+        raise BudgetExceeded(f"This month's budget of ${monthly_cost_usd:.2f} is spent (${spent['cost_usd']:.2f} "
                              "used); it renews on the 1st (UTC), or ask an administrator to raise it.")
-    if budget.monthly_cost_usd is not None and spent["cost_usd"] >= budget.monthly_cost_usd:
-        raise BudgetExceeded(f"This month's budget of ${budget.monthly_cost_usd:.2f} is spent "
-                             f"(${spent['cost_usd']:.2f} used); it renews on the 1st (UTC), or ask an "
-                             "administrator to raise it.")
 
 
 def budget_of(owner) -> dict[str, Any]:
@@ -89,7 +70,6 @@ def set_budget(owner, body: Any) -> dict[str, Any]:
         if name in body:
             setattr(budget, name, body[name])
     budget.save()
-    forget_budget(owner.pk)
     return budget_of(owner)
 
 
@@ -104,10 +84,10 @@ def _day(value: str | None, name: str) -> dt.date | None:
 
 def summary(owner_id: int, query) -> dict[str, Any]:
     """`GET /api/usage/`: the calls, tokens and cost of `owner_id` from `from` to `to` (days, both included),
-    in `group`s (day, model or conversation)."""
+    in `group`s (day, model, conversation or project)."""
     group = query.get("group", "day")
     if group not in GROUPS:
-        raise BadInput("`group` must be day, model or conversation.", param="group")
+        raise BadInput("`group` must be day, model, conversation or project.", param="group")
     entries = UsageEntry.objects.filter(owner_id=owner_id)
     start, end = _day(query.get("from"), "from"), _day(query.get("to"), "to")
     if start:
@@ -127,7 +107,8 @@ def summary(owner_id: int, query) -> dict[str, Any]:
     return {**said(total), "groups": groups}
 
 
-_FIGURES = ("owner_id", "conversation_id", "model", "input_tokens", "output_tokens", "cached_tokens", "cost_usd")
+_FIGURES = ("owner_id", "conversation_id", "project_id", "model", "input_tokens", "output_tokens", "cached_tokens",
+            "cost_usd")
 
 
 def disagreements() -> list[str]:
@@ -158,7 +139,7 @@ LOW_SHARE = 0.8  # the chat page says what is left once this much of a budget is
 
 def budget_left_note(owner_id: int) -> str:
     """What the chat page says when a person's month runs low (issue 31): "" while it does not."""
-    budget = _budget_of(owner_id)
+    budget = UsageBudget.objects.filter(owner_id=owner_id).first()
     if budget is None or (budget.monthly_tokens is None and budget.monthly_cost_usd is None):
         return ""
     spent = spent_this_month(owner_id)

@@ -103,7 +103,15 @@ def hybrid_hits(*, user, question: str, limit: int, exclude_conversation: int | 
 
 
 def find_hits(conversation: Conversation, question: str, limit: int) -> list[Hit]:
-    found = hybrid_hits(user=conversation.owner, question=question, limit=limit,
+    """The hits for a question of `conversation`, never across its project's border (issue 30): a conversation in
+    a project finds only that project's others (none when its memory is off), one outside any project only
+    others outside any project."""
+    project = conversation.project
+    if project is not None and not project.memory:
+        return []
+    found = hybrid_hits(user=conversation.owner, question=question, limit=CANDIDATES,
                         exclude_conversation=conversation.pk)
+    inside = set(Conversation.objects.filter(pk__in={h.conversation for h in found}, owner_id=conversation.owner_id,
+                                             project_id=conversation.project_id).values_list("pk", flat=True))
     return [Hit(bubble=h.bubble, conversation=h.conversation, conversation_title=h.conversation_title, role=h.role,
-                start=h.start) for h in found]
+                start=h.start) for h in found if h.conversation in inside][:limit]

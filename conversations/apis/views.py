@@ -400,7 +400,7 @@ def _person(request: Request, username: str | None):
 
 class UsageSummary(APIView):
     @extend_schema(parameters=[OpenApiParameter("from", str), OpenApiParameter("to", str),
-                               OpenApiParameter("group", str, enum=["day", "model", "conversation"]),
+                               OpenApiParameter("group", str, enum=["day", "model", "conversation", "project"]),
                                OpenApiParameter("user", str, description="staff only: another person's")],
                    responses={200: s.UsageOut, 400: OpenApiResponse(description="bad_input")},
                    description="Issue 31: calls, tokens and cost from the usage ledger, in groups.")

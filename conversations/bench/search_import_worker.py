@@ -415,7 +415,7 @@ def _after_statement(user, query: str) -> tuple[str, list]:
     config = settings.ARBOR_SEARCH_CONFIG
     tsquery = search_query._tsquery(search_query._terms(query), match_any=False)
     return (search_query._POSTGRES_RANKED.format(match=search_query._POSTGRES_ALL),
-            [config, tsquery, user.pk, user.pk, None, 20])
+            [config, tsquery, user.pk, user.pk, None, None, None, 20])  # no project filter
 
 
 def _before_statement(user, query: str) -> tuple[str, list]:

@@ -116,7 +116,8 @@ def read_messages(messages: Any, *, field: str = "messages", positions: list[int
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str) or call_id not in calls:
                 raise BadInput(f"{where}.tool_call_id: {call_id!r} answers no tool call before it.")
-            turns[-1].sent.append(it.tool_result(call_id, calls[call_id], _text(message.get("content"), where)))
+            turns[-1].sent.append(it.tool_result(call_id, calls[call_id], _text(message.get("content"), where),
+                                                 is_error=message.get("is_error") is True))  # Anthropic's flag
         elif role == "assistant":
             if not turns[-1].sent or turns[-1].received is not None:
                 raise BadInput(f"{where}: an assistant message answers the messages before it; two in a row, or "

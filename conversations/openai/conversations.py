@@ -9,6 +9,7 @@ off (`take_pending`). Answers are never added as items: a model's answer is a ca
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.db import transaction
@@ -64,26 +65,34 @@ def open_calls(conversation: Conversation | None) -> dict[str, it.Item]:
     return {call["id"]: call for call in it.tool_calls(head.received)} if head else {}
 
 
-def add_pending(conversation: Conversation, items: list[it.Item]) -> list[it.Item]:
+def waiting(items: list[it.Item]) -> list[dict[str, Any]]:
+    """Items as the conversation keeps them until a call sends them: each with an id of its own (`pending_…`),
+    so a delete or a take names the very item, whatever was added or taken around it."""
+    return [{"id": f"pending_{uuid.uuid4().hex[:24]}", "item": item} for item in items]
+
+
+def add_pending(conversation: Conversation, items: list[it.Item]) -> list[dict[str, Any]]:
     """Keep `items` for the conversation's next call, after any kept before; the row lock orders concurrent
-    adds and the call that takes them."""
+    adds, deletes and the call that takes them."""
+    kept = waiting(items)
     with transaction.atomic():
         locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
-        if len(locked.pending_input) + len(items) > MAX_PENDING:
+        if len(locked.pending_input) + len(kept) > MAX_PENDING:
             raise TooLarge(f"At most {MAX_PENDING} items wait for the next call; send a response first.")
-        locked.pending_input = [*locked.pending_input, *items]
+        locked.pending_input = [*locked.pending_input, *kept]
         locked.save(update_fields=["pending_input", "updated_at"])
-    return items
+    return kept
 
 
-def take_pending(conversation: Conversation, taken: int) -> None:
-    """The call that sent the first `taken` pending items began (its node holds them): take those off, and keep
+def take_pending(conversation: Conversation, taken: list[dict[str, Any]]) -> None:
+    """The call that sent the `taken` waiting items began (its node holds them): take those off by id, and keep
     any added meanwhile. Taken after the call is written, so a crash between sends them twice, never loses them."""
     if not taken:
         return
+    gone = {entry["id"] for entry in taken}
     with transaction.atomic():
         locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
-        locked.pending_input = locked.pending_input[taken:]
+        locked.pending_input = [entry for entry in locked.pending_input if entry["id"] not in gone]
         locked.save(update_fields=["pending_input"])
 
 
@@ -102,10 +111,9 @@ def delete(conversation: Conversation) -> dict[str, Any]:
     return {"id": said, "object": "conversation.deleted", "deleted": True}
 
 
-def _pending_items(conversation: Conversation) -> list[dict[str, Any]]:
-    pending = Node(pk=0, sent=conversation.pending_input)
-    return [{**item, "id": f"pending_{conversation.pk}_{index}"}
-            for index, item in enumerate(input_items_of(pending))]
+def shown_waiting(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Waiting items as OpenAI's conversation items, with their own ids."""
+    return [{**input_items_of(Node(pk=0, sent=[entry["item"]]))[0], "id": entry["id"]} for entry in entries]
 
 
 def items_of(conversation: Conversation) -> list[dict[str, Any]]:
@@ -117,7 +125,7 @@ def items_of(conversation: Conversation) -> list[dict[str, Any]]:
             continue
         node = Node(pk=step.id, sent=step.sent, received=step.received)
         listed += input_items_of(node) + output_of(node)
-    return listed + _pending_items(conversation)
+    return listed + shown_waiting(conversation.pending_input)
 
 
 def page(items: list[dict[str, Any]], query) -> dict[str, Any]:
@@ -153,15 +161,14 @@ def item_named(conversation: Conversation, item_id: str) -> dict[str, Any]:
 def delete_item(conversation: Conversation, item_id: str) -> None:
     """An item still waiting for the next call goes; one a call sent or answered is part of the tree (P3): 409."""
     item_named(conversation, item_id)
-    prefix = f"pending_{conversation.pk}_"
-    if not item_id.startswith(prefix):
+    if not item_id.startswith("pending_"):
         raise ArborError("This item is part of a recorded call, which the tree keeps (P3); delete the response "
                          "(DELETE /v1/responses/{id}) or the conversation instead.", code="item_recorded",
                          status=409)
-    index = int(item_id[len(prefix):])
     with transaction.atomic():
         locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
-        if index >= len(locked.pending_input):
-            raise NotFound(f"No item {item_id!r} in this conversation.")
-        locked.pending_input = [item for at, item in enumerate(locked.pending_input) if at != index]
+        kept = [entry for entry in locked.pending_input if entry["id"] != item_id]
+        if len(kept) == len(locked.pending_input):  # taken by a call meanwhile: it is recorded now
+            raise NotFound(f"No item {item_id!r} waits in this conversation.")
+        locked.pending_input = kept
         locked.save(update_fields=["pending_input"])

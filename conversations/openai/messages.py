@@ -52,7 +52,8 @@ def _user_messages(blocks: list[dict], where: str) -> list[dict]:
         kind = block.get("type")
         if kind == "tool_result":
             content = _block_text(block.get("content"), f"{where}.content[{index}]")
-            results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": content})
+            results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": content,
+                            "is_error": block.get("is_error") is True})
         elif kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         else:

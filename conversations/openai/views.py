@@ -149,10 +149,11 @@ def _response_turn(request: Request, body: dict, *, model: str, instructions: st
         conversation = conversations.conversation_named(request.user, named)
         pending = conversation.pending_input
         new = input_items(body.get("input"), open_calls=conversations.open_calls(conversation))
-        items = sorted([*pending, *new], key=lambda item: item["type"] != "tool_result")  # results first
+        items = sorted([*(entry["item"] for entry in pending), *new],
+                       key=lambda item: item["type"] != "tool_result")  # results first
         turn = _turn_in(request.user, conversation, model, parent_id=conversation.head_id, items=items,
                         instructions=instructions, tools=tools or [], call_options=call_options)
-        conversations.take_pending(conversation, len(pending))
+        conversations.take_pending(conversation, pending)
         return turn
     history = history_messages(body.get("input")) if previous is None else None
     if history is not None:  # earlier turns resent, not named: matched as a chat completion's list is
@@ -395,7 +396,7 @@ class Conversations(GatewayView):
         items = conversations.added_items(body["items"]) if body.get("items") is not None else []
         conversation = services.conversation_create(owner=request.user, origin=Conversation.Origin.API)
         if items or metadata:
-            conversation.metadata, conversation.pending_input = metadata, items
+            conversation.metadata, conversation.pending_input = metadata, conversations.waiting(items)
             conversation.save(update_fields=["metadata", "pending_input"])
         return Response(conversations.conversation_object(conversation))
 
@@ -424,11 +425,8 @@ class ConversationItems(GatewayView):
         """Add items for the next call; answered as the items added, with their ids."""
         found = conversations.conversation_named(request.user, conversation_id, field="id")
         body = request.data if isinstance(request.data, dict) else {}
-        conversations.add_pending(found, conversations.added_items(body.get("items"), found))
-        found.refresh_from_db(fields=["pending_input"])
-        added = len(body["items"])
-        listed = conversations.items_of(found)
-        data = listed[-added:] if added else []
+        data = conversations.shown_waiting(conversations.add_pending(
+            found, conversations.added_items(body.get("items"), found)))
         return Response({"object": "list", "data": data, "first_id": data[0]["id"] if data else "",
                          "last_id": data[-1]["id"] if data else "", "has_more": False})
 

@@ -73,7 +73,9 @@ def ledger_entry(node: Node) -> UsageEntry:
     usage = node.usage or {}
     details = usage.get("prompt_tokens_details") or {}
     owner_id = node.conversation.owner_id if node.conversation_id else None
-    return UsageEntry(node_id=node.pk, owner_id=owner_id, conversation_id=node.conversation_id, model=node.model,
+    project_id = node.conversation.project_id if node.conversation_id else None
+    return UsageEntry(node_id=node.pk, owner_id=owner_id, conversation_id=node.conversation_id, project_id=project_id,
+                      model=node.model,
                       provider=node.provider, input_tokens=usage.get("prompt_tokens") or 0,
                       output_tokens=usage.get("completion_tokens") or 0,
                       cached_tokens=(details.get("cached_tokens") if isinstance(details, dict) else 0) or 0,

@@ -50,15 +50,18 @@ def check_content(content: str) -> str:
     return content
 
 
-def _under_lock(user, conversation_id: int, begin: Callable[[Conversation, TurnLock], T]) -> T:
+def _under_lock(user, conversation_id: int, begin: Callable[[Conversation, TurnLock], T], *,
+                budgeted: bool = True) -> T:
     """Take the turn lock, then `begin`; the lock goes to the `Turn` it returns, or back if it returns none or
     refuses.
 
-    The conversation is read by the UPDATE that takes the lock, so no turn that ended before can have moved
-    its head since."""
-    usage.check_budget(user.pk)  # issue 31: past the month's budget, nothing is written
+    The conversation (and its owner's budget) is read by the UPDATE that takes the lock, so no turn that ended
+    before can have moved its head since. `budgeted`: a start past the month's budget is refused (issue 31) before
+    anything is written; a decision on a waiting call is not (its turn began within the budget)."""
     lock = TurnLock.take(owner=user, conversation_id=conversation_id)
     with lock.until_handed_over():
+        if budgeted:
+            usage.check_budget(user.pk, *lock.budget)
         if lock.took_over:  # its last holder died: what it left pending is failed first (and may be the head)
             recovery.recover(lock.conversation, lock)
         return begin(lock.conversation, lock)
@@ -227,7 +230,7 @@ def turn_decide(*, user, conversation_id: int, call_id: str, approve: bool) -> T
             return None  # more calls to decide: the lock goes back
         return Turn(conversation=conversation, lock=lock, path=path, new_items=[])
 
-    return _under_lock(user, conversation_id, begin)
+    return _under_lock(user, conversation_id, begin, budgeted=False)
 
 
 def turn_compact(*, user, conversation_id: int) -> Node:

@@ -80,7 +80,7 @@ def _begin_and_launch(begin: Callable[[], Turn | None], *, user=None, message_id
     held = None
     if message_id is not None:
         try:
-            held = idempotency.claim_key(user, f"socket:{message_id}", asked)
+            held = idempotency.claim_key(user, message_id, asked)
         except idempotency.Replay as replay:
             run_id = replay.claim.run_id
             return _Started(uuid.UUID(run_id) if run_id else None, resent=True)
@@ -106,8 +106,8 @@ def _asked(content: dict[str, Any]) -> str:
     return idempotency.digest("socket", {k: v for k, v in content.items() if k != "id"})
 
 
-def _first_sending(user, message_id: str):
-    return IdempotentRequest.objects.filter(owner=user, key=f"socket:{message_id}").first()
+def _first_sending(user, key: str):
+    return IdempotentRequest.objects.filter(owner=user, key=key).first()
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -202,7 +202,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "error", "code": "bad_input",
                                   "message": f"Unknown message type {content['type']!r}."})
             return
-        if message_id is not None and await self._resent(message_id, content):
+        if message_id is not None and await self._resent(self._message_key(message_id), content):
             return
         if self.generation and not self.generation.done():
             if not self.turn_ended:
@@ -216,7 +216,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             # One step in a thread: the turn (its question written) and the thread that runs it. A socket
             # that drops meanwhile cancels only this wait; the turn runs all the same.
             started = await in_pool_thread(functools.partial(
-                _begin_and_launch, begin, user=self.user, message_id=message_id, asked=_asked(content)))
+                _begin_and_launch, begin, user=self.user, message_id=message_id and self._message_key(message_id),
+                asked=_asked(content)))
         except ArborError as error:
             await self.send_json({"type": "error", "code": error.code, "message": error.message})
             return
@@ -233,6 +234,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.following = run_id
         self.generation = asyncio.create_task(self._join(run_id, announce=False))
 
+    def _message_key(self, message_id: str) -> str:
+        """A message id's key: the page's id, in this conversation (ids are the page's own, so never shared)."""
+        return f"socket:{self.conversation_id}:{message_id}"
+
     async def _resent(self, message_id: str, content: dict[str, Any]) -> bool:
         """A message this page sent before (a resend after a reconnect): show the first sending's run, start
         nothing. False for a message not seen before."""
@@ -243,8 +248,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "error", "code": "idempotency_key_reused",
                                   "message": "This message id was used for another message."})
             return True
-        if not (found.done or found.run_id):  # the first sending is still starting its turn: it will show it
-            return True
+        if not (found.done or found.run_id):  # the first sending is still starting its turn: wait for it
+            try:
+                found = await in_pool_thread(idempotency.outcome_of, self.user, message_id)
+            except ArborError:  # it was refused and let its id go: this sending starts the turn
+                return False
         await self._show_resent(uuid.UUID(found.run_id) if found.run_id else None)
         return True
 

@@ -89,7 +89,7 @@ def test_issue_33_fork_from_here_on_an_answer_opens_the_new_conversation(page, c
     first = head(conversation)
     ask(conversation, "two")
     html = page.get(reverse("chat-conversation", args=[conversation.pk])).content.decode()
-    assert html.count("Fork from here") == 2 and f'name="node" value="{first.pk}"' in html
+    assert html.count(">Fork from here</button>") == 2 and f'name="node" value="{first.pk}"' in html
     response = page.post(reverse("chat-fork", args=[conversation.pk]), {"node": first.pk})
     fork = Conversation.objects.exclude(pk=conversation.pk).get()
     assert response.status_code == 302 and response.url == reverse("chat-conversation", args=[fork.pk])

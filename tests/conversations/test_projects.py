@@ -90,3 +90,29 @@ def test_issue_30_search_filtered_by_a_project_finds_only_its_conversations(api,
     scoped = api.get("/api/search/", {"q": "zephyr", "project": project}).json()["results"]
     assert scoped and {hit["conversation"] for hit in scoped} == {inside}
     assert other_api.get("/api/search/", {"q": "zephyr", "project": project}).status_code == 404
+
+
+def test_issue_30_x2_retrieval_never_crosses_a_projects_border_and_memory_off_retrieves_nothing(api, user):
+    """R2 within a project's border: a conversation in project A retrieves from A's other conversations only, one
+    outside any project from those outside any project only; with A's memory off, nothing is retrieved."""
+    from conversations.jobs import worker
+    from tests.conversations.helpers import head
+
+    first = services.project_create(owner=user, name="A")
+    second = services.project_create(owner=user, name="B")
+    for project, amount in ((first, "forty"), (second, "ninety"), (None, "seventy")):
+        ask(services.conversation_create(owner=user, project=project), f"the zephyr budget is {amount} dollars")
+    worker.run_due()
+
+    def retrieved(project) -> str:
+        asker = services.conversation_create(owner=user, project=project, retrieval=True)
+        ask(asker, "what is the zephyr budget?")
+        sources = {item["source"]["conversation"] for item in head(asker).sent if item.get("ephemeral")}
+        texts = " ".join(item.get("text", "") for item in head(asker).sent if item.get("ephemeral"))
+        assert all(Conversation.objects.get(pk=pk).project_id == (project and project.pk) for pk in sources)
+        return texts
+
+    assert "forty" in retrieved(first) and "ninety" not in retrieved(first) and "seventy" not in retrieved(first)
+    assert "seventy" in retrieved(None) and "forty" not in retrieved(None)
+    services.project_update(project=first, memory=False)
+    assert retrieved(first) == "", "memory off: nothing retrieved"

@@ -139,3 +139,18 @@ def test_issue_27_count_tokens_estimates_the_request_and_records_nothing(client)
                                           messages=[{"role": "user", "content": "hi " * 400}])
     assert 0 < short.input_tokens < longer.input_tokens
     assert not Node.objects.exists()
+
+
+@pytest.mark.django_db
+def test_issue_27_t4_a_tool_result_marked_is_error_is_recorded_as_an_error_result():
+    """Anthropic's `tool_result.is_error` reaches the stored result: the model is told the tool failed (C4)."""
+    from conversations.openai import chat, messages
+
+    listed, positions = messages.chat_messages([
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                           "input": {"city": "Oslo"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "timed out",
+                                      "is_error": True}]}])
+    _, turns = chat.read_messages(listed, positions=positions)
+    assert turns[-1].sent == [it.tool_result("toolu_1", "get_weather", "timed out", is_error=True)]
