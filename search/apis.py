@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 from config.errors import ArborError, BadInput
 from conversations.llm import LLMError
+from conversations.models import Conversation
 from conversations.selectors import project_for_user
 from search.query import MAX_QUERY_CHARS, search_bubbles
 from search.similar import QUERY_TIMEOUT_SECONDS, similar_bubbles
@@ -43,11 +44,12 @@ class Search(APIView):
                                OpenApiParameter("mode", {"type": "string", "enum": list(MODES), "default": "words"},
                                                 description="words: full-text matches; similar: messages nearest "
                                                             "in meaning (the embedding model's vectors)"),
-                               OpenApiParameter("project", int, description="words only: the caller's conversations "
-                                                                            "in this project (issue 30)")],
+                               OpenApiParameter("project", int, description="only the caller's conversations in this "
+                                                                            "project (issue 30)")],
                    responses={200: SearchOut,
                               400: OpenApiResponse(description="bad_input: an empty, too long or unknown `q` or "
                                                                "`mode`"),
+                              404: OpenApiResponse(description="not_found: no such project of the caller's"),
                               503: OpenApiResponse(description="embedding_unavailable (mode=similar): the embedding "
                                                                "model failed, or none is set")},
                    description="Search over the caller's own conversations, every branch: word matches, or "
@@ -59,8 +61,6 @@ class Search(APIView):
         query = request.query_params.get("q", "")
         project = request.query_params.get("project")
         if project not in (None, ""):  # issue 30: the caller's own project (anyone else's is a 404)
-            if mode != "words":
-                raise BadInput("`project` filters word matches (mode=words).")
             project = project_for_user(user=request.user, project_id=project).pk
         if mode == "words":
             hits = search_bubbles(user=request.user, query=query, project=project or None)
@@ -73,4 +73,8 @@ class Search(APIView):
             except LLMError as error:
                 raise ArborError(f"the embedding model failed: {error.message}", code="embedding_unavailable",
                                  status=503) from error
+            if project:  # the nearest of the caller's messages, kept to the project's conversations
+                inside = set(Conversation.objects.filter(pk__in={h.conversation for h in hits}, project_id=project)
+                             .values_list("pk", flat=True))
+                hits = [hit for hit in hits if hit.conversation in inside]
         return Response({"results": HitOut(hits, many=True).data})

@@ -52,7 +52,8 @@ class ConversationListCreate(PaginatedList, APIView):
     def get(self, request: Request) -> Response:
         return paginated(self, request, conversation_list(user=request.user), s.ConversationOut)
 
-    @extend_schema(request=s.ConversationIn, responses={201: s.ConversationOut})
+    @extend_schema(request=s.ConversationIn, responses={
+        201: s.ConversationOut, 404: OpenApiResponse(description="not_found: no such project of the caller's")})
     def post(self, request: Request) -> Response:
         data = _with_project(request, valid_input(s.ConversationIn, request))
         conversation = services.conversation_create(owner=request.user, **data)
@@ -72,7 +73,8 @@ class ConversationDetail(APIView):
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
         return Response(s.ConversationOut(conversation).data)
 
-    @extend_schema(request=s.ConversationIn, responses=s.ConversationOut)
+    @extend_schema(request=s.ConversationIn, responses={
+        200: s.ConversationOut, 404: OpenApiResponse(description="not_found: no such conversation or project")})
     def patch(self, request: Request, conversation_id: int) -> Response:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
         data = _with_project(request, valid_input(s.ConversationIn, request))
@@ -235,7 +237,8 @@ class ConversationFork(APIView):
 
 
 class ContextDiff(APIView):
-    @extend_schema(parameters=[OpenApiParameter("a", int, required=True), OpenApiParameter("b", int, required=True)],
+    @extend_schema(parameters=[OpenApiParameter(name, {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+                                                required=True) for name in ("a", "b")],
                    responses={200: s.DiffOut, 400: OpenApiResponse(description="bad_input"),
                               404: OpenApiResponse(description="not_found: a node not in this conversation")},
                    description="Issue 33: where the contexts of two calls part. `common`: how many messages "
@@ -402,7 +405,8 @@ class UsageSummary(APIView):
     @extend_schema(parameters=[OpenApiParameter("from", str), OpenApiParameter("to", str),
                                OpenApiParameter("group", str, enum=["day", "model", "conversation", "project"]),
                                OpenApiParameter("user", str, description="staff only: another person's")],
-                   responses={200: s.UsageOut, 400: OpenApiResponse(description="bad_input")},
+                   responses={200: s.UsageOut, 400: OpenApiResponse(description="bad_input"),
+                              404: OpenApiResponse(description="not_found: no such user (staff), or not staff")},
                    description="Issue 31: calls, tokens and cost from the usage ledger, in groups.")
     def get(self, request: Request) -> Response:
         person = _person(request, request.query_params.get("user"))
@@ -449,10 +453,14 @@ class ProjectDetail(APIView):
         data = valid_input(s.ProjectIn, request, partial=True)
         return Response(s.ProjectOut(services.project_update(project=project, **data)).data)
 
-    @extend_schema(parameters=[OpenApiParameter("confirm", int, description="how many conversations it holds")],
+    @extend_schema(parameters=[OpenApiParameter("confirm", {"type": "integer", "minimum": 0, "maximum": 10**9},
+                                                description="how many conversations it holds")],
                    responses={204: None, 409: OpenApiResponse(description="project_not_empty: send confirm=N")},
                    description="Delete the project and its conversations, once `confirm` names how many.")
     def delete(self, request: Request, project_id: int) -> Response:
         project = project_for_user(user=request.user, project_id=project_id)
-        services.project_delete(project=project, confirm=request.query_params.get("confirm"))
+        confirm = request.query_params.get("confirm")
+        if confirm is not None and not (confirm.isdigit() and len(confirm) <= 9):
+            raise BadInput("`confirm` must be the number of conversations the project holds.", param="confirm")
+        services.project_delete(project=project, confirm=confirm)
         return Response(status=status.HTTP_204_NO_CONTENT)

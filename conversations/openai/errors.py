@@ -38,26 +38,28 @@ def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def exception_handler(exc, context):
+def _reshaped(exc, context, shape):
+    """The API's own handler decides; `shape(status, error)` writes its body in a provider's format."""
     response = api_exception_handler(exc, context)
     if response is None:
         return None
-    error = (response.data or {}).get("error", {})
-    param = error.get("param") if isinstance(error.get("param"), str) else None  # the field at fault, if named
-    response.data = openai_error_body(response.status_code, error.get("message", ""), error.get("code"), param)
+    response.data = shape(response.status_code, (response.data or {}).get("error", {}))
     response["x-should-retry"] = "false"
     return response
+
+
+def _openai_shape(status: int, error: dict) -> dict:
+    param = error.get("param") if isinstance(error.get("param"), str) else None  # the field at fault, if named
+    return openai_error_body(status, error.get("message", ""), error.get("code"), param)
+
+
+def exception_handler(exc, context):
+    return _reshaped(exc, context, _openai_shape)
 
 
 def anthropic_exception_handler(exc, context):
     """/v1/messages: the same decision, in Anthropic's error shape."""
-    response = api_exception_handler(exc, context)
-    if response is None:
-        return None
-    error = (response.data or {}).get("error", {})
-    response.data = anthropic_error_body(response.status_code, error.get("message", ""))
-    response["x-should-retry"] = "false"
-    return response
+    return _reshaped(exc, context, lambda status, error: anthropic_error_body(status, error.get("message", "")))
 
 
 @csrf_exempt  # a POST to a path this server does not serve is the same 404, not Django's CSRF page

@@ -165,3 +165,42 @@ async def test_issue_31_a_message_resent_with_its_id_after_a_reconnect_never_dou
     head = await in_own_thread(lambda: Conversation.objects.get(pk=conversation.pk).head_id)()
     assert await in_own_thread(lambda: Node.objects.count())() == 2 and head == done[-1]["head"]
     await again.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_issue_31_a_message_id_that_is_no_text_is_refused_and_starts_nothing(user):
+    from tests.support.async_db import in_own_thread
+    from tests.support.sockets import chat_socket, session_cookie
+
+    conversation = await in_own_thread(lambda: services.conversation_create(owner=user))()
+    socket = chat_socket(conversation.pk, await in_own_thread(lambda: session_cookie(user))())
+    await socket.connect()
+    for bad in (5, "", "x" * 201):
+        await socket.send_json_to({"type": "ask", "content": "hi", "id": bad})
+        refused = await socket.receive_json_from(timeout=10)
+        assert refused["code"] == "bad_input" and "id" in refused["message"]
+    assert await in_own_thread(lambda: Node.objects.count())() == 0
+    await socket.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_issue_31_a_message_resent_after_its_turn_ended_shows_that_turn_again(user):
+    """A resend that arrives after its turn has ended (the page never saw the answer) starts nothing: the new
+    socket is shown the first sending's run from its first event to its end."""
+    from tests.support.async_db import in_own_thread
+    from tests.support.sockets import chat_socket, receive_until, session_cookie
+
+    conversation = await in_own_thread(lambda: services.conversation_create(owner=user))()
+    cookie = await in_own_thread(lambda: session_cookie(user))()
+    first = chat_socket(conversation.pk, cookie)
+    await first.connect()
+    await first.send_json_to({"type": "ask", "content": "once only", "id": "m-9"})
+    answered = await receive_until(first, "done")
+    await first.disconnect()
+    again = chat_socket(conversation.pk, cookie)
+    await again.connect()
+    await again.send_json_to({"type": "ask", "content": "once only", "id": "m-9"})
+    shown = await receive_until(again, "done")
+    assert shown[0]["type"] == "joined" and shown[-1]["head"] == answered[-1]["head"]
+    assert await in_own_thread(lambda: Node.objects.count())() == 1
+    await again.disconnect()

@@ -42,6 +42,17 @@ def _refused(api, document, message: str) -> None:
     assert not Conversation.objects.exists() and not Node.objects.exists()
 
 
+def _skipped_one(api, document, index: int, message: str) -> Conversation:
+    """The file imports, but its entry `index` is skipped and named (its error is `message`): only the readable
+    conversation is created."""
+    response = _post(api, json.dumps(document).encode())
+    assert response.status_code == 201, response.json()
+    assert response.json()["skipped"] == [{"index": index, "error": message}]
+    (conversation,) = _imported(response)
+    assert Conversation.objects.count() == 1
+    return conversation
+
+
 def _shown(conversation) -> list[tuple[str, str]]:
     return [(v.bubble.role, v.bubble.content) for v in path_bubbles(conversation=conversation)]
 
@@ -104,6 +115,61 @@ def test_issue_28_d5_a_deepseek_conversation_that_cannot_be_read_is_refused_whol
     _refused(api, document, message)
 
 
+def test_issue_28_d5_an_entry_that_is_no_deepseek_conversation_is_skipped_and_named(api):
+    """Issue 28, D5: in a DeepSeek file of several, an entry that is no conversation (no mapping of messages made
+    of fragments) is skipped and named by its place; the others import, and nothing is made of it."""
+    document = json.loads(DEEPSEEK.read_text())[1:] + [{"title": "Lost", "mapping": {"root": {"message": None}}}]
+    conversation = _skipped_one(api, document, 1, "conversations[1]: not a DeepSeek conversation (a mapping of "
+                                                  "messages made of fragments).")
+    assert conversation.title == "Say hello" and _shown(conversation) == [("user", "Say hello."),
+                                                                           ("assistant", "Hello!")]
+
+
+def test_issue_28_d5_a_deepseek_message_that_is_not_an_object_is_refused_whole(api):
+    """Issue 28, D5: a `mapping` entry that is not an object: the conversation is refused, the error names the
+    message, and nothing is created."""
+    document = json.loads(DEEPSEEK.read_text())[:1]
+    document[0]["mapping"]["6"] = "deleted"
+    _refused(api, document, "conversations[0].mapping['6']: expected an object.")
+
+
+def test_issue_28_deepseek_search_results_and_empty_fragments_are_left_out(api):
+    """Issue 28, C4: a SEARCH fragment (results the app drew around the answer) and a fragment with no content
+    are no part of the answer: the node holds only the thoughts and the answer's text."""
+    document = json.loads(DEEPSEEK.read_text())[:1]
+    fragments = document[0]["mapping"]["5"]["message"]["fragments"]
+    fragments[:0] = [{"type": "SEARCH", "content": "3 results: boiling point, altitude, pasta"},
+                     {"type": "THINK", "content": ""}, {"type": "RESPONSE"}]
+    (conversation,) = _imported(_post(api, json.dumps(document).encode()))
+    node = head(conversation)
+    assert _types(node) == ["text"] and it.answer_text(node.received) == fragments[-1]["content"]
+    assert all("3 results" not in content for _, content in _shown(conversation))
+
+
+def test_issue_28_t2_a_deepseek_tip_with_an_unreadable_time_is_the_oldest(api):
+    """Issue 28, T2: the head is the newest tip by `inserted_at`; a tip whose time cannot be read counts as the
+    oldest, so the other branch is the head."""
+    document = json.loads(DEEPSEEK.read_text())[:1]
+    mapping = document[0]["mapping"]
+    mapping["5"]["message"]["inserted_at"] = "yesterday at noon"
+    (conversation,) = _imported(_post(api, json.dumps(document).encode()))
+    answer = mapping["2"]["message"]["fragments"][-1]["content"]
+    assert _shown(conversation) == [("user", mapping["1"]["message"]["fragments"][0]["content"]),
+                                    ("assistant", answer)]
+
+
+def test_issue_28_t2_a_deepseek_file_with_no_tip_holding_a_message_makes_the_newest_node_the_head(api):
+    """Issue 28, T2: when every tip is an empty placeholder (`message` null), no tip names the head: the newest
+    node made is the head, and the placeholder makes no node."""
+    document = json.loads(DEEPSEEK.read_text())[1:]
+    mapping = document[0]["mapping"]
+    mapping["2"]["children"] = ["3"]
+    mapping["3"] = {"id": "3", "parent": "2", "children": [], "message": None}
+    (conversation,) = _imported(_post(api, json.dumps(document).encode()))
+    assert _nodes(conversation) == 1
+    assert _shown(conversation) == [("user", "Say hello."), ("assistant", "Hello!")]
+
+
 # --- Grok ---------------------------------------------------------------------------------------------------
 
 
@@ -161,6 +227,52 @@ def test_issue_28_d5_a_grok_conversation_that_cannot_be_read_is_refused_whole(ap
     _refused(api, document, message)
 
 
+def test_issue_28_d5_an_entry_that_is_no_grok_conversation_is_skipped_and_named(api):
+    """Issue 28, D5: in a Grok file, an entry that is no conversation (no `conversation` object and `responses`
+    list) is skipped and named by its place; the others import, and nothing is made of it."""
+    document = json.loads(GROK.read_text())
+    document["conversations"] = [document["conversations"][1], {"conversation": "Tides", "responses": []}]
+    conversation = _skipped_one(api, document, 1, "conversations[1]: not a Grok conversation (a conversation and "
+                                                  "its responses).")
+    assert conversation.title == "Greeting" and _nodes(conversation) == 1
+
+
+def test_issue_28_c4_a_grok_answer_with_only_thoughts_keeps_them_as_reasoning(api):
+    """Issue 28, C4: an answer whose message is empty but which has a `thinking_trace` keeps the thoughts as its
+    one reasoning item, and no empty text item is made."""
+    document = json.loads(GROK.read_text())
+    document["conversations"] = document["conversations"][:1]
+    response = document["conversations"][0]["responses"][4]["response"]
+    response["message"] = ""
+    (branched,) = _imported(_post(api, json.dumps(document).encode()))
+    node = head(branched)
+    assert node.received == [{"type": "reasoning", "provider": "grok", "text": response["thinking_trace"],
+                              "data": None}]
+    assert all(response["thinking_trace"] not in content for _, content in _shown(branched))
+
+
+@pytest.mark.parametrize("create_time", [
+    pytest.param(None, id="missing"),
+    pytest.param({"$date": "last Tuesday"}, id="not-a-number"),
+    pytest.param({"$date": {"$numberLong": "soon"}}, id="not-a-long"),
+])
+def test_issue_28_t2_a_grok_tip_with_an_unreadable_time_is_the_oldest(api, create_time):
+    """Issue 28, T2: without `leaf_response_id`, the newest tip is the head; a tip whose `create_time` is missing
+    or cannot be read counts as the oldest, so the other branch's tip is the head."""
+    document = json.loads(GROK.read_text())
+    document["conversations"] = document["conversations"][:1]
+    conversation = document["conversations"][0]
+    conversation["conversation"]["leaf_response_id"] = None
+    newest = conversation["responses"][3]["response"]
+    if create_time is None:
+        del newest["create_time"]
+    else:
+        newest["create_time"] = create_time
+    (branched,) = _imported(_post(api, json.dumps(document).encode()))
+    assert [t for _, t in _shown(branched)] == ["What causes the tides?",
+                                                "The Moon's and the Sun's gravity, and the Earth turning beneath them."]
+
+
 # --- Google AI Studio ------------------------------------------------------------------------------------
 
 
@@ -206,3 +318,34 @@ def test_issue_28_d5_an_ai_studio_file_that_cannot_be_read_is_refused_whole(api,
     document = copy.deepcopy(json.loads(AISTUDIO.read_text()))
     change(document)
     _refused(api, document, message)
+
+
+def test_issue_28_d5_an_entry_that_is_no_ai_studio_prompt_is_skipped_and_named(api):
+    """Issue 28, D5: in a list of AI Studio prompts, an entry that is no prompt (no `chunkedPrompt.chunks` list)
+    is skipped and named by its place; the others import, and nothing is made of it."""
+    document = [json.loads(AISTUDIO.read_text()), {"chunkedPrompt": {"chunks": "hi"}}]
+    conversation = _skipped_one(api, document, 1, "[1]: not a Google AI Studio prompt (chunkedPrompt.chunks).")
+    assert _shown(conversation) == [("user", "Hi! just write hi!"), ("assistant", "hi!")]
+
+
+def test_issue_28_d5_ai_studio_instructions_that_are_not_an_object_are_refused_whole(api):
+    """Issue 28, D5: a `systemInstruction` that is neither an object nor unset: refused, the error names it, and
+    nothing is created."""
+    document = json.loads(AISTUDIO.read_text())
+    document["systemInstruction"] = "Answer in one word."
+    _refused(api, document, "[0].systemInstruction: expected an object.")
+
+
+def test_issue_28_ai_studio_empty_chunks_and_chunks_of_no_known_role_are_left_out(api):
+    """Issue 28, T1: a chunk with no text (nor a Drive file) and a chunk whose role is neither `user` nor `model`
+    make nothing; the chunks around them still chain, one node a question and its answer."""
+    document = json.loads(AISTUDIO.read_text())
+    document["chunkedPrompt"]["chunks"] += [{"text": "", "role": "user"}, {"text": "", "role": "model"},
+                                           {"text": "A note of no role."},
+                                           {"text": "Function output?", "role": "function"},
+                                           {"text": "Again?", "role": "user"}, {"text": "hi!", "role": "model"}]
+    (conversation,) = _imported(_post(api, json.dumps(document).encode()))
+    assert _nodes(conversation) == 2
+    assert [t for _, t in _shown(conversation)] == ["Hi! just write hi!", "hi!", "Again?", "hi!"]
+    every = json.dumps([n.sent + n.received for n in Node.objects.filter(conversation=conversation)])
+    assert "A note of no role." not in every and "Function output?" not in every

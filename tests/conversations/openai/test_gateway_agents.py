@@ -560,3 +560,35 @@ def test_issue_27_conversations_api_errors_are_404s_and_409s_that_change_nothing
 
     gone = sdk.conversations.delete(conv.id)
     assert (gone.id, gone.deleted) == (conv.id, True) and not Node.objects.exists()
+
+
+def test_issue_27_d1_conversations_api_bad_requests_are_400s_and_404s_that_change_nothing(v1, user, monkeypatch):
+    from conversations.openai import conversations as conversations_api
+
+    cid = v1.post("/v1/conversations", {"metadata": {"k": "v"}}, format="json").json()["id"]
+    assert v1.post(f"/v1/conversations/{cid}", {"name": "x"}, format="json").status_code == 400, "no metadata"
+    for query, status in (({"order": "sideways"}, 400), ({"limit": "lots"}, 400), ({"limit": 0}, 400),
+                          ({"after": "msg_nope"}, 404)):
+        assert v1.get(f"/v1/conversations/{cid}/items", query).status_code == status, query
+    assert v1.get(f"/v1/conversations/{cid}/items/msg_nope").status_code == 404
+    assert v1.delete(f"/v1/conversations/{cid}/items/pending_nope").status_code == 404
+    monkeypatch.setattr(conversations_api, "MAX_PENDING", 3)
+    two = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    assert v1.post(f"/v1/conversations/{cid}/items", {"items": two}, format="json").status_code == 200
+    assert v1.post(f"/v1/conversations/{cid}/items", {"items": two}, format="json").status_code == 413
+    stored = Conversation.objects.get(pk=int(cid[5:]))
+    assert len(stored.pending_input) == 2 and stored.metadata == {"k": "v"}
+
+
+def test_issue_27_an_unexpected_error_on_v1_messages_is_a_500_and_nothing_is_recorded(user, monkeypatch):
+    """An error no handler knows is Django's 500 (the Anthropic shape is for the errors Arbor decides)."""
+    from conversations.openai import messages
+
+    def broken(value):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(messages, "chat_messages", broken)
+    api = APIClient(raise_request_exception=False)
+    api.credentials(HTTP_X_API_KEY=_key(user))
+    response = api.post("/v1/messages", {"model": "arbor/echo", "max_tokens": 9, "messages": []}, format="json")
+    assert response.status_code == 500 and not Node.objects.exists()
