@@ -100,8 +100,11 @@ def test_issue_26_300_stream_followers_hold_no_database_connection_and_others_st
     with Server(ARBOR_ECHO_WORD_SECONDS="0.4", ARBOR_MAX_STREAMS_PER_USER=str(FOLLOWERS + 1),
                 ARBOR_DB_POOL_MAX="20") as server:
         statuses, took, ended = asyncio.run(scenario(server))
-    assert set(statuses) == {200}
-    assert max(took) < 5, f"the other person's slowest pair of requests took {max(took):.1f} s"
+    assert set(statuses) == {200}, "no 503: no request waited out the pool (10 s) behind the followers"
+    # Not a timing target (bench_push measures those): starved, the pair waited the pool's 10 s; on a loaded 2-core
+    # CI machine running three other test processes, a healthy pair once took 6.5 s at worst, 0.1 s typically.
+    assert max(took) < 9, f"the other person's slowest pair of requests took {max(took):.1f} s"
+    assert sorted(took)[len(took) // 2] < 1, "typically at once"
     assert all(ended), "every follower read the turn to its ending"
     print(f"\n{FOLLOWERS} followers: the other person's request pairs took median "
           f"{sorted(took)[len(took) // 2] * 1000:.0f} ms, max {max(took) * 1000:.0f} ms")

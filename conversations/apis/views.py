@@ -402,7 +402,8 @@ def _person(request: Request, username: str | None):
 
 
 class UsageSummary(APIView):
-    @extend_schema(parameters=[OpenApiParameter("from", str), OpenApiParameter("to", str),
+    @extend_schema(parameters=[OpenApiParameter("from", {"type": "string", "format": "date"}),
+                               OpenApiParameter("to", {"type": "string", "format": "date"}),
                                OpenApiParameter("group", str, enum=["day", "model", "conversation", "project"]),
                                OpenApiParameter("user", str, description="staff only: another person's")],
                    responses={200: s.UsageOut, 400: OpenApiResponse(description="bad_input"),
