@@ -93,6 +93,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "config.middleware.sync_views_straight_under_wsgi",  # last: the others' process_view have run
 ]
 
 ROOT_URLCONF = "config.urls"

@@ -74,7 +74,7 @@ def set_budget(owner, body: Any) -> dict[str, Any]:
 
 
 def _day(value: str | None, name: str) -> dt.date | None:
-    if value in (None, ""):
+    if value is None:
         return None
     try:
         return dt.date.fromisoformat(value)

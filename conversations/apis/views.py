@@ -251,7 +251,7 @@ class ContextDiff(APIView):
 
 
 def _node_of(conversation: Conversation, value: Any, name: str) -> Node:
-    if value is None or not str(value).isdigit() or len(str(value)) > 18:
+    if value is None or not str(value).isdigit() or not 0 < int(value) < 2**63:
         raise BadInput(f"`{name}` must be a node id.", param=name)
     if not conversation_has_node(conversation=conversation, node_id=int(value)):
         raise NotFound(f"No node {value} in this conversation.")

@@ -80,6 +80,9 @@ def test_issue_33_t5_the_diff_of_an_edited_branch_says_where_the_two_contexts_pa
     assert same["a"] == same["b"] == [] and same["common"] == 3
     assert api.get(f"/api/conversations/{conversation.pk}/diff/", {"a": asked}).status_code == 400
     assert api.get(f"/api/conversations/{conversation.pk}/diff/", {"a": asked, "b": 10**9}).status_code == 404
+    # the schema allows any id below 2**63 (a bigint): a large one is no node here, not bad input
+    assert api.get(f"/api/conversations/{conversation.pk}/diff/", {"a": asked, "b": 2**63 - 1}).status_code == 404
+    assert api.get(f"/api/conversations/{conversation.pk}/diff/", {"a": asked, "b": 2**63}).status_code == 400
 
 
 def test_issue_33_fork_from_here_on_an_answer_opens_the_new_conversation(page, conversation):

@@ -255,3 +255,18 @@ def test_issue_15_t8_a_chatgpt_round_trip_keeps_every_branch_message_call_result
     assert item_paths(copy) == item_paths(conversation)
     assert [(v.bubble.role, v.bubble.content, v.branch.count) for v in path_bubbles(conversation=copy)] == [
         (v.bubble.role, v.bubble.content, v.branch.count) for v in path_bubbles(conversation=conversation)]
+
+
+def test_a_long_view_runs_straight_under_wsgi(api, conversation, monkeypatch):
+    """Under WSGI (the test client) a view `off_the_shared_thread` wraps is called as the sync view it wraps:
+    no event loop per request and no context hop, where Python 3.11 can corrupt a context (CPython
+    gh-148891, seen once in CI as "unhashable type: 'hamt_bitmap_node'" during this very export)."""
+    import asgiref.sync
+
+    def no_hop(*args, **kwargs):
+        raise AssertionError("the view went through async_to_sync")
+
+    monkeypatch.setattr(asgiref.sync.AsyncToSync, "__call__", no_hop)
+    ask(conversation, "kept question")
+    response = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "md"})
+    assert response.status_code == 200 and "kept question" in b"".join(response.streaming_content).decode()

@@ -62,6 +62,7 @@ def test_issue_31_usage_api_sums_the_callers_ledger_in_groups(api, other_api, us
     assert api.get("/api/usage/", {"from": "2000-01-01", "to": "2000-01-31"}).json()["calls"] == 0
     assert api.get("/api/usage/", {"group": "weekday"}).status_code == 400
     assert api.get("/api/usage/", {"from": "yesterday"}).status_code == 400
+    assert api.get("/api/usage/", {"to": ""}).status_code == 400, "an empty date is no date (the schema's format)"
     assert api.get("/api/usage/", {"user": other_user.username}).status_code == 404, "only staff read others'"
     user.is_staff = True
     user.save()
