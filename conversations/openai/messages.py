@@ -317,5 +317,8 @@ class MessageEvents:
                                 usage=usage) + sse_event("message_stop")
         if event.type == EventType.ERROR:
             self.ended = True
-            return sse_event("error", error=anthropic_error_body(502, event.data.get("message", ""))["error"])
+            return self.error(502, event.data.get("message", ""))
         return b""  # compaction and the like: not part of Anthropic's stream
+
+    def error(self, status: int, message: str) -> bytes:
+        return sse_event("error", error=anthropic_error_body(status, message)["error"])

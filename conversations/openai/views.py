@@ -122,8 +122,8 @@ def _responses_sent(body: dict, options) -> dict:
 class Responses(IdempotentView, GatewayView):
     def stream_run(self, request: Request, run_id) -> EventStream:
         body = request.data
-        return _stream(_response_events(run_id, _responses_sent(body, responses_options(
-            body, tools_of(body.get("tools"))))), run_id)
+        sent = _responses_sent(body, responses_options(body, tools_of(body.get("tools"))))
+        return _stream(_translated(run_id, _ResponsesEvents(sent), "responses"), run_id)
 
     def post(self, request: Request):
         body, model, stream = _call(request)
@@ -188,7 +188,7 @@ class ChatCompletions(IdempotentView, GatewayView):
     def stream_run(self, request: Request, run_id) -> EventStream:
         options = request.data.get("stream_options")
         usage = isinstance(options, dict) and options.get("include_usage") is True
-        return _stream(_chat_chunks(run_id, request.data["model"], usage), run_id)
+        return _stream(_translated(run_id, _ChatChunks(request.data["model"], usage), "chat"), run_id)
 
     def post(self, request: Request):
         body, model, stream = _call(request)
@@ -210,7 +210,8 @@ class AnthropicMessages(IdempotentView, GatewayView):
     authentication_classes = [ApiKeyAuthentication, BearerTokenAuthentication]
 
     def stream_run(self, request: Request, run_id) -> EventStream:
-        return _stream(_message_events(run_id, request.data["model"]), run_id)
+        events = messages.MessageEvents(request.data["model"], lambda pk: in_pool_thread(_node, pk))
+        return _stream(_translated(run_id, events, "messages"), run_id)
 
     def get_exception_handler(self):
         return errors.anthropic_exception_handler
@@ -252,24 +253,6 @@ class AnthropicCountTokens(GatewayView):
         tools = messages.tools_of(body.get("tools")) or []
         counted = [{"role": "system", "content": system}, {"tools": tools}, *listed]
         return Response({"input_tokens": llm.estimate_tokens(counted)})
-
-
-async def _message_events(run_id, model: str):
-    """A turn's log as Anthropic's event stream (`messages.MessageEvents`); a client that leaves only stops
-    reading, and a run that ended without a word (its process died, D3) ends with an error event."""
-    events = messages.MessageEvents(model, lambda pk: in_pool_thread(_node, pk))
-    try:
-        async for batch in follow_log_batches(run_id):
-            for _, event in batch:
-                yield await events.translate(event)
-                if events.ended:
-                    return
-    except Exception as error:  # the status is sent: say it as an event; the call goes on regardless
-        logger.exception("messages stream %s failed", run_id)
-        yield messages.sse_event("error", error=errors.anthropic_error_body(500, repr(error))["error"])
-        return
-    yield messages.sse_event("error", error=errors.anthropic_error_body(
-        502, "The call ended without an answer: the process running it stopped.")["error"])
 
 
 class _ChatChunks:
@@ -317,26 +300,29 @@ class _ChatChunks:
             return self._open(event.data.get("node")) + f"data: {json.dumps(failed)}\n\n".encode()
         return b""  # compaction and the like: not part of OpenAI's stream
 
+    def error(self, status: int, message: str) -> bytes:
+        return f"data: {json.dumps(errors.openai_error_body(status, message, 'server_error'))}\n\n".encode()
 
-def _error_data(status: int, message: str) -> bytes:
-    return f"data: {json.dumps(errors.openai_error_body(status, message, 'server_error'))}\n\n".encode()
+
+_RUN_LOST = "The call ended without an answer: the process running it stopped."
 
 
-async def _chat_chunks(run_id, model: str, usage: bool):
-    """A turn's log as Chat Completions chunks (`_ChatChunks`), then `data: [DONE]`. A client that leaves only stops
-    reading; a stream whose run ended without a word (its process died, D3) ends with an error, never `[DONE]`."""
-    chunks = _ChatChunks(model, usage)
+async def _translated(run_id, translator, api: str):
+    """A turn's log as `translator` says it in `api`'s stream (`_ChatChunks`, `_ResponsesEvents`,
+    `messages.MessageEvents`). A client that leaves only stops reading: the call goes on. A stream whose
+    reading fails, or whose run ended without a word (its process died, D3), ends with the translator's
+    error, never with a claim that the call finished."""
     try:
         async for batch in follow_log_batches(run_id):
             for _, event in batch:
-                yield await chunks.translate(event)
-                if chunks.ended:
+                yield await translator.translate(event)
+                if translator.ended:
                     return
     except Exception as error:  # the status is sent: say it in the stream; the call goes on regardless
-        logger.exception("chat stream %s failed", run_id)
-        yield _error_data(500, repr(error))
+        logger.exception("%s stream %s failed", api, run_id)
+        yield translator.error(500, f"Reading the call's events failed ({error!r}); the call goes on.")
         return
-    yield _error_data(502, "The call ended without an answer: the process running it stopped.")
+    yield translator.error(502, _RUN_LOST)
 
 
 def _turn_from_list(request: Request, body: dict, model: str, turns: list[chat.ListedTurn], *, instructions: str,
@@ -472,6 +458,12 @@ class _ResponsesEvents:
         self.number += 1
         return _event(kind, self.number, **fields)
 
+    def error(self, status: int, message: str) -> bytes:
+        where = shapes.response_id(self.node.pk) if self.node else "…"
+        message = f"{message} GET /v1/responses/{where} shows it."
+        return self._event("error", code="server_error", param=None, message=message,
+                           error=errors.openai_error_body(status, message, "server_error")["error"])
+
     async def _open(self, node_id: int) -> bytes:
         if self.node is not None:
             return b""
@@ -543,21 +535,3 @@ class _ResponsesEvents:
                 self._event("response.output_item.done", output_index=0, item=message),
             ]
         return b"".join([*parts, self._event("response.completed", response=final)])
-
-
-async def _response_events(run_id, sent: dict):
-    """A turn's log as a Responses event stream (`_ResponsesEvents`). A client that leaves only stops reading:
-    the call goes on, and `GET /v1/responses/{id}` shows it."""
-    events = _ResponsesEvents(sent)
-    try:
-        async for batch in follow_log_batches(run_id):
-            for _, event in batch:
-                yield await events.translate(event)
-                if events.ended:
-                    return
-    except Exception as error:  # the status is sent: say it as an event; the call goes on regardless
-        logger.exception("response stream %s failed", run_id)
-        where = shapes.response_id(events.node.pk) if events.node else "…"
-        message = f"Reading the call's events failed ({error!r}); it goes on: GET /v1/responses/{where} shows it."
-        yield events._event("error", code="server_error", param=None, message=message,
-                            error=errors.openai_error_body(500, message, "server_error")["error"])

@@ -28,7 +28,7 @@ from config.errors import ArborError, BadInput, NotFound
 from config.web import in_pool_thread
 from conversations import idempotency
 from conversations.apis.serializers import ApprovalIn, EditIn, RegenerateIn, TurnIn
-from conversations.models import IdempotentRequest
+from conversations.errors import TurnInProgress
 from conversations.selectors import conversation_for_user
 from conversations.turns import detached
 from conversations.turns.events import ENDINGS, EventType
@@ -74,17 +74,20 @@ class _Started:
 
 
 def _begin_and_launch(begin: Callable[[], Turn | None], *, user=None, message_id: str | None = None,
-                      asked: str = "") -> _Started:
+                      asked: str = "", busy: bool = False) -> _Started:
     """Start the turn a message asks for and launch it. A message with an `id` the page sent before (a resend
-    after a reconnect) starts nothing: it is the first sending's run (issue 31, as an Idempotency-Key)."""
+    after a reconnect) starts nothing: it is the first sending's run (issue 31, as an Idempotency-Key), even
+    while that run goes on (`busy`: this socket's turn has not ended), which refuses any other message."""
     held = None
     if message_id is not None:
         try:
-            held = idempotency.claim_key(user, message_id, asked)
+            held = _claim(user, message_id, asked)
         except idempotency.Replay as replay:
             run_id = replay.claim.run_id
             return _Started(uuid.UUID(run_id) if run_id else None, resent=True)
     try:
+        if busy:
+            raise TurnInProgress("A turn is running on this conversation; stop it or wait.")
         turn = begin()
     except Exception:
         idempotency.release(held)
@@ -92,6 +95,17 @@ def _begin_and_launch(begin: Callable[[], Turn | None], *, user=None, message_id
     run_id = None if turn is None else detached.launch(turn)
     idempotency.settle_run(held, run_id)
     return _Started(run_id)
+
+
+def _claim(user, key: str, asked: str):
+    """`idempotency.claim_key`, where a first sending that was refused meanwhile (and let its id go) makes this
+    one the first."""
+    try:
+        return idempotency.claim_key(user, key, asked)
+    except ArborError as error:
+        if error.code != "idempotency_key_released":
+            raise
+        return idempotency.claim_key(user, key, asked)
 
 
 def _message_id(content: dict[str, Any]) -> str | None:
@@ -104,10 +118,6 @@ def _message_id(content: dict[str, Any]) -> str | None:
 
 def _asked(content: dict[str, Any]) -> str:
     return idempotency.digest("socket", {k: v for k, v in content.items() if k != "id"})
-
-
-def _first_sending(user, key: str):
-    return IdempotentRequest.objects.filter(owner=user, key=key).first()
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -202,28 +212,26 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "error", "code": "bad_input",
                                   "message": f"Unknown message type {content['type']!r}."})
             return
-        if message_id is not None and await self._resent(self._message_key(message_id), content):
-            return
+        busy = False
         if self.generation and not self.generation.done():
-            if not self.turn_ended:
-                await self.send_json({"type": "error", "code": "turn_in_progress",
-                                      "message": "A turn is running on this conversation; stop it or wait."})
-                return
-            with contextlib.suppress(Exception):  # its turn has ended and said so; only its thread winds down
-                await self.generation
+            if self.turn_ended:
+                with contextlib.suppress(Exception):  # its turn has ended and said so; only its thread winds down
+                    await self.generation
+            else:
+                busy = True
         self.starting = True  # the watcher must not join the turn this socket is starting
         try:
             # One step in a thread: the turn (its question written) and the thread that runs it. A socket
             # that drops meanwhile cancels only this wait; the turn runs all the same.
             started = await in_pool_thread(functools.partial(
                 _begin_and_launch, begin, user=self.user, message_id=message_id and self._message_key(message_id),
-                asked=_asked(content)))
+                asked=_asked(content), busy=busy))
         except ArborError as error:
             await self.send_json({"type": "error", "code": error.code, "message": error.message})
             return
         finally:
             self.starting = False
-        if started.resent:  # sent again meanwhile (another socket of the page's): the first sending's run
+        if started.resent:  # sent before (a resend after a reconnect, or by another socket): the first's run
             await self._show_resent(started.run_id)
             return
         run_id = started.run_id
@@ -237,24 +245,6 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     def _message_key(self, message_id: str) -> str:
         """A message id's key: the page's id, in this conversation (ids are the page's own, so never shared)."""
         return f"socket:{self.conversation_id}:{message_id}"
-
-    async def _resent(self, message_id: str, content: dict[str, Any]) -> bool:
-        """A message this page sent before (a resend after a reconnect): show the first sending's run, start
-        nothing. False for a message not seen before."""
-        found = await in_pool_thread(_first_sending, self.user, message_id)
-        if found is None:
-            return False
-        if found.fingerprint != _asked(content):
-            await self.send_json({"type": "error", "code": "idempotency_key_reused",
-                                  "message": "This message id was used for another message."})
-            return True
-        if not (found.done or found.run_id):  # the first sending is still starting its turn: wait for it
-            try:
-                found = await in_pool_thread(idempotency.outcome_of, self.user, message_id)
-            except ArborError:  # it was refused and let its id go: this sending starts the turn
-                return False
-        await self._show_resent(uuid.UUID(found.run_id) if found.run_id else None)
-        return True
 
     async def _show_resent(self, run_id) -> None:
         if run_id is None:

@@ -204,3 +204,29 @@ async def test_issue_31_a_message_resent_after_its_turn_ended_shows_that_turn_ag
     assert shown[0]["type"] == "joined" and shown[-1]["head"] == answered[-1]["head"]
     assert await in_own_thread(lambda: Node.objects.count())() == 1
     await again.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_issue_31_a_resend_while_its_turn_runs_joins_it_and_a_refused_message_keeps_no_id(user):
+    """One path for a message id (the claim, as an Idempotency-Key): the running turn's own message sent again
+    on the same socket is that turn ("joined"), not a refusal; another message while it runs is refused
+    (turn_in_progress) and lets its id go, so the page can send it again once the turn has ended."""
+    from tests.support.async_db import in_own_thread
+    from tests.support.sockets import chat_socket, receive_until, session_cookie
+
+    conversation = await in_own_thread(lambda: services.conversation_create(owner=user))()
+    socket = chat_socket(conversation.pk, await in_own_thread(lambda: session_cookie(user))())
+    await socket.connect()
+    await socket.send_json_to({"type": "ask", "content": SLOW, "id": "m-1"})
+    assert (await socket.receive_json_from(timeout=30))["type"] == "token"
+    await socket.send_json_to({"type": "ask", "content": SLOW, "id": "m-1"})
+    assert (await receive_until(socket, "joined"))[-1]["type"] == "joined"
+    await socket.send_json_to({"type": "ask", "content": "next question", "id": "m-2"})
+    refused = await receive_until(socket, "error")
+    assert refused[-1]["code"] == "turn_in_progress"
+    await receive_until(socket, "done")
+    await socket.send_json_to({"type": "ask", "content": "next question", "id": "m-2"})
+    done = await receive_until(socket, "done")
+    assert done[-1]["answer"].startswith("echo: next question")
+    assert await in_own_thread(lambda: Node.objects.count())() == 2
+    await socket.disconnect()

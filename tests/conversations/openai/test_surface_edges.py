@@ -680,20 +680,26 @@ async def test_issue_17_a_responses_stream_read_after_its_conversation_was_delet
 async def test_issue_17_d3_a_stream_of_a_run_whose_process_died_ends_without_claiming_success(user):
     """Issue 17 (D3): a stream that follows a run whose process died before it wrote anything (no lock, no
     event) ends once the run is plainly orphaned, instead of waiting for ever; it never claims the call
-    finished (no `stop` finish, no `[DONE]`, no `response.completed`); the chat stream says so as an error
-    (issue 27: and sends no chunk, having no call whose id it could carry)."""
+    finished (no `stop` finish, no `[DONE]`, no `response.completed`, no `message_stop`); every API's stream says
+    so as an error (issue 27: the chat stream sends no chunk, having no call whose id it could carry)."""
     def orphan():
         conversation = services.conversation_create(owner=user)
         return TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation).pk
 
     run_id = await in_own_thread(orphan)()
-    chat = await asyncio.wait_for(_collect(views._chat_chunks(run_id, MODEL, True)), timeout=30)
+    chat = await asyncio.wait_for(_collect(views._translated(run_id, views._ChatChunks(MODEL, True), "chat")),
+                                  timeout=30)
     lines = _data_lines(chat)
     (line,) = lines  # no chunk: no call was made to give one its id (issue 27: chatcmpl-<node id>)
     assert json.loads(line)["error"]["message"].startswith("The call ended without an answer")
     assert "[DONE]" not in lines and not any('"finish_reason": "stop"' in line for line in lines)
-    events = await asyncio.wait_for(_collect(views._response_events(run_id, {})), timeout=30)
-    assert b"response.completed" not in b"".join(events)
+    events = await asyncio.wait_for(_collect(views._translated(run_id, views._ResponsesEvents({}), "responses")),
+                                    timeout=30)
+    (event,) = [json.loads(line) for line in _data_lines(events)]  # one stream loop for every API: the same end
+    assert event["type"] == "error" and event["message"].startswith("The call ended without an answer")
+    anthropic = await asyncio.wait_for(_collect(views._translated(
+        run_id, views.messages.MessageEvents(MODEL, None), "messages")), timeout=30)
+    assert b"event: error" in b"".join(anthropic) and b"message_stop" not in b"".join(anthropic)
 
 
 async def _collect(stream) -> list[bytes]:
