@@ -11,7 +11,7 @@ from django.utils.decorators import sync_and_async_middleware
 # Scripts and styles come only from our own static files: markup that slipped past the sanitiser
 # still could not run a script.
 CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; "
     "base-uri 'none'; form-action 'self'; frame-ancestors 'none'; object-src 'none'"
 )
 

@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "search",
     "playbooks",
     "shares",
+    "files",
 ]
 
 MIDDLEWARE = [
@@ -161,6 +162,16 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "var" / "static"
+# Issue 29 (X1): people's files, through Django's storage API: the local file system under var/ by default.
+ARBOR_FILES_DIR = Path(os.environ.get("ARBOR_FILES_DIR") or BASE_DIR / "var" / "files")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                "OPTIONS": {"location": str(ARBOR_FILES_DIR), "base_url": "/api/files/"}},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+ARBOR_FILE_MAX_BYTES = int(os.environ.get("ARBOR_FILE_MAX_BYTES", str(25 * 1024 * 1024)))
+ARBOR_FILE_TEXT_MAX_CHARS = int(os.environ.get("ARBOR_FILE_TEXT_MAX_CHARS", "200000"))  # D5: a document's text
+ARBOR_FILES_PER_TURN = int(os.environ.get("ARBOR_FILES_PER_TURN", "10"))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/chat/"

@@ -15,6 +15,7 @@ urlpatterns = [
     path("api/search/", Search.as_view(), name="search-api"),
     path("api/", include("conversations.apis.urls")),
     path("api/", include("playbooks.urls")),
+    path("", include("files.urls")),  # issue 29: /api/files/
     path("", include("shares.urls")),  # issue 33: /api/…/share/, /api/shares/ and the /s/<token>/ page
     re_path(r"^api/", api.not_found),  # every other /api/ path answers in the API's error format
     path("v1/", include("conversations.openai.urls")),  # the OpenAI-compatible surface (issue 17)

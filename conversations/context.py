@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from conversations.items import ASSISTANT_TYPES, Item
@@ -134,8 +134,30 @@ def _assistant_message(items: list[Item], provider: str | None) -> dict[str, Any
     return message
 
 
-def to_messages(items: Iterable[Item], *, provider: str | None = None) -> list[dict[str, Any]]:
-    """Convert items into OpenAI-format messages (litellm's lingua franca), shaped for `provider`."""
+def user_content(item: Item, attached: Mapping[int, dict[str, Any]] | None = None) -> str | list[dict[str, Any]]:
+    """A question as a model gets it (X1): its text, then each file it refers to, labelled with its name: an
+    image as an image part, a document as its text. `attached`: the files' contents by id (`files.attached`);
+    a file not in it (a side call's assembly, or a file gone) is its label alone."""
+    refs = item.get("files")
+    if not refs:
+        return item["text"]
+    parts: list[dict[str, Any]] = [{"type": "text", "text": item["text"]}]
+    for ref in refs:
+        content = (attached or {}).get(ref["id"])
+        if content is None:
+            parts.append({"type": "text", "text": f"[{'image' if ref['kind'] == 'image' else 'file'} {ref['name']}]"})
+        elif ref["kind"] == "image":
+            parts += [{"type": "text", "text": f"[image {ref['name']}]"},
+                      {"type": "image_url", "image_url": {"url": content["url"]}}]
+        else:
+            parts.append({"type": "text", "text": f"[file {ref['name']}]\n{content['text']}"})
+    return parts
+
+
+def to_messages(items: Iterable[Item], *, provider: str | None = None,
+                attached: Mapping[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Convert items into OpenAI-format messages (litellm's lingua franca), shaped for `provider`; a question's
+    files come from `attached` (`user_content`)."""
     messages: list[dict[str, Any]] = []
     pending_assistant: list[Item] = []
 
@@ -151,7 +173,7 @@ def to_messages(items: Iterable[Item], *, provider: str | None = None) -> list[d
             continue
         flush()
         if kind == "user":
-            messages.append({"role": "user", "content": item["text"]})
+            messages.append({"role": "user", "content": user_content(item, attached)})
         elif kind == "system":
             messages.append({"role": "system", "content": item["text"]})
         elif kind == "tool_result":
@@ -190,14 +212,16 @@ def assemble(
     instructions: str = "",
     provider: str | None = None,
     keep_ephemeral: bool = False,
+    attached: Mapping[int, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Return the message list for a call whose parent is the last node of `path` (T5, T6, C4, R2)."""
+    """Return the message list for a call whose parent is the last node of `path` (T5, T6, C4, R2); the files
+    its questions refer to come from `attached` (X1, `files.attached.contents`)."""
     old = path_items(path, keep_ephemeral=keep_ephemeral)
     new = list(new_items)
     orphans = _orphan_tool_ids([*old, *new])
-    messages = to_messages(drop_orphan_tool_items(old, orphans), provider=provider)
+    messages = to_messages(drop_orphan_tool_items(old, orphans), provider=provider, attached=attached)
     stable = len(messages)  # what came from the path: the previous call's context and its answer
-    messages.extend(to_messages(drop_orphan_tool_items(new, orphans), provider=provider))
+    messages.extend(to_messages(drop_orphan_tool_items(new, orphans), provider=provider, attached=attached))
     if instructions:
         messages.insert(0, {"role": "system", "content": instructions})
         stable += 1

@@ -22,6 +22,7 @@ class _Marks(TypedDict, total=False):
 class UserItem(_Marks):
     type: Literal["user"]
     text: str
+    files: NotRequired[list[dict[str, Any]]]  # X1: references {id, name, kind} to the person's files, never bytes
 
 
 class SystemItem(_Marks):
@@ -78,8 +79,16 @@ Item = UserItem | SystemItem | TextItem | ToolCallItem | ToolResultItem | Reason
 ASSISTANT_TYPES = frozenset({"text", "tool_call", "reasoning"})
 
 
-def user(text: str) -> Item:
-    return {"type": "user", "text": text}
+def user(text: str, files: list[dict[str, Any]] | None = None) -> Item:
+    item: Item = {"type": "user", "text": text}
+    if files:
+        item["files"] = files
+    return item
+
+
+def file_ids(items: list[Item]) -> list[int]:
+    """The files (X1) these items' questions refer to, in order."""
+    return [ref["id"] for item in items if item.get("type") == "user" for ref in item.get("files", ())]
 
 
 def system(text: str) -> Item:
@@ -107,6 +116,11 @@ def summary(value: str, *, provider: str | None = None, data: Any = None) -> Ite
 
 def tool_result(call_id: str, name: str, content: str, *, is_error: bool = False) -> Item:
     return {"type": "tool_result", "call_id": call_id, "name": name, "content": content, "is_error": is_error}
+
+
+def question_item(items: list[Item]) -> Item | None:
+    """The user item these sent items open a turn with (its files too), if they do."""
+    return next((item for item in items if item.get("type") == "user"), None)
 
 
 def question_of(items: list[Item]) -> str | None:

@@ -131,13 +131,21 @@ class NodeSummaryOut(serializers.ModelSerializer):
                   "compacted_from", "created_at", "summary_call", "tokens", "path_tokens"]
 
 
+def _files_field() -> serializers.ListField:
+    return serializers.ListField(child=StrictIntegerField(min_value=1, max_value=2**63 - 1), required=False,
+                                 max_length=settings.ARBOR_FILES_PER_TURN,
+                                 help_text="X1: ids of the caller's files (POST /api/files/) the question sends")
+
+
 class TurnIn(serializers.Serializer):
     content = StrictCharField(trim_whitespace=False)
+    files = _files_field()
 
 
 class EditIn(serializers.Serializer):
     node = StrictIntegerField()
     content = StrictCharField(trim_whitespace=False)
+    files = _files_field()
 
 
 class RegenerateIn(serializers.Serializer):

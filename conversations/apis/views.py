@@ -146,7 +146,8 @@ _TURN_RESPONSES = {
                                 "as one `message` event"),
     400: OpenApiResponse(description="bad input"),
     404: OpenApiResponse(description="not found or not yours"),
-    409: OpenApiResponse(description="turn_in_progress, approval_pending or before_compaction"),
+    409: OpenApiResponse(description="turn_in_progress, approval_pending, before_compaction, or file_not_ready (a "
+                                     "file still being read)"),
     413: OpenApiResponse(description="content too large"),
     502: OpenApiResponse(description="the model provider failed; the failed node is recorded"),
     503: OpenApiResponse(description="the provider timed out or is rate limited"),
@@ -168,7 +169,8 @@ class TurnCreate(TurnView):
                                "context was compacted before this call, C2), `done`, `error`.")
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.TurnIn, request)
-        turn = turn_ask(user=request.user, conversation_id=conversation_id, content=data["content"])
+        turn = turn_ask(user=request.user, conversation_id=conversation_id, content=data["content"],
+                        files=data.get("files", ()))
         return _turn_response(request, turn)
 
 
@@ -177,7 +179,7 @@ class TurnEdit(TurnView):
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.EditIn, request)
         turn = turn_edit(user=request.user, conversation_id=conversation_id, node_id=data["node"],
-                               content=data["content"])
+                         content=data["content"], files=data.get("files", ()))
         return _turn_response(request, turn)
 
 

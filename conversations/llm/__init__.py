@@ -93,6 +93,7 @@ class ProviderFacts:
     max_input_tokens: Callable[[], int]
     native_compaction: bool = False
     json_mode: bool = True
+    vision: bool = True  # takes image parts (arbor/echo digests them)
 
 
 _OWN_PROVIDERS: dict[str, ProviderFacts] = {}
@@ -479,6 +480,18 @@ def _close(stream: Any) -> None:
 def _message(error: BaseException) -> str:
     message = getattr(error, "message", None) or str(error) or error.__class__.__name__
     return re.sub(r"\s+", " ", message)[:2000]
+
+
+def supports_vision(model: str) -> bool:
+    """Does `model` take image parts (X1)? litellm's model list says; a model it does not know is taken to see
+    (a local vision server), so the provider's own refusal is the word there."""
+    if (own := _OWN_PROVIDERS.get(provider_of(model))) is not None:
+        return own.vision
+    try:
+        info = litellm_module().get_model_info(model)
+    except Exception:  # not in litellm's list
+        return True
+    return bool(info.get("supports_vision"))
 
 
 def supports_json_mode(model: str) -> bool:

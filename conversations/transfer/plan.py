@@ -68,9 +68,7 @@ def text_field(value: Any, where: str, *, limit: int | None = None, blank: bool 
 def items_field(value: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise ImportRefused(f"{where}: expected a list of items.")
-    for index, item in enumerate(value):
-        item_field(item, f"{where}[{index}]")
-    return value
+    return [item_field(item, f"{where}[{index}]") for index, item in enumerate(value)]
 
 
 def shallow(value: Any, where: str) -> Any:
@@ -89,10 +87,22 @@ def item_field(item: Any, where: str) -> dict[str, Any]:
     for key, kind in it.ITEM_FIELDS[item["type"]].items():
         if not isinstance(item.get(key), kind):
             raise ImportRefused(f"{where}.{key}: missing, or not {kind.__name__}.")
+    if "files" in item:  # X1: ids of another server's (or person's) files name none of the importer's: their names
+        item = _files_named(item, where)
     for key, text in item.items():
         if isinstance(text, str):
             text_field(text, f"{where}.{key}")
     return item
+
+
+def _files_named(item: dict[str, Any], where: str) -> dict[str, Any]:
+    """A question's file references as placeholders in its text (the importer's files are never reached by id)."""
+    refs = item["files"] if isinstance(item["files"], list) else []
+    names = [f"[{'image' if ref.get('kind') == 'image' else 'file'}: {ref.get('name', '')}]" for ref in refs
+             if isinstance(ref, dict) and isinstance(ref.get("name", ""), str)]
+    kept = {key: value for key, value in item.items() if key != "files"}
+    kept["text"] = text_field("\n".join([item["text"], *names]) if names else item["text"], f"{where}.text")
+    return kept
 
 
 def choice_field(value: Any, choices, where: str) -> str:

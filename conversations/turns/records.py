@@ -23,6 +23,7 @@ from conversations import budget, llm, outbox
 from conversations import items as it
 from conversations.context import PathNode
 from conversations.models import Bubble, CallSettings, Conversation, Node, ToolStatus, UsageEntry
+from files.models import SentFile
 
 CLIENT = "client"  # the provider of a call a client made elsewhere and sent as history
 
@@ -49,6 +50,8 @@ def start(*, conversation: Conversation | None, parent: PathNode | None, kind: s
         if kept is not None:
             batch.insert_once(kept)
         batch.insert(node)
+        for file_id in dict.fromkeys(it.file_ids(sent)):  # X1: the node keeps its files (they cannot go before it)
+            batch.insert(SentFile(node_id=batch.pk_of(node), file_id=file_id))
     return node
 
 
@@ -167,11 +170,12 @@ def tool_bubble_data(call: it.Item) -> dict[str, Any]:
 
 
 def question_bubble(node: Node, sent: list[it.Item], *, writes: Together | None = None) -> None:
-    question = it.question_of(sent)
+    question = it.question_item(sent)
     if question is not None:
+        shown = {"files": question["files"]} if question.get("files") else {}  # X1: the bubble names its files
         with together(writes) as batch:
             batch.insert(Bubble(conversation_id=node.conversation_id, node_id=batch.pk_of(node),
-                                role=Bubble.Role.USER, content=question))
+                                role=Bubble.Role.USER, content=question.get("text", ""), data=shown))
 
 
 def answer_bubbles(node: Node, *, needs_approval: Callable[[it.Item], bool], received: list[it.Item] | None = None,

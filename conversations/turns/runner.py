@@ -37,6 +37,7 @@ from conversations.turns.events import ENDINGS, EventType, TurnEvent
 from conversations.turns.model_call import ModelCall
 from conversations.turns.retrieval import retrieved_items
 from conversations.turns.tool_policy import ArborTools, CallerTools, RoundEnd
+from files import attached
 
 
 class Turn:
@@ -137,7 +138,8 @@ class Turn:
             yield self._fail(stopped.error)
             return path, None, []
         messages = assemble(path, sent, instructions=self.instructions, provider=self.provider,
-                            keep_ephemeral=self.conversation.keep_retrieved)
+                            keep_ephemeral=self.conversation.keep_retrieved, attached=attached.contents(
+                                self.conversation.owner_id, path, sent))
         node = self._start_node(parent=path[-1] if path else None, sent=sent, call_settings=llm.wire_settings(
             self.model, messages, tools=tools, options=self.call_options))
         if compacted:

@@ -10,6 +10,7 @@ from conversations.context import assemble, is_compaction_root
 from conversations.models import Conversation, Node
 from conversations.selectors import context_path, instructions_for, node_path, path_node
 from conversations.turns import calls
+from files import attached
 
 
 def next_context(conversation: Conversation) -> list[dict[str, Any]]:
@@ -19,7 +20,8 @@ def next_context(conversation: Conversation) -> list[dict[str, Any]]:
     tip = path[-1] if path else None
     waiting = calls.resolve(tip, run=False, note="pending: waiting for a person's decision") if tip else []
     return assemble(path, waiting, instructions=instructions_for(conversation), provider=provider,
-                    keep_ephemeral=conversation.keep_retrieved)
+                    keep_ephemeral=conversation.keep_retrieved, attached=attached.contents(
+                        conversation.owner_id, path, images_linked=True))
 
 
 def call_context(node: Node) -> list[dict[str, Any]]:
@@ -31,8 +33,17 @@ def call_context(node: Node) -> list[dict[str, Any]]:
     if is_compaction_root(node):
         return assemble([path_node(node)], (), instructions=node.instructions, provider=provider,
                         keep_ephemeral=node.keep_ephemeral)
-    return assemble(context_path(node_path(node.parent_id), provider), node.sent, instructions=node.instructions,
-                    provider=provider, keep_ephemeral=node.keep_ephemeral)
+    path = context_path(node_path(node.parent_id), provider)
+    return assemble(path, node.sent, instructions=node.instructions, provider=provider,
+                    keep_ephemeral=node.keep_ephemeral, attached=_attached(node, path))
+
+
+def _attached(node: Node, path: list) -> dict[int, dict[str, Any]]:
+    """The files `node`'s call got, for a person to read (images as links); no query for a call without any."""
+    if not any(it.file_ids(p.sent) for p in [*path, node]):
+        return {}
+    owner_id = Conversation.objects.filter(pk=node.conversation_id).values_list("owner_id", flat=True).first()
+    return attached.contents(owner_id, path, node.sent, images_linked=True)
 
 
 def context_diff(a: Node, b: Node) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from conversations.selectors import (
 from conversations.turns import calls, compaction, records, recovery
 from conversations.turns.runner import Turn
 from conversations.turns.tool_policy import client_calls
+from files.services import files_to_send
 
 T = TypeVar("T")
 
@@ -73,15 +74,20 @@ def _turn(conversation: Conversation, lock: TurnLock, path: list[PathNode], new_
     `options`: the call's own instructions and tools (`Turn`)."""
     if calls.undecided(path[-1] if path else None):
         raise ApprovalPending("A tool call is waiting for approval: approve or refuse it first.")
+    model = options.get("model") or conversation.model
+    if any(ref["kind"] == "image" for item in new_items for ref in item.get("files", ())) and not \
+            llm.supports_vision(model):
+        raise BadInput(f"The model {model} cannot see images: choose one that can, or send the question without them.")
     return Turn(conversation=conversation, lock=lock, path=path, new_items=new_items, **options)
 
 
-def turn_ask(*, user, conversation_id: int, content: str) -> Turn:
-    """A new question from the head."""
+def turn_ask(*, user, conversation_id: int, content: str, files: list[int] = ()) -> Turn:
+    """A new question from the head, with the person's `files` (X1) if any."""
     content = check_content(content)
+    attached = files_to_send(user=user, file_ids=list(files)) if files else None
 
     def begin(conversation: Conversation, lock: TurnLock) -> Turn:
-        return _turn(conversation, lock, node_path(conversation.head_id), [it.user(content)])
+        return _turn(conversation, lock, node_path(conversation.head_id), [it.user(content, attached)])
 
     return _under_lock(user, conversation_id, begin)
 
@@ -134,10 +140,12 @@ def _check_results(open_calls: list[it.Item], items: list[it.Item]) -> None:
         raise BadInput(f"The output(s) for {extra} answer no function call of the previous response.")
 
 
-def turn_edit(*, user, conversation_id: int, node_id: int, content: str) -> Turn:
-    """T7: the edited question as a new branch below the end of the turn before it."""
+def turn_edit(*, user, conversation_id: int, node_id: int, content: str, files: list[int] = ()) -> Turn:
+    """T7: the edited question, with the person's `files` (X1) if any, as a new branch below the end of the turn
+    before it."""
     content = check_content(content)
-    return _under_lock(user, conversation_id, lambda c, lock: _reposition(c, lock, node_id, content))
+    edited = it.user(content, files_to_send(user=user, file_ids=list(files)) if files else None)
+    return _under_lock(user, conversation_id, lambda c, lock: _reposition(c, lock, node_id, edited))
 
 
 def turn_regenerate(*, user, conversation_id: int, node_id: int | None = None) -> Turn:
@@ -145,7 +153,7 @@ def turn_regenerate(*, user, conversation_id: int, node_id: int | None = None) -
     return _under_lock(user, conversation_id, lambda c, lock: _reposition(c, lock, node_id, None))
 
 
-def _reposition(conversation: Conversation, lock: TurnLock, node_id: int | None, content: str | None) -> Turn:
+def _reposition(conversation: Conversation, lock: TurnLock, node_id: int | None, edited: it.Item | None) -> Turn:
     """T7: a normal turn whose parent is the end of the turn before the question.
 
     The head itself moves when that turn ends, like any turn's: a turn that never runs moves nothing.
@@ -159,8 +167,8 @@ def _reposition(conversation: Conversation, lock: TurnLock, node_id: int | None,
             raise BadInput("There is no question to regenerate yet.")
     else:
         index = _question_index(conversation, path, node_id)
-    question = content if content is not None else it.question_of(path[index].sent)
-    return _turn(conversation, lock, path[:index], [it.user(question)])
+    question = edited if edited is not None else it.question_item(path[index].sent)  # regenerated: its files too
+    return _turn(conversation, lock, path[:index], [it.user(question["text"], question.get("files"))])
 
 
 def _question_index(conversation: Conversation, path: list[PathNode], node_id: int) -> int:

@@ -41,12 +41,12 @@ TOKEN_BATCH_SECONDS = 0.05  # tokens go out in small batches, not one frame each
 STOP_WAIT_SECONDS = 10
 
 
-def _ask(*, content: str, **common) -> Turn:
-    return turn_ask(content=content, **common)
+def _ask(*, content: str, files: list[int] = (), **common) -> Turn:
+    return turn_ask(content=content, files=files, **common)
 
 
-def _edit(*, node: int, content: str, **common) -> Turn:
-    return turn_edit(node_id=node, content=content, **common)
+def _edit(*, node: int, content: str, files: list[int] = (), **common) -> Turn:
+    return turn_edit(node_id=node, content=content, files=files, **common)
 
 
 def _regenerate(*, node: int | None = None, **common) -> Turn:

@@ -207,7 +207,8 @@
       giveBack(unsent);  // refused before anything was written (an approval waits, another tab's turn): kept
       unsent = null;
     } else if (unsent !== null && event.type !== "joined") {
-      unsent = null;  // the turn started: the question is the server's now
+      unsent = null;  // the turn started: the question is the server's now, and its files
+      globalThis.arborAttachments?.clear();
       saveDraft();
     }
     switch (event.type) {
@@ -519,7 +520,12 @@
     event.preventDefault();
     const content = input.value;
     if (!content.trim() || running) return;
-    if (startTurn({ type: "ask", content }, content)) {  // kept in the composer if it could not be sent
+    const files = globalThis.arborAttachments?.ids() ?? [];
+    if (files === null) {
+      say("A file is still uploading; send when it is done.");
+      return;
+    }
+    if (startTurn(files.length ? { type: "ask", content, files } : { type: "ask", content }, content)) {
       askedHere = content;
       input.value = "";  // the draft stays stored until the server takes the question
     }

@@ -75,6 +75,7 @@ def screenshot(driver: webdriver.Chrome, name: str) -> Path:
 @dataclass(frozen=True)
 class AsgiServer:
     url: str
+    files_dir: str = ""  # where the server keeps uploaded files (issue 29): a test's worker reads them there
 
 
 def sign_in(browser: webdriver.Chrome, server: AsgiServer, user) -> None:
@@ -122,7 +123,11 @@ def asgi_server(django_db_setup) -> Iterator[AsgiServer]:
     they write is committed where the server can read it.
     """
     database = {**settings.DATABASES["default"]}
-    overrides = {"DATABASES": {"default": database}, "ALLOWED_HOSTS": ["127.0.0.1", "localhost"]}
+    files_dir = tempfile.mkdtemp(prefix="arbor-browser-files-")
+    storages = {**settings.STORAGES, "default": {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                                                 "OPTIONS": {"location": files_dir}}}
+    overrides = {"DATABASES": {"default": database}, "ALLOWED_HOSTS": ["127.0.0.1", "localhost"],
+                 "STORAGES": storages}
     process = _SpawnedDaphne(host="127.0.0.1", get_application=functools.partial(_application, overrides))
     process.daemon = True
     process.start()
@@ -131,7 +136,7 @@ def asgi_server(django_db_setup) -> Iterator[AsgiServer]:
         process.terminate()
         raise RuntimeError(f"Daphne did not start: {error}")
     try:
-        yield AsgiServer(url=f"http://127.0.0.1:{process.port.value}")
+        yield AsgiServer(url=f"http://127.0.0.1:{process.port.value}", files_dir=files_dir)
     finally:
         process.terminate()
         process.join(10)

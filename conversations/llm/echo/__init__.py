@@ -38,9 +38,14 @@ _OPAQUE = "<arbor-compaction:"
 TOOL_DIRECTIVE = re.compile(r"#tool\s+([A-Za-z0-9_\-]+)\s*")
 
 
+_FILE_LABEL = re.compile(r"\[(image|file) ([^\]\n]*)\]\n?")
+
+
 def text_of(content: Any) -> str:
+    """A message's text: its text parts, without the labelled files of a question (`context.user_content`)."""
     if isinstance(content, list):  # OpenAI content parts
-        text = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        text = "".join(part.get("text", "") for part in content
+                       if isinstance(part, dict) and not _FILE_LABEL.match(part.get("text", "")))
     else:
         text = content or ""
     return _read_opaque(text) if text.startswith(_OPAQUE) else text
@@ -68,8 +73,26 @@ def digest(messages: list[dict]) -> str:
                 parts.append(f"assistant:{text[:30]}")
             parts.extend(f"assistant:[call {c['function']['name']}]" for c in message["tool_calls"])
         else:
-            parts.append(f"{role}:{text[:30]}")
+            parts.append(" ".join([f"{role}:{text[:30]}", *_files_seen(message.get("content"))]))
     return " | ".join(parts)
+
+
+def _files_seen(content: Any) -> list[str]:
+    """A question's files as the digest shows them (X1): `[image NAME]` for an image part that came, `[file
+    NAME: <first 30 characters of its text>]` for a document's text."""
+    seen: list[str] = []
+    label = None
+    for part in content if isinstance(content, list) else ():
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") == "image_url":
+            seen.append(f"[image {label or '?'}]")
+        found = _FILE_LABEL.match(part.get("text", "")) if part.get("type") == "text" else None
+        label = found.group(2) if found and found.group(1) == "image" else None
+        if found and found.group(1) == "file":
+            rest = part["text"][found.end():]
+            seen.append(f"[file {found.group(2)}: {rest[:30]}]" if rest else f"[file {found.group(2)}]")
+    return seen
 
 
 def _tool_directives(text: str) -> list[tuple[str, str]]:

@@ -1,0 +1,37 @@
+"""What a call's questions' files hold (X1), read once per call for `context.assemble`: a document's text, an
+image's bytes as a data URL. The tree keeps only references; the bytes are read from storage when a call is
+assembled, never copied per call."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.core.files.storage import default_storage
+
+from conversations import items as it
+from files.models import StoredFile
+
+
+def contents(owner_id: int, path: Sequence[Any], new_items: Iterable[it.Item] = (), *, images_linked: bool = False
+             ) -> dict[int, dict[str, Any]]:
+    """The contents, by file id, of `owner_id`'s files that the questions on `path` (nodes with `sent`) and
+    `new_items` refer to: one query, then one storage read an image. A file deleted since, or another person's
+    (a reference no upload of this person made), is left out: its label stays, its bytes never go.
+    `images_linked`: an image is its content URL instead of its bytes (what a person reads of a call)."""
+    ids = [*(i for node in path for i in it.file_ids(node.sent)), *it.file_ids(list(new_items))]
+    if not ids:
+        return {}
+    found: dict[int, dict[str, Any]] = {}
+    mine = StoredFile.objects.filter(pk__in=set(ids), owner_id=owner_id)
+    for stored in mine.only("pk", "kind", "content_type", "blob", "text"):
+        if stored.kind == StoredFile.Kind.IMAGE and images_linked:
+            found[stored.pk] = {"url": f"/api/files/{stored.pk}/content/"}
+        elif stored.kind == StoredFile.Kind.IMAGE:
+            with default_storage.open(stored.blob.name, "rb") as handle:
+                data = base64.b64encode(handle.read()).decode()
+            found[stored.pk] = {"url": f"data:{stored.content_type};base64,{data}"}
+        else:
+            found[stored.pk] = {"text": stored.text}
+    return found

@@ -1,0 +1,78 @@
+"""A document's text, for a model that reads it (X1). Runs in the worker (R4), never in a request.
+
+PDF is read by pypdf: pure Python (no native library to build or patch), maintained, and it reads the text
+layer a PDF carries; a scanned PDF without one says so instead of sending nothing.
+"""
+
+from __future__ import annotations
+
+import io
+from html.parser import HTMLParser
+
+from django.conf import settings
+
+from files.sniff import decoded
+
+
+class Unreadable(Exception):
+    """The reason, in words a person reads, that a file's text could not be read."""
+
+
+def text_of(data: bytes, content_type: str) -> str:
+    """The text a model gets of a document, at most ARBOR_FILE_TEXT_MAX_CHARS characters."""
+    if content_type == "application/pdf":
+        text = _pdf_text(data)
+    elif content_type == "text/html":
+        text = _html_text(decoded(data) or "")
+    elif content_type.startswith("text/") or content_type == "application/json":
+        text = decoded(data) or ""
+    else:
+        raise Unreadable("Word, Excel and PowerPoint files are not read yet: save it as PDF or text.")
+    text = text.strip()
+    if not text:
+        raise Unreadable("The file holds no text to read (a scan without a text layer?).")
+    return text[:settings.ARBOR_FILE_TEXT_MAX_CHARS]
+
+
+def _pdf_text(data: bytes) -> str:
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted:
+            raise Unreadable("The PDF is locked with a password.")
+        pages, length = [], 0
+        for page in reader.pages:  # stop once the bound is reached: a 2,000-page PDF is not read whole
+            pages.append(page.extract_text() or "")
+            length += len(pages[-1])
+            if length >= settings.ARBOR_FILE_TEXT_MAX_CHARS:
+                break
+    except (PdfReadError, ValueError, KeyError, TypeError) as error:
+        raise Unreadable(f"The PDF could not be read ({error.__class__.__name__}).") from None
+    return "\n\n".join(pages)
+
+
+class _Text(HTMLParser):
+    _SKIPPED = {"script", "style", "head", "template"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.skipping = 0
+
+    def handle_starttag(self, tag, attrs):
+        self.skipping += tag in self._SKIPPED
+
+    def handle_endtag(self, tag):
+        self.skipping -= tag in self._SKIPPED and self.skipping > 0
+
+    def handle_data(self, data):
+        if not self.skipping and data.strip():
+            self.parts.append(data.strip())
+
+
+def _html_text(html: str) -> str:
+    parser = _Text()
+    parser.feed(html)
+    return "\n".join(parser.parts)

@@ -1,0 +1,107 @@
+"""What can be done with a person's files (X1): upload, read, delete, and the worker's text extraction."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
+from django.db import transaction
+from django.db.models import ProtectedError
+
+from config.errors import ArborError, NotFound, TooLarge
+from conversations import outbox
+from conversations.models import Project
+from files import extract
+from files.models import StoredFile
+from files.sniff import sniff
+
+logger = logging.getLogger("arbor.files")
+
+
+def too_large() -> TooLarge:
+    return TooLarge(f"The file is larger than {settings.ARBOR_FILE_MAX_BYTES} bytes.")
+
+
+def file_upload(*, user, name: str, data: bytes, project_id: int | None = None) -> StoredFile:
+    """Keep `data` as `user`'s file: checked whole before anything is stored. Its bytes are kept once per
+    person (a second upload of the same bytes shares them); a document's text is read by the worker."""
+    if len(data) > settings.ARBOR_FILE_MAX_BYTES:
+        raise too_large()
+    name = (name or "file").replace("\\", "/").rsplit("/", 1)[-1][:255] or "file"
+    content_type, kind = sniff(data, name)
+    project = None
+    if project_id is not None:
+        project = Project.objects.filter(pk=project_id, owner=user).first()
+        if project is None:
+            raise NotFound(f"No project {project_id} of yours.")
+    sha = hashlib.sha256(data).hexdigest()
+    path = f"files/{user.pk}/{sha}"
+    if not default_storage.exists(path):
+        path = default_storage.save(path, ContentFile(data))
+    ready = kind == StoredFile.Kind.IMAGE
+    with transaction.atomic():
+        stored = StoredFile.objects.create(
+            owner=user, project=project, name=name, content_type=content_type, kind=kind, size=len(data),
+            sha256=sha, blob=path, status=StoredFile.Status.READY if ready else StoredFile.Status.PROCESSING)
+        if not ready:
+            outbox.enqueue(kind="extract", payload={"file": stored.pk})
+    return stored
+
+
+def file_for_user(*, user, file_id: int) -> StoredFile:
+    stored = StoredFile.objects.filter(pk=file_id, owner=user).first()
+    if stored is None:
+        raise NotFound(f"No file {file_id} of yours.")
+    return stored
+
+
+def file_delete(*, user, file_id: int) -> None:
+    """Delete a file nothing sent (X1: a node's reference keeps it); its bytes go when no other file shares them."""
+    stored = file_for_user(user=user, file_id=file_id)
+    try:
+        stored.delete()
+    except ProtectedError:
+        raise ArborError("This file was sent in a conversation: it stays while that conversation does.",
+                         code="file_in_use", status=409) from None
+    if not StoredFile.objects.filter(blob=stored.blob.name).exists():
+        default_storage.delete(stored.blob.name)
+
+
+def extract_job(payload: dict[str, Any]) -> None:
+    """The worker's `extract` job (R4): read a document's text once; idempotent (a file already read is left)."""
+    stored = StoredFile.objects.filter(pk=payload["file"], status=StoredFile.Status.PROCESSING).first()
+    if stored is None:
+        return
+    with default_storage.open(stored.blob.name, "rb") as handle:
+        data = handle.read()
+    try:
+        text, status, error = extract.text_of(data, stored.content_type), StoredFile.Status.READY, ""
+    except extract.Unreadable as reason:
+        text, status, error = "", StoredFile.Status.FAILED, str(reason)
+    StoredFile.objects.filter(pk=stored.pk).update(text=text, status=status, error=error[:500])
+
+
+def files_to_send(*, user, file_ids: list[int]) -> list[dict[str, Any]]:
+    """The references a turn's question carries (X1), each file `user`'s own and ready; refused otherwise
+    before anything is written: 404 for a file not theirs, 409 for one still being read, 400 for one unread."""
+    if len(file_ids) > settings.ARBOR_FILES_PER_TURN:
+        raise ArborError(f"Attach at most {settings.ARBOR_FILES_PER_TURN} files to one message.", code="bad_input",
+                         status=400)
+    found = {f.pk: f for f in StoredFile.objects.filter(pk__in=file_ids, owner=user)}
+    references = []
+    for file_id in dict.fromkeys(file_ids):
+        stored = found.get(file_id)
+        if stored is None:
+            raise NotFound(f"No file {file_id} of yours.")
+        if stored.status == StoredFile.Status.PROCESSING:
+            raise ArborError(f"The file {stored.name!r} is still being read; send it in a moment.",
+                             code="file_not_ready", status=409)
+        if stored.status == StoredFile.Status.FAILED:
+            raise ArborError(f"The file {stored.name!r} could not be read: {stored.error}", code="bad_input",
+                             status=400)
+        references.append({"id": stored.pk, "name": stored.name, "kind": stored.kind})
+    return references

@@ -1,0 +1,205 @@
+"""Issue 29 (X1): a person's files. Uploaded through the API (type read from the bytes, bounded, private), read by
+the worker (R4), sent by reference on a question, and what each call got shown by arbor/echo's digest and by a
+real OpenAI-compatible server (the loopback stub) through litellm.
+
+tests/fixtures/files/hello-world.pdf and locked.pdf are pypdf's own test files (github.com/py-pdf/pypdf,
+resources/hello-world.pdf and resources/encryption/r6-user-password.pdf, commit f6853ccd)."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from conversations.jobs import worker
+from conversations.models import Node
+from conversations.turns.detached import run_here
+from conversations.turns.seen import call_context
+from conversations.turns.start import turn_ask, turn_regenerate
+from files.models import SentFile, StoredFile
+from tests.conversations.helpers import answer, head
+
+pytestmark = pytest.mark.django_db
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "files"
+
+
+def png(width: int = 2, height: int = 1) -> bytes:
+    """A real PNG (any decoder reads it): signature, IHDR, one IDAT of RGB rows, IEND."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + b"\xff\x00\x00" * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def upload(api, name: str, data: bytes, **fields):
+    return api.post("/api/files/", {"file": SimpleUploadedFile(name, data), **fields}, format="multipart")
+
+
+def ready(api, name: str, data: bytes) -> dict:
+    created = upload(api, name, data)
+    assert created.status_code == 201, created.content
+    worker.run_due()
+    return api.get(f"/api/files/{created.json()['id']}/").json()
+
+
+def test_x1_the_type_is_read_from_the_bytes_and_a_document_is_read_by_the_worker(api):
+    created = upload(api, "notes.png", b"# Plan\n\nShip the files API first.\n")  # a name that lies
+    assert created.status_code == 201
+    body = created.json()
+    assert (body["content_type"], body["kind"], body["status"]) == ("text/plain", "document", "processing")
+    worker.run_due()  # R4: the text is read after the upload's commit, by the worker
+    stored = StoredFile.objects.get(pk=body["id"])
+    assert stored.status == "ready" and stored.text.startswith("# Plan")
+    picture = upload(api, "photo.txt", png()).json()
+    assert (picture["content_type"], picture["kind"], picture["status"]) == ("image/png", "image", "ready")
+    pdf = ready(api, "hello.pdf", (FIXTURES / "hello-world.pdf").read_bytes())
+    assert pdf["content_type"] == "application/pdf" and pdf["status"] == "ready"
+    assert "Hello World" in StoredFile.objects.get(pk=pdf["id"]).text
+    page = ready(api, "page.html", b"<html><head><script>steal()</script></head><body><p>Hi <b>there</b></p></body>")
+    assert page["content_type"] == "text/html" and StoredFile.objects.get(pk=page["id"]).text == "Hi\nthere"
+
+
+def test_x1_an_unreadable_file_says_why_and_bad_bytes_are_refused_storing_nothing(api, settings):
+    locked = ready(api, "locked.pdf", (FIXTURES / "locked.pdf").read_bytes())
+    assert locked["status"] == "failed" and "password" in locked["error"]
+    assert upload(api, "a.bin", b"\x00\x01\x02binary").status_code == 415
+    settings.ARBOR_FILE_MAX_BYTES = 1000
+    too_big = upload(api, "big.txt", b"x" * 1001)
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "too_large"
+    assert api.post("/api/files/", {}, format="multipart").status_code == 400
+    assert StoredFile.objects.count() == 1, "only the locked PDF was kept"
+
+
+def test_x1_files_are_private_and_their_bytes_never_show_as_a_page(api, other_api):
+    stored = ready(api, "evil.html", b"<html><body><script>alert(1)</script>hello</body></html>")
+    content = api.get(f"/api/files/{stored['id']}/content/")
+    assert content.status_code == 200 and b"".join(content.streaming_content).startswith(b"<html>")
+    assert content["Content-Disposition"].startswith("attachment") and content["X-Content-Type-Options"] == "nosniff"
+    assert "sandbox" in content["Content-Security-Policy"]
+    for path in (f"/api/files/{stored['id']}/", f"/api/files/{stored['id']}/content/"):
+        assert other_api.get(path).status_code == 404
+    assert other_api.delete(f"/api/files/{stored['id']}/").status_code == 404
+    assert other_api.get("/api/files/").json()["count"] == 0 and api.get("/api/files/").json()["count"] == 1
+
+
+def test_x1_echo_sees_an_image_as_an_image_part_and_a_document_as_its_text(api, conversation):
+    picture = upload(api, "cat.png", png()).json()
+    notes = ready(api, "notes.md", b"Meeting notes: ship on Friday.")
+    response = api.post(f"/api/conversations/{conversation.pk}/turns/",
+                        {"content": "What do these say?", "files": [picture["id"], notes["id"]]}, format="json")
+    assert response.status_code == 201, response.content
+    text = response.json()["answer"]
+    assert "echo: What do these say?" in text
+    assert "user:What do these say? [image cat.png] [file notes.md: Meeting notes: ship on Friday.]" in text
+    node = head(conversation)
+    assert node.sent[0]["files"] == [{"id": picture["id"], "name": "cat.png", "kind": "image"},
+                                     {"id": notes["id"], "name": "notes.md", "kind": "document"}]
+    assert set(SentFile.objects.filter(node=node).values_list("file_id", flat=True)) == {picture["id"], notes["id"]}
+    # A later call on the path gets the files again (they are the question's), read from the one stored copy.
+    follow = api.post(f"/api/conversations/{conversation.pk}/turns/", {"content": "and now?"}, format="json")
+    assert "user:What do these say? [image cat.png] [file notes.md: Meeting" in follow.json()["answer"]
+    # What the model saw, as a person reads it: the image as a link to its bytes, never the bytes again.
+    seen = call_context(node)
+    parts = seen[-1]["content"]
+    assert {"type": "image_url", "image_url": {"url": f"/api/files/{picture['id']}/content/"}} in parts
+
+
+def test_x1_a_regenerated_question_keeps_its_files_and_a_sent_file_cannot_be_deleted(api, conversation, user):
+    notes = ready(api, "notes.txt", b"The code word is marmalade.")
+    run_here(turn_ask(user=user, conversation_id=conversation.pk, content="Word?", files=[notes["id"]]))
+    again = run_here(turn_regenerate(user=user, conversation_id=conversation.pk))
+    assert "[file notes.txt: The code word is marmalade.]" in answer(again)
+    refused = api.delete(f"/api/files/{notes['id']}/")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "file_in_use"
+    assert StoredFile.objects.filter(pk=notes["id"]).exists()
+    unsent = ready(api, "draft.txt", b"draft")
+    assert api.delete(f"/api/files/{unsent['id']}/").status_code == 204
+    assert api.get(f"/api/files/{unsent['id']}/").status_code == 404
+    assert api.delete(f"/api/conversations/{conversation.pk}/").status_code == 204
+    assert api.delete(f"/api/files/{notes['id']}/").status_code == 204, "its conversation gone, the file may go"
+
+
+def test_x1_a_turn_with_a_file_not_yours_not_read_or_too_many_changes_nothing(api, other_api, conversation, settings):
+    theirs = ready(other_api, "theirs.txt", b"secret")
+    mine = upload(api, "slow.txt", b"not read yet").json()  # the worker has not run
+    for files, status in (([theirs["id"]], 404), ([mine["id"]], 409), ([10**12], 404)):
+        response = api.post(f"/api/conversations/{conversation.pk}/turns/", {"content": "hi", "files": files},
+                            format="json")
+        assert response.status_code == status, (files, response.content)
+    settings.ARBOR_FILES_PER_TURN = 1
+    worker.run_due()
+    second = ready(api, "two.txt", b"two")
+    response = api.post(f"/api/conversations/{conversation.pk}/turns/",
+                        {"content": "hi", "files": [mine["id"], second["id"]]}, format="json")
+    assert response.status_code == 400
+    assert Node.objects.count() == 0, "nothing was written for a refused question"
+
+
+def test_x1_a_model_that_cannot_see_refuses_an_image_before_any_call(api, conversation, stub, settings):
+    settings.ARBOR_MODELS = [*settings.ARBOR_MODELS, "openai/gpt-3.5-turbo"]
+    conversation.model = "openai/gpt-3.5-turbo"  # litellm's list: no vision
+    conversation.save()
+    picture = upload(api, "cat.png", png()).json()
+    response = api.post(f"/api/conversations/{conversation.pk}/turns/", {"content": "see?", "files": [picture["id"]]},
+                        format="json")
+    assert response.status_code == 400 and "cannot see images" in response.json()["error"]["message"]
+    assert stub.requests == [] and Node.objects.count() == 0
+
+
+def test_x1_a_real_server_gets_the_image_as_a_data_url_and_the_document_as_text(api, conversation, stub):
+    conversation.model = "openai/stub-model"
+    conversation.save()
+    picture = upload(api, "cat.png", png()).json()
+    notes = ready(api, "notes.csv", b"name,score\nada,3\n")
+    response = api.post(f"/api/conversations/{conversation.pk}/turns/",
+                        {"content": "Read these", "files": [picture["id"], notes["id"]]}, format="json")
+    assert response.status_code == 201, response.content
+    (request,) = stub.requests
+    parts = request["messages"][-1]["content"]
+    assert parts[0] == {"type": "text", "text": "Read these"}
+    image = next(part for part in parts if part["type"] == "image_url")
+    assert image["image_url"]["url"].startswith("data:image/png;base64,iVBORw0KGgo")
+    assert {"type": "text", "text": "[file notes.csv]\nname,score\nada,3"} in parts
+
+
+def test_x1_an_exported_conversation_imported_by_someone_else_names_its_files_and_reaches_none(
+        api, other_api, conversation, user):
+    """A file reference travels as a name, never as a way in: the importer's call gets a placeholder, not the
+    text of a file they do not own (the ids in an export are the exporter's)."""
+    secret = ready(api, "secret.txt", b"The vault code is 4711.")
+    run_here(turn_ask(user=user, conversation_id=conversation.pk, content="Keep this", files=[secret["id"]]))
+    export = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "json"})
+    document = b"".join(export.streaming_content)
+    assert b'"files"' in document, "the export keeps the question's references"
+    imported = other_api.generic("POST", "/api/conversations/import/", document, content_type="application/json")
+    assert imported.status_code == 201, imported.content
+    (copy,) = imported.json()["conversations"]
+    follow = other_api.post(f"/api/conversations/{copy['id']}/turns/", {"content": "What was the code?"},
+                            format="json")
+    assert follow.status_code == 201, follow.content
+    seen = follow.json()["answer"]
+    assert "seen: user:Keep this\n[file: secret.txt] | " in seen, "the imported question names its file"
+    assert "4711" not in seen and "[file secret.txt:" not in seen
+
+
+def test_x1_staff_see_a_conversations_files_with_size_status_and_the_nodes_that_sent_them(
+        api, conversation, user, admin_client):
+    notes = ready(api, "notes.txt", b"x" * 2048)
+    run_here(turn_ask(user=user, conversation_id=conversation.pk, content="Read", files=[notes["id"]]))
+    listing = admin_client.get("/admin/files/storedfile/", {"q": str(conversation.pk)})
+    assert listing.status_code == 200 and "notes.txt" in listing.content.decode() and "2.0" in listing.content.decode()
+    detail = admin_client.get(f"/admin/files/storedfile/{notes['id']}/change/").content.decode()
+    assert f"node {head(conversation).pk}" in detail and f"(conversation {conversation.pk})" in detail
+
+
+def test_x1_the_question_bubble_names_its_files_with_a_download_link(api, page, conversation, user):
+    notes = ready(api, "plan.md", b"# Plan")
+    run_here(turn_ask(user=user, conversation_id=conversation.pk, content="Read my plan", files=[notes["id"]]))
+    html = page.get(f"/chat/{conversation.pk}/").content.decode()
+    assert f'href="/api/files/{notes["id"]}/content/" download>📄 plan.md</a>' in html
