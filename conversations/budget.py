@@ -41,8 +41,14 @@ def budget_for(model: str) -> Budget:
 
 
 def items_tokens(items: Sequence[it.Item], *, model: str, provider: str | None) -> int:
-    """What `items` cost as messages for `model`: a node's own count."""
-    return llm.count_tokens(model, to_messages(items, provider=provider)) if items else 0
+    """What `items` cost as messages for `model`: a node's own count, its questions' files included (X1, C1)."""
+    return llm.count_tokens(model, to_messages(items, provider=provider)) + files_tokens(items) if items else 0
+
+
+def files_tokens(items: Sequence[it.Item]) -> int:
+    """What the files `items`' questions refer to add to a call: each reference's estimate, made once when it
+    was attached (`files.services.files_to_send`), so no file is read to count a path."""
+    return sum(ref.get("tokens", 0) for item in items if item.get("type") == "user" for ref in item.get("files", ()))
 
 
 def node_tokens(sent: Sequence[it.Item], received: Sequence[it.Item], *, model: str) -> int:
@@ -59,4 +65,4 @@ def call_tokens(path: Sequence[PathNode], new_items: Sequence[it.Item], *, model
     messages = to_messages(new_items, provider=provider)
     if instructions:
         messages.insert(0, {"role": "system", "content": instructions})
-    return (path[-1].path_tokens if path else 0) + llm.count_tokens(model, messages, tools)
+    return (path[-1].path_tokens if path else 0) + llm.count_tokens(model, messages, tools) + files_tokens(new_items)

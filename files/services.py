@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import ProtectedError
 
 from config.errors import ArborError, NotFound, TooLarge
-from conversations import outbox
+from conversations import llm, outbox
 from conversations.models import Project
 from files import extract
 from files.models import StoredFile
@@ -103,5 +103,45 @@ def files_to_send(*, user, file_ids: list[int]) -> list[dict[str, Any]]:
         if stored.status == StoredFile.Status.FAILED:
             raise ArborError(f"The file {stored.name!r} could not be read: {stored.error}", code="bad_input",
                              status=400)
-        references.append({"id": stored.pk, "name": stored.name, "kind": stored.kind})
+        references.append({"id": stored.pk, "name": stored.name, "kind": stored.kind, "sha256": stored.sha256,
+                           "tokens": _tokens(stored)})
     return references
+
+
+def resolve_pending(*, user, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`items` with the files the gateway read from content parts (`conversations.openai.parts`) made `user`'s
+    own: bytes are kept as a file (the same bytes again are the file kept before; a document is read now, since
+    the call needs its text), an id must name a file of theirs. Checked like any question's files
+    (`files_to_send`); nothing pending is ever stored."""
+    resolved = []
+    for item in items:
+        refs = item.get("files") if item.get("type") == "user" else None
+        if refs and any("pending" in ref for ref in refs):
+            ids = [ref["id"] if ref["pending"] == "id" else _kept(user, ref).pk for ref in refs]
+            item = {**item, "files": files_to_send(user=user, file_ids=ids)}
+        resolved.append(item)
+    return resolved
+
+
+def _kept(user, pending: dict[str, Any]) -> StoredFile:
+    """The file of `user` holding the pending bytes: one kept before (not one that failed), or a new one."""
+    same = StoredFile.objects.filter(owner=user, sha256=pending["sha256"]).exclude(
+        status=StoredFile.Status.FAILED).order_by("id").first()
+    stored = same or file_upload(user=user, name=pending["name"], data=pending["data"])
+    if stored.status == StoredFile.Status.PROCESSING:
+        extract_job({"file": stored.pk})  # the call needs the text now; the queued job then finds it read
+        stored.refresh_from_db()
+    return stored
+
+
+# What one image costs a call, about: OpenAI counts 765 tokens for a 1024x1024 picture in detail, Anthropic about
+# 1,600 for its largest; the larger, so compaction (C1) comes early rather than late.
+IMAGE_TOKENS = 1600
+
+
+def _tokens(stored: StoredFile) -> int:
+    """About what `stored` adds to a call (C1): an image's fixed cost, a document's text at four characters a
+    token, with its label."""
+    if stored.kind == StoredFile.Kind.IMAGE:
+        return IMAGE_TOKENS
+    return llm.estimate_tokens([{"type": "text", "text": f"[file {stored.name}]\n{stored.text}"}])

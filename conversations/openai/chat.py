@@ -22,6 +22,7 @@ from django.db.models import Q
 from config.errors import BadInput, NotFound, TooLarge
 from conversations import items as it
 from conversations.models import Conversation, Node
+from conversations.openai.parts import user_content
 from conversations.openai.shapes import instructions_text
 
 
@@ -36,6 +37,14 @@ def _text(content: Any, where: str) -> str:
     if len(text) > settings.ARBOR_MAX_CONTENT_CHARS:
         raise TooLarge(f"{where}: longer than {settings.ARBOR_MAX_CONTENT_CHARS} characters.")
     return text
+
+
+def _question(message: dict, where: str) -> it.Item:
+    """A user message as the question it is: its text and the files its parts carry (pending, X1)."""
+    text, files = user_content(message.get("content"), where)
+    if len(text) > settings.ARBOR_MAX_CONTENT_CHARS:
+        raise TooLarge(f"{where}: longer than {settings.ARBOR_MAX_CONTENT_CHARS} characters.")
+    return it.user(text, files)
 
 
 def _parts_text(content: Any, where: str) -> str:
@@ -109,7 +118,7 @@ def read_messages(messages: Any, *, field: str = "messages", positions: list[int
         elif role == "user":
             if turns[-1].received is not None:
                 turns.append(ListedTurn())
-            turns[-1].sent.append(it.user(_text(message.get("content"), where)))
+            turns[-1].sent.append(_question(message, where))
         elif role == "tool":
             if turns[-1].received is not None:
                 turns.append(ListedTurn())
@@ -133,8 +142,9 @@ def read_messages(messages: Any, *, field: str = "messages", positions: list[int
 
 
 def _same_sent(stored: list[it.Item], listed: list[it.Item]) -> bool:
-    def key(items):
-        return [(i["type"], i.get("text"), i.get("call_id"), i.get("content")) for i in items
+    def key(items):  # a question's files by their bytes: the same words with another picture are another question
+        return [(i["type"], i.get("text"), i.get("call_id"), i.get("content"),
+                 [ref.get("sha256") or ref.get("id") for ref in i.get("files", ())]) for i in items
                 if i.get("type") in ("user", "system", "tool_result") and not i.get("ephemeral")]
     return key(stored) == key(listed)
 

@@ -21,6 +21,7 @@ from conversations.models import Conversation, Node
 from conversations.openai.options import metadata_of
 from conversations.openai.shapes import input_items, input_items_of, output_of
 from conversations.selectors import history_path
+from files.services import resolve_pending
 
 PREFIX = "conv_"
 MAX_ADDED = 20  # items a create or an add may carry, as OpenAI's
@@ -47,16 +48,17 @@ def conversation_object(conversation: Conversation) -> dict[str, Any]:
             "created_at": int(conversation.created_at.timestamp()), "metadata": conversation.metadata or {}}
 
 
-def added_items(value: Any, conversation: Conversation | None = None) -> list[it.Item]:
-    """Items a caller adds: messages and the outputs of the head's open calls are read as a call's input is;
-    an answer (an assistant message or a function call) is refused, since only a call makes one here."""
+def added_items(user, value: Any, conversation: Conversation | None = None) -> list[it.Item]:
+    """Items `user` adds: messages (their files made the caller's, X1) and the outputs of the head's open calls
+    are read as a call's input is; an answer (an assistant message or a function call) is refused, since only a
+    call makes one here."""
     if not isinstance(value, list) or not value or len(value) > MAX_ADDED:
         raise BadInput(f"`items` must be a list of 1 to {MAX_ADDED} items.", param="items")
     for index, entry in enumerate(value):
         if isinstance(entry, dict) and (entry.get("type") == "function_call" or entry.get("role") == "assistant"):
             raise BadInput(f"items[{index}]: an answer is recorded by the call that makes it (responses.create "
                            "with this conversation); only input items are added here.", param="items")
-    return input_items(value, open_calls=open_calls(conversation))
+    return resolve_pending(user=user, items=input_items(value, open_calls=open_calls(conversation)))
 
 
 def open_calls(conversation: Conversation | None) -> dict[str, it.Item]:

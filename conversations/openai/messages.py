@@ -11,6 +11,7 @@ stream (`MessageEvents`); a message id is its node, `msg_<node id>`.
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -46,8 +47,9 @@ def _block_text(content: Any, where: str) -> str:
 
 
 def _user_messages(blocks: list[dict], where: str) -> list[dict]:
-    """A user turn's blocks: the tool results first (each a `tool` message), then its text as one user message."""
-    results, texts = [], []
+    """A user turn's blocks: the tool results first (each a `tool` message), then its text, images and documents
+    as one user message (Chat Completions parts, whose files `parts.user_content` reads)."""
+    results, parts = [], []
     for index, block in enumerate(blocks):
         kind = block.get("type")
         if kind == "tool_result":
@@ -55,11 +57,32 @@ def _user_messages(blocks: list[dict], where: str) -> list[dict]:
             results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": content,
                             "is_error": block.get("is_error") is True})
         elif kind == "text" and isinstance(block.get("text"), str):
-            texts.append(block["text"])
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind in ("image", "document"):
+            parts.append(_file_part(block, f"{where}.content[{index}]"))
         else:
-            raise BadInput(f"{where}.content[{index}]: this server reads text and tool_result blocks from the "
-                           f"user (got {kind!r}).")
-    return results + ([{"role": "user", "content": "\n".join(texts)}] if texts else [])
+            raise BadInput(f"{where}.content[{index}]: this server reads text, image, document and tool_result "
+                           f"blocks from the user (got {kind!r}).")
+    return results + ([{"role": "user", "content": parts}] if parts else [])
+
+
+def _file_part(block: dict, where: str) -> dict:
+    """An image or document block as a Chat Completions part: base64 sources as data URLs, a plain-text
+    document's text as a text file, a file id as it is; a URL source is refused (the server fetches nothing)."""
+    source = block.get("source") if isinstance(block.get("source"), dict) else {}
+    kind = source.get("type")
+    if kind == "base64" and isinstance(source.get("data"), str) and isinstance(source.get("media_type"), str):
+        url = f"data:{source['media_type']};base64,{source['data']}"
+    elif kind == "text" and isinstance(source.get("data"), str) and block["type"] == "document":
+        url = "data:text/plain;base64," + base64.b64encode(source["data"].encode()).decode()
+    elif kind == "file" and source.get("file_id") is not None:
+        return {"type": "file", "file": {"file_id": source["file_id"]}}
+    else:
+        raise BadInput(f"{where}.source: send the {block['type']} as base64 (or a document's text); this server "
+                       "fetches nothing from a URL.")
+    if block["type"] == "image":
+        return {"type": "image_url", "image_url": {"url": url}}
+    return {"type": "file", "file": {"file_data": url, "filename": block.get("title") or None}}
 
 
 def _assistant_message(blocks: list[dict], where: str) -> dict:

@@ -14,6 +14,7 @@ from django.conf import settings
 from config.errors import BadInput, NotFound, TooLarge
 from conversations import items as it
 from conversations.models import Node
+from conversations.openai.parts import user_content
 
 RESPONSE_PREFIX = "resp_"
 
@@ -130,10 +131,11 @@ def input_items(value: Any, *, open_calls: dict[str, it.Item] | None = None) -> 
         if make is None:
             raise BadInput(f"{where}.role: expected user, system or developer; earlier turns are named with "
                            "`previous_response_id`, not sent again.")
-        text = _message_text(entry.get("content"), where)
+        text, files = (user_content(entry.get("content"), where) if make is it.user
+                       else (_message_text(entry.get("content"), where), []))
         if len(text) > settings.ARBOR_MAX_CONTENT_CHARS:
             raise TooLarge(f"{where}: longer than {settings.ARBOR_MAX_CONTENT_CHARS} characters.")
-        items.append(make(text))
+        items.append(it.user(text, files) if make is it.user else make(text))
     if not any(item["type"] in ("user", "tool_result") for item in items):
         raise BadInput("`input` holds no user message.")
     # Results go first, as the model reads them: after the calls they answer, before a new question.
@@ -168,6 +170,8 @@ def _history_message(entry: Any, where: str, messages: list[dict[str, Any]]) -> 
             messages.append({"role": "assistant", "content": text})
         else:  # one answer: its text and calls together
             answer["content"] = "\n".join(filter(None, [answer["content"], text]))
+    elif kind == "message" and role == "user":  # its parts as they are: `chat.read_messages` reads their files
+        messages.append({"role": role, "content": entry.get("content")})
     elif kind == "message" and role in _ROLES:
         messages.append({"role": role, "content": _message_text(entry.get("content"), where)})
     else:

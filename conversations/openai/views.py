@@ -45,6 +45,7 @@ from conversations.turns import detached
 from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.start import turn_below
 from conversations.turns.streaming import follow_log_batches
+from files.services import resolve_pending
 
 logger = logging.getLogger("arbor.openai")
 
@@ -340,6 +341,9 @@ def _turn_from_list(request: Request, body: dict, model: str, turns: list[chat.L
 def _turn_in(user, conversation: Conversation | None, model: str, **start):
     """The call's turn (`turn_below`) in `conversation`, or in a new one (named by the worker after its first
     answer, R4) that goes again if the turn is refused: a refused request leaves nothing behind."""
+    start["items"] = resolve_pending(user=user, items=start["items"])  # X1: files sent in content parts
+    start["supplied"] = [(resolve_pending(user=user, items=sent), received)
+                         for sent, received in start.get("supplied", ())]
     created = conversation is None
     if created:
         conversation = services.conversation_create(owner=user, model=model, origin=Conversation.Origin.API)
@@ -379,7 +383,7 @@ class Conversations(GatewayView):
         if body is None:
             raise BadInput("The body must be a JSON object.")
         metadata = metadata_of(body) or {}
-        items = conversations.added_items(body["items"]) if body.get("items") is not None else []
+        items = conversations.added_items(request.user, body["items"]) if body.get("items") is not None else []
         conversation = services.conversation_create(owner=request.user, origin=Conversation.Origin.API)
         if items or metadata:
             conversation.metadata, conversation.pending_input = metadata, conversations.waiting(items)
@@ -412,7 +416,7 @@ class ConversationItems(GatewayView):
         found = conversations.conversation_named(request.user, conversation_id, field="id")
         body = request.data if isinstance(request.data, dict) else {}
         data = conversations.shown_waiting(conversations.add_pending(
-            found, conversations.added_items(body.get("items"), found)))
+            found, conversations.added_items(request.user, body.get("items"), found)))
         return Response({"object": "list", "data": data, "first_id": data[0]["id"] if data else "",
                          "last_id": data[-1]["id"] if data else "", "has_more": False})
 

@@ -98,8 +98,9 @@ def test_x1_echo_sees_an_image_as_an_image_part_and_a_document_as_its_text(api, 
     assert "echo: What do these say?" in text
     assert "user:What do these say? [image cat.png] [file notes.md: Meeting notes: ship on Friday.]" in text
     node = head(conversation)
-    assert node.sent[0]["files"] == [{"id": picture["id"], "name": "cat.png", "kind": "image"},
-                                     {"id": notes["id"], "name": "notes.md", "kind": "document"}]
+    assert [{k: ref[k] for k in ("id", "name", "kind")} for ref in node.sent[0]["files"]] == [
+        {"id": picture["id"], "name": "cat.png", "kind": "image"},
+        {"id": notes["id"], "name": "notes.md", "kind": "document"}]
     assert set(SentFile.objects.filter(node=node).values_list("file_id", flat=True)) == {picture["id"], notes["id"]}
     # A later call on the path gets the files again (they are the question's), read from the one stored copy.
     follow = api.post(f"/api/conversations/{conversation.pk}/turns/", {"content": "and now?"}, format="json")
@@ -203,3 +204,18 @@ def test_x1_the_question_bubble_names_its_files_with_a_download_link(api, page, 
     run_here(turn_ask(user=user, conversation_id=conversation.pk, content="Read my plan", files=[notes["id"]]))
     html = page.get(f"/chat/{conversation.pk}/").content.decode()
     assert f'href="/api/files/{notes["id"]}/content/" download>📄 plan.md</a>' in html
+
+
+def test_c1_a_questions_files_count_in_its_nodes_tokens(api, conversation, user):
+    """C1: compaction knows what a file adds to every later call, without reading the file to count a path."""
+    long = ready(api, "long.txt", b"lorem ipsum " * 2000)  # 24,000 characters: about 6,000 tokens
+    picture = upload(api, "cat.png", png()).json()
+    plain = run_here(turn_ask(user=user, conversation_id=conversation.pk, content="plain"))
+    plain_tokens = Node.objects.get(pk=plain[-1].data["head"]).tokens
+    with_files = run_here(turn_ask(user=user, conversation_id=conversation.pk, content="plain",
+                                   files=[long["id"], picture["id"]]))
+    node = Node.objects.get(pk=with_files[-1].data["head"])
+    (text_ref, image_ref) = node.sent[0]["files"]
+    assert 5900 < text_ref["tokens"] < 6200 and image_ref["tokens"] == 1600
+    assert node.tokens >= plain_tokens + text_ref["tokens"] + image_ref["tokens"]
+    assert node.path_tokens >= node.tokens

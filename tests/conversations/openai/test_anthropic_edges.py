@@ -31,7 +31,7 @@ def v1(user) -> APIClient:
 
 BAD = [
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content: expected text"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "reads text and tool_result"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "send the image as base64"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
                                                  "content": [{"type": "image"}]}]}]}, "only text is read"),
     ({"messages": [*HI, {"role": "assistant", "content": [{"type": "tool_use", "name": "f"}]}, *HI]},
