@@ -219,6 +219,11 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "config.schema.error_responses",
                              "conversations.apis.schema.turn_links"],
     "SERVE_INCLUDE_SCHEMA": False,  # /api/schema/ describes the API, not itself
+    # A node's kind and status, and a file's (issue 29): each choice set named for what it belongs to.
+    "ENUM_NAME_OVERRIDES": {"NodeKindEnum": "conversations.models.NodeKind",
+                            "NodeStatusEnum": "conversations.models.NodeStatus",
+                            "FileKindEnum": "files.models.StoredFile.Kind",
+                            "FileStatusEnum": "files.models.StoredFile.Status"},
 }
 
 # Arbor itself.
