@@ -166,3 +166,14 @@ def test_x1_anthropic_pdf_by_base64_and_a_file_by_id(asgi_server, key, api):
     with pytest.raises(anthropic.BadRequestError, match="fetches nothing"):
         client.messages.create(model=MODEL, max_tokens=64, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]}])
+
+
+def test_x1_a_malformed_upload_under_daphne_gets_the_apis_json_error(asgi_server, key):
+    """Daphne (Twisted) would answer a malformed multipart body itself, an empty 400 (found by the fuzz); Django
+    reads uploads, so the refusal says what is wrong."""
+    import httpx
+
+    response = httpx.post(f"{asgi_server.url}/api/files/", content=b"--b--\r\n", headers={
+        "Authorization": f"Token {key}", "Content-Type": "multipart/form-data; boundary=b"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "bad_input"
+    assert StoredFile.objects.count() == 0
