@@ -103,9 +103,23 @@ def files_to_send(*, user, file_ids: list[int]) -> list[dict[str, Any]]:
         if stored.status == StoredFile.Status.FAILED:
             raise ArborError(f"The file {stored.name!r} could not be read: {stored.error}", code="bad_input",
                              status=400)
-        references.append({"id": stored.pk, "name": stored.name, "kind": stored.kind, "sha256": stored.sha256,
-                           "tokens": _tokens(stored)})
+        references.append(reference(stored))
     return references
+
+
+def reference(stored: StoredFile) -> dict[str, Any]:
+    """What a question keeps of a file (X1): its id, name and kind, its bytes' digest (a resent list is matched
+    by it) and what it adds to a call (C1)."""
+    return {"id": stored.pk, "name": stored.name, "kind": stored.kind, "sha256": stored.sha256,
+            "tokens": _tokens(stored)}
+
+
+def imported_files(*, user, files: dict[Any, dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+    """The files an import carries (by the file's own key: name and bytes) as `user`'s, each a question's
+    reference: the same bytes kept before are that file; a document is read now, so the conversation goes on
+    at once."""
+    return {key: reference(_kept(user, {**entry, "sha256": hashlib.sha256(entry["data"]).hexdigest()}))
+            for key, entry in files.items()}
 
 
 def resolve_pending(*, user, items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -3,11 +3,15 @@ approvals), exported and imported back losslessly."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from array import array
 from collections.abc import Iterator
 from typing import Any
 
+from django.conf import settings
+from django.core.files.storage import default_storage
 from django.db import transaction
 
 from conversations import items as it
@@ -32,6 +36,8 @@ from conversations.transfer.plan import (
     write,
 )
 from conversations.turns.calls import needs_approval
+from files.models import SentFile, StoredFile
+from files.sniff import UnsupportedFile, sniff
 
 TREE_FORMAT = "arbor.tree"
 
@@ -65,6 +71,8 @@ def tree_chunks(conversation: Conversation) -> Iterator[str]:
         yield ', "approvals": '
         yield from json_array(_rows(ids, ToolApproval, {"node": "node_id", "call_id": "call_id",
                                                         "approved": "approved", "result": "result"}))
+        yield ', "files": '
+        yield from json_array(_files(ids, conversation.owner_id))
         yield "}"
 
 
@@ -82,6 +90,18 @@ def _nodes(ids: array) -> Iterator[dict[str, Any]]:
             yield {"id": n["id"], "parent": n["parent_id"], "compacted_from": n["compacted_from_id"],
                    "summary_call": n["summary_call_id"], **{f: n[f] for f in NODE_FIELDS},
                    "created_at": _iso(n["created_at"]), "finished_at": _iso(n["finished_at"])}
+
+
+def _files(ids: array, owner_id: int) -> Iterator[dict[str, Any]]:
+    """The owner's files the nodes sent (X1), each once, its bytes in base64: the import makes them the
+    importer's files again."""
+    sent: set[int] = set()
+    for chunk in id_chunks(ids):
+        sent.update(SentFile.objects.filter(node_id__in=chunk).values_list("file_id", flat=True))
+    for stored in StoredFile.objects.filter(pk__in=sent, owner_id=owner_id).order_by("id"):
+        with default_storage.open(stored.blob.name, "rb") as handle:
+            data = base64.b64encode(handle.read()).decode()
+        yield {"id": stored.pk, "name": stored.name, "content_type": stored.content_type, "data": data}
 
 
 def _rows(ids: array, model, fields: dict[str, str]) -> Iterator[dict[str, Any]]:
@@ -110,7 +130,8 @@ def _tree_plan(document: dict[str, Any]) -> Plan:
     if len(starred) > 1:
         raise ImportRefused(f"nodes: {len(starred)} nodes are starred; a conversation has one star at most.")
     _attach_bubbles_and_approvals(document, nodes)
-    plan = Plan(title=text_field(meta.get("title", ""), "conversation.title", limit=200),
+    files = _carried_files(document)
+    plan = Plan(files=files, title=text_field(meta.get("title", ""), "conversation.title", limit=200),
                 model=offered_model(text_field(meta.get("model", ""), "conversation.model", limit=200)),
                 instructions=text_field(meta.get("instructions", ""), "conversation.instructions", limit=20000),
                 head=meta.get("head"), nodes=nodes, retrieval=meta.get("retrieval") is True,
@@ -118,6 +139,31 @@ def _tree_plan(document: dict[str, Any]) -> Plan:
     check_graph(plan)
     _tool_bubbles_from_calls(nodes)  # once every parent is known to be a node of the file
     return plan
+
+
+def _carried_files(document: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+    """The files the document carries (`files`: id, name, base64 bytes), each checked as an upload is: bounded,
+    and a kind of file Arbor reads."""
+    carried: dict[Any, dict[str, Any]] = {}
+    total = 0
+    for index, raw in enumerate(_entries(document, "files")):
+        where = f"files[{index}]"
+        if not isinstance(raw, dict) or not isinstance(raw.get("id"), int | str) or isinstance(raw.get("id"), bool):
+            raise ImportRefused(f"{where}: each file needs an `id`.")
+        try:
+            data = base64.b64decode(raw.get("data") if isinstance(raw.get("data"), str) else "", validate=True)
+        except (binascii.Error, ValueError):
+            raise ImportRefused(f"{where}.data: not base64.") from None
+        total += len(data)
+        if len(data) > settings.ARBOR_FILE_MAX_BYTES or total > settings.ARBOR_IMPORT_MAX_BYTES:
+            raise ImportRefused(f"{where}: the files are larger than this server takes.")
+        name = text_field(raw.get("name", ""), f"{where}.name", limit=255) or "file"
+        try:
+            sniff(data, name)
+        except UnsupportedFile as refused:
+            raise ImportRefused(f"{where}: {refused.message}") from None
+        carried[raw["id"]] = {"name": name, "data": data}
+    return carried
 
 
 def _tree_node(raw: Any, where: str) -> PlannedNode:

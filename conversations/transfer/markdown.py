@@ -11,7 +11,9 @@ from conversations.transfer.chunks import joined, snapshot
 
 def _lines(bubble: ShownBubble) -> list[str]:
     if bubble.role == Bubble.Role.USER:
-        return ["## Question", "", bubble.content, ""]
+        files = [f"- {'Image' if f.get('kind') == 'image' else 'File'}: {f.get('name', '')}"
+                 for f in (bubble.data or {}).get("files", ())]  # X1: named; the bytes stay in Arbor
+        return ["## Question", "", bubble.content, "", *([*files, ""] if files else [])]
     if bubble.role == Bubble.Role.ASSISTANT:
         return ["## Answer", "", bubble.content, ""]
     if bubble.role == Bubble.Role.TOOL:

@@ -26,6 +26,8 @@ from config.errors import BadInput, TooLarge
 from conversations import budget, outbox, services
 from conversations import items as it
 from conversations.models import Bubble, Conversation, Node, ToolApproval
+from files.models import SentFile
+from files.services import imported_files
 
 _BATCH = 1000
 
@@ -54,6 +56,7 @@ class Plan:
     nodes: dict[Any, PlannedNode]
     retrieval: bool = False
     keep_retrieved: bool = False
+    files: dict[Any, dict[str, Any]] = field(default_factory=dict)  # the file's own key -> name and bytes (X1)
 
 
 def text_field(value: Any, where: str, *, limit: int | None = None, blank: bool = True) -> str:
@@ -87,22 +90,28 @@ def item_field(item: Any, where: str) -> dict[str, Any]:
     for key, kind in it.ITEM_FIELDS[item["type"]].items():
         if not isinstance(item.get(key), kind):
             raise ImportRefused(f"{where}.{key}: missing, or not {kind.__name__}.")
-    if "files" in item:  # X1: ids of another server's (or person's) files name none of the importer's: their names
-        item = _files_named(item, where)
+    if "files" in item:
+        item = _file_refs(item, where)
     for key, text in item.items():
         if isinstance(text, str):
             text_field(text, f"{where}.{key}")
     return item
 
 
-def _files_named(item: dict[str, Any], where: str) -> dict[str, Any]:
-    """A question's file references as placeholders in its text (the importer's files are never reached by id)."""
-    refs = item["files"] if isinstance(item["files"], list) else []
-    names = [f"[{'image' if ref.get('kind') == 'image' else 'file'}: {ref.get('name', '')}]" for ref in refs
-             if isinstance(ref, dict) and isinstance(ref.get("name", ""), str)]
-    kept = {key: value for key, value in item.items() if key != "files"}
-    kept["text"] = text_field("\n".join([item["text"], *names]) if names else item["text"], f"{where}.text")
-    return kept
+def _file_refs(item: dict[str, Any], where: str) -> dict[str, Any]:
+    """A question's file references as the file says them (X1): each an id of the file's own `files` and a name.
+    Only the writer makes them the importer's (`write`); an id is never looked up among anyone's files."""
+    refs = item["files"]
+    if not isinstance(refs, list) or len(refs) > settings.ARBOR_FILES_PER_TURN:
+        raise ImportRefused(f"{where}.files: a list of at most {settings.ARBOR_FILES_PER_TURN} file references.")
+    kept = []
+    for index, ref in enumerate(refs):
+        at = f"{where}.files[{index}]"
+        if not isinstance(ref, dict) or not isinstance(ref.get("id"), int | str) or isinstance(ref.get("id"), bool):
+            raise ImportRefused(f"{at}: a file reference has an `id`.")
+        kind = ref.get("kind") if ref.get("kind") in ("image", "document") else "document"
+        kept.append({"id": ref["id"], "name": text_field(ref.get("name", ""), f"{at}.name", limit=255), "kind": kind})
+    return {**item, "files": kept}
 
 
 def choice_field(value: Any, choices, where: str) -> str:
@@ -240,11 +249,39 @@ def _allocate_ids(count: int) -> Iterator[int]:
         return iter(range(start, start + count))
 
 
+def _with_files(items: list[dict[str, Any]], kept: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Items whose file references name the importer's files (`kept`, by the file's key); a reference to a file
+    the import does not carry becomes its name in the question's text, a placeholder a person and a model read."""
+    made = []
+    for item in items:
+        if item.get("files"):
+            refs = [kept[ref["id"]] for ref in item["files"] if ref["id"] in kept]
+            names = [f"[{ref['kind'] if ref['kind'] == 'image' else 'file'}: {ref['name']}]" for ref in item["files"]
+                     if ref["id"] not in kept]
+            item = {key: value for key, value in item.items() if key != "files"}
+            item["text"] = "\n".join([item["text"], *names]) if names else item["text"]
+            if refs:
+                item["files"] = refs
+        made.append(item)
+    return made
+
+
+def _bubble_files(bubble: dict[str, Any], kept: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    """A question bubble names the importer's files, never ids of the file's."""
+    files = (bubble.get("data") or {}).get("files") if isinstance(bubble.get("data"), dict) else None
+    if not files:
+        return bubble
+    refs = [kept[ref["id"]] for ref in files if isinstance(ref, dict) and ref.get("id") in kept]
+    data = {key: value for key, value in bubble["data"].items() if key != "files"}
+    return {**bubble, "data": {**data, "files": refs} if refs else data}
+
+
 def write(*, owner, plan: Plan) -> Conversation:
     conversation = Conversation.objects.create(owner=owner, title=plan.title, model=plan.model,
                                                instructions=plan.instructions, retrieval=plan.retrieval,
                                                keep_retrieved=plan.keep_retrieved)
     ordered = order(plan)
+    kept = imported_files(user=owner, files=plan.files)
     # Ids follow the file's order, not the insert order: "latest" (the largest id) means the same here
     # as where the tree came from, so switching branches lands on the same tips (T8).
     ids = dict(zip(plan.nodes, _allocate_ids(len(plan.nodes)), strict=True))
@@ -253,8 +290,8 @@ def write(*, owner, plan: Plan) -> Conversation:
     model = conversation.effective_model
     for planned in ordered:  # parents first, so path_tokens is the parent's plus the node's own
         # C1: counted for the conversation's model, whatever the file says
-        fields = {**planned.fields, "tokens": budget.node_tokens(planned.fields.get("sent") or [],
-                                                                 planned.fields.get("received") or [], model=model)}
+        fields = {**planned.fields, "sent": _with_files(planned.fields.get("sent") or [], kept)}
+        fields["tokens"] = budget.node_tokens(fields["sent"], planned.fields.get("received") or [], model=model)
         path_tokens[planned.key] = fields["tokens"] + (path_tokens[planned.parent] if planned.parent is not None else 0)
         rows.append(Node(
             id=ids[planned.key], conversation=conversation, path_tokens=path_tokens[planned.key],
@@ -262,9 +299,11 @@ def write(*, owner, plan: Plan) -> Conversation:
             summary_call_id=ids.get(planned.summary_call), **fields,
         ))
     Node.objects.bulk_create(rows, batch_size=_BATCH)
+    SentFile.objects.bulk_create([SentFile(node_id=row.pk, file_id=file_id) for row in rows
+                                  for file_id in dict.fromkeys(it.file_ids(row.sent))], batch_size=_BATCH)
     Bubble.objects.bulk_create(
-        [Bubble(conversation=conversation, node_id=ids[p.key], **b) for p in ordered for b in p.bubbles],
-        batch_size=_BATCH)
+        [Bubble(conversation=conversation, node_id=ids[p.key], **_bubble_files(b, kept)) for p in ordered
+         for b in p.bubbles], batch_size=_BATCH)
     ToolApproval.objects.bulk_create(
         [ToolApproval(node_id=ids[p.key], decided_by=owner, **a) for p in ordered for a in p.approvals],
         batch_size=_BATCH)

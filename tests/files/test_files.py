@@ -7,6 +7,8 @@ resources/hello-world.pdf and resources/encryption/r6-user-password.pdf, commit 
 
 from __future__ import annotations
 
+import base64
+import json
 import struct
 import zlib
 from pathlib import Path
@@ -169,24 +171,52 @@ def test_x1_a_real_server_gets_the_image_as_a_data_url_and_the_document_as_text(
     assert {"type": "text", "text": "[file notes.csv]\nname,score\nada,3"} in parts
 
 
-def test_x1_an_exported_conversation_imported_by_someone_else_names_its_files_and_reaches_none(
-        api, other_api, conversation, user):
-    """A file reference travels as a name, never as a way in: the importer's call gets a placeholder, not the
-    text of a file they do not own (the ids in an export are the exporter's)."""
+def test_x1_an_export_carries_its_files_and_an_import_makes_them_the_importers(api, other_api, conversation, user,
+                                                                              other_user):
+    """Arbor JSON carries the files a conversation's questions sent (base64) and imports back whole: the importer
+    gets them as files of their own, and the next call sees them as before."""
+    secret = ready(api, "secret.txt", b"The vault code is 4711.")
+    picture = upload(api, "cat.png", png()).json()
+    run_here(turn_ask(user=user, conversation_id=conversation.pk, content="Keep this",
+                      files=[secret["id"], picture["id"]]))
+    document = json.loads(b"".join(api.get(f"/api/conversations/{conversation.pk}/export/",
+                                           {"format": "json"}).streaming_content))
+    assert [(f["name"], base64.b64decode(f["data"])[:4]) for f in document["files"]] == [
+        ("secret.txt", b"The "), ("cat.png", b"\x89PNG")]
+    imported = other_api.post("/api/conversations/import/", document, format="json")
+    assert imported.status_code == 201, imported.content
+    (copy,) = imported.json()["conversations"]
+    theirs = StoredFile.objects.filter(owner=other_user).order_by("id")
+    assert [(f.name, f.status) for f in theirs] == [("secret.txt", "ready"), ("cat.png", "ready")]
+    follow = other_api.post(f"/api/conversations/{copy['id']}/turns/", {"content": "What was the code?"},
+                            format="json")
+    assert "seen: user:Keep this [file secret.txt: The vault code is 4711.] [image cat.png] | " in \
+        follow.json()["answer"]
+    (question,) = [n for n in Node.objects.filter(conversation_id=copy["id"]) if n.sent and n.sent[0].get("files")]
+    assert {ref["id"] for ref in question.sent[0]["files"]} == set(theirs.values_list("pk", flat=True))
+    assert SentFile.objects.filter(node=question).count() == 2
+
+
+def test_x1_a_reference_the_import_does_not_carry_is_a_name_never_someones_file(api, other_api, conversation, user):
+    """A crafted file naming another person's file id (without carrying it) reaches nothing: the reference is
+    the file's name in the question's text."""
     secret = ready(api, "secret.txt", b"The vault code is 4711.")
     run_here(turn_ask(user=user, conversation_id=conversation.pk, content="Keep this", files=[secret["id"]]))
-    export = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "json"})
-    document = b"".join(export.streaming_content)
-    assert b'"files"' in document, "the export keeps the question's references"
-    imported = other_api.generic("POST", "/api/conversations/import/", document, content_type="application/json")
-    assert imported.status_code == 201, imported.content
+    document = json.loads(b"".join(api.get(f"/api/conversations/{conversation.pk}/export/",
+                                           {"format": "json"}).streaming_content))
+    document["files"] = []
+    imported = other_api.post("/api/conversations/import/", document, format="json")
     (copy,) = imported.json()["conversations"]
     follow = other_api.post(f"/api/conversations/{copy['id']}/turns/", {"content": "What was the code?"},
                             format="json")
-    assert follow.status_code == 201, follow.content
     seen = follow.json()["answer"]
-    assert "seen: user:Keep this\n[file: secret.txt] | " in seen, "the imported question names its file"
-    assert "4711" not in seen and "[file secret.txt:" not in seen
+    assert "seen: user:Keep this\n[file: secret.txt] | " in seen and "4711" not in seen
+    for bad, error in ((["x"], "files[0]: each file needs an `id`"),
+                       ([{"id": 1, "name": "a", "data": "@@"}], "files[0].data: not base64"),
+                       ([{"id": 1, "name": "a.bin", "data": base64.b64encode(b"\x00\x01").decode()}],
+                        "files[0]: This kind of file cannot be read")):
+        refused = other_api.post("/api/conversations/import/", {**document, "files": bad}, format="json")
+        assert refused.status_code == 400 and error in str(refused.json()), refused.json()
 
 
 def test_x1_staff_see_a_conversations_files_with_size_status_and_the_nodes_that_sent_them(
@@ -204,6 +234,8 @@ def test_x1_the_question_bubble_names_its_files_with_a_download_link(api, page, 
     run_here(turn_ask(user=user, conversation_id=conversation.pk, content="Read my plan", files=[notes["id"]]))
     html = page.get(f"/chat/{conversation.pk}/").content.decode()
     assert f'href="/api/files/{notes["id"]}/content/" download>📄 plan.md</a>' in html
+    markdown = b"".join(api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "md"}).streaming_content)
+    assert "## Question\n\nRead my plan\n\n- File: plan.md\n" in markdown.decode()
 
 
 def test_c1_a_questions_files_count_in_its_nodes_tokens(api, conversation, user):
