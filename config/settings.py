@@ -163,10 +163,24 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "var" / "static"
 # Issue 29 (X1): people's files, through Django's storage API: the local file system under var/ by default.
+# ARBOR_FILES_S3_BUCKET puts them on an S3-compatible store (django-storages; ARBOR_FILES_S3_ENDPOINT for one that is
+# not AWS, credentials as boto3 reads them: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY). The bytes are private there:
+# only Arbor reads them, and serves them to their owner (no public or signed URL is ever handed out).
 ARBOR_FILES_DIR = Path(os.environ.get("ARBOR_FILES_DIR") or BASE_DIR / "var" / "files")
+
+
+def files_storage(bucket: str | None, endpoint: str | None = None, region: str | None = None) -> dict:
+    if not bucket:
+        return {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                "OPTIONS": {"location": str(ARBOR_FILES_DIR), "base_url": "/api/files/"}}
+    return {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {
+        "bucket_name": bucket, "endpoint_url": endpoint or None, "region_name": region or None,
+        "default_acl": "private", "querystring_auth": True, "file_overwrite": True}}
+
+
 STORAGES = {
-    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage",
-                "OPTIONS": {"location": str(ARBOR_FILES_DIR), "base_url": "/api/files/"}},
+    "default": files_storage(os.environ.get("ARBOR_FILES_S3_BUCKET"), os.environ.get("ARBOR_FILES_S3_ENDPOINT"),
+                             os.environ.get("ARBOR_FILES_S3_REGION")),
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 ARBOR_FILE_MAX_BYTES = int(os.environ.get("ARBOR_FILE_MAX_BYTES", str(25 * 1024 * 1024)))
