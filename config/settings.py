@@ -186,6 +186,8 @@ STORAGES = {
 ARBOR_FILE_MAX_BYTES = int(os.environ.get("ARBOR_FILE_MAX_BYTES", str(25 * 1024 * 1024)))
 ARBOR_FILE_TEXT_MAX_CHARS = int(os.environ.get("ARBOR_FILE_TEXT_MAX_CHARS", "200000"))  # D5: a document's text
 ARBOR_FILES_PER_TURN = int(os.environ.get("ARBOR_FILES_PER_TURN", "10"))
+# A document longer than this goes to a call as its parts that bear on the question (files/chunks.py, R2).
+ARBOR_FILE_WHOLE_CHARS = int(os.environ.get("ARBOR_FILE_WHOLE_CHARS", "24000"))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/chat/"

@@ -149,8 +149,9 @@ def user_content(item: Item, attached: Mapping[int, dict[str, Any]] | None = Non
         elif ref["kind"] == "image":
             parts += [{"type": "text", "text": f"[image {ref['name']}]"},
                       {"type": "image_url", "image_url": {"url": content["url"]}}]
-        else:
-            parts.append({"type": "text", "text": f"[file {ref['name']}]\n{content['text']}"})
+        else:  # a large document's label says which of its parts came (R2: retrieved for this call)
+            label = f"{ref['name']}, {content['parts']}" if content.get("parts") else ref["name"]
+            parts.append({"type": "text", "text": f"[file {label}]\n{content['text']}"})
     return parts
 
 

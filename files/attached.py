@@ -8,9 +8,11 @@ import base64
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from django.conf import settings
 from django.core.files.storage import default_storage
 
 from conversations import items as it
+from files.chunks import best_chunks
 from files.models import StoredFile
 
 
@@ -19,10 +21,14 @@ def contents(owner_id: int, path: Sequence[Any], new_items: Iterable[it.Item] = 
     """The contents, by file id, of `owner_id`'s files that the questions on `path` (nodes with `sent`) and
     `new_items` refer to: one query, then one storage read an image. A file deleted since, or another person's
     (a reference no upload of this person made), is left out: its label stays, its bytes never go.
-    `images_linked`: an image is its content URL instead of its bytes (what a person reads of a call)."""
-    ids = [*(i for node in path for i in it.file_ids(node.sent)), *it.file_ids(list(new_items))]
+    `images_linked`: an image is its content URL instead of its bytes (what a person reads of a call).
+    A document longer than ARBOR_FILE_WHOLE_CHARS is its parts that bear on the call's question (`chunks`)."""
+    new_items = list(new_items)
+    ids = [*(i for node in path for i in it.file_ids(node.sent)), *it.file_ids(new_items)]
     if not ids:
         return {}
+    question = next((q for q in (it.question_of(items) for items in [new_items, *(n.sent for n in reversed(path))])
+                     if q is not None), "")
     found: dict[int, dict[str, Any]] = {}
     mine = StoredFile.objects.filter(pk__in=set(ids), owner_id=owner_id)
     for stored in mine.only("pk", "kind", "content_type", "blob", "text"):
@@ -33,5 +39,14 @@ def contents(owner_id: int, path: Sequence[Any], new_items: Iterable[it.Item] = 
                 data = base64.b64encode(handle.read()).decode()
             found[stored.pk] = {"url": f"data:{stored.content_type};base64,{data}"}
         else:
-            found[stored.pk] = {"text": stored.text}
+            found[stored.pk] = _document(stored.text, question)
     return found
+
+
+def _document(text: str, question: str) -> dict[str, Any]:
+    """A document as a call gets it: whole, or (R2) its best parts for `question`, said as such."""
+    if len(text) <= settings.ARBOR_FILE_WHOLE_CHARS:
+        return {"text": text}
+    chosen, parts, total = best_chunks(text, question, settings.ARBOR_FILE_WHOLE_CHARS)
+    numbers = ", ".join(str(index + 1) for index in chosen)
+    return {"text": "\n[…]\n".join(parts), "parts": f"parts {numbers} of {total}, chosen for this question"}

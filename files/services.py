@@ -158,4 +158,5 @@ def _tokens(stored: StoredFile) -> int:
     token, with its label."""
     if stored.kind == StoredFile.Kind.IMAGE:
         return IMAGE_TOKENS
-    return llm.estimate_tokens([{"type": "text", "text": f"[file {stored.name}]\n{stored.text}"}])
+    sent = stored.text[:settings.ARBOR_FILE_WHOLE_CHARS]  # a large document goes as its best parts (`chunks`)
+    return llm.estimate_tokens([{"type": "text", "text": f"[file {stored.name}]\n{sent}"}])
