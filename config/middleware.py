@@ -65,5 +65,5 @@ class _SyncViewsStraight:
         return self.get_response(request)
 
     def process_view(self, request: HttpRequest, view: Callable, args: tuple, kwargs: dict) -> HttpResponseBase | None:
-        sync_view = getattr(view, "sync_view", None)
-        return sync_view(request, *args, **kwargs) if sync_view else None
+        wrapper, sync_view = getattr(view, "sync_view", (None, None))
+        return sync_view(request, *args, **kwargs) if wrapper is view else None

@@ -186,6 +186,12 @@ STORAGES = {
 ARBOR_FILE_MAX_BYTES = int(os.environ.get("ARBOR_FILE_MAX_BYTES", str(25 * 1024 * 1024)))
 ARBOR_FILE_TEXT_MAX_CHARS = int(os.environ.get("ARBOR_FILE_TEXT_MAX_CHARS", "200000"))  # D5: a document's text
 ARBOR_FILES_PER_TURN = int(os.environ.get("ARBOR_FILES_PER_TURN", "10"))
+# An image goes to a model whole: at most what providers take (Anthropic: 5 MB an image), and at most this many bytes
+# of images in one call, the newest first (older ones go as their names).
+ARBOR_IMAGE_MAX_BYTES = int(os.environ.get("ARBOR_IMAGE_MAX_BYTES", str(5 * 1024 * 1024)))
+ARBOR_CALL_IMAGE_MAX_BYTES = int(os.environ.get("ARBOR_CALL_IMAGE_MAX_BYTES", str(20 * 1024 * 1024)))
+# A /v1 call's body, its images and files inside it in base64: room for one file of the largest size (issue 29).
+ARBOR_GATEWAY_MAX_BODY_BYTES = int(os.environ.get("ARBOR_GATEWAY_MAX_BODY_BYTES", str(40 * 1024 * 1024)))
 # A document longer than this goes to a call as its parts that bear on the question (files/chunks.py, R2).
 ARBOR_FILE_WHOLE_CHARS = int(os.environ.get("ARBOR_FILE_WHOLE_CHARS", "24000"))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

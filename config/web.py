@@ -110,7 +110,9 @@ def off_the_shared_thread(view: Callable) -> Callable:
     for attribute in ("cls", "initkwargs", "csrf_exempt", "view_class", "view_initkwargs"):
         if hasattr(view, attribute):
             setattr(wrapper, attribute, getattr(view, attribute))
-    wrapper.sync_view = view  # called straight under WSGI (config.middleware.sync_views_straight_under_wsgi)
+    # Called straight under WSGI (config.middleware.sync_views_straight_under_wsgi), but only as this wrapper: a
+    # decorator around it (require_POST) copies its attributes, and must not be skipped.
+    wrapper.sync_view = (wrapper, view)
     return wrapper
 
 

@@ -5,6 +5,7 @@ assembled, never copied per call."""
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -14,6 +15,8 @@ from django.core.files.storage import default_storage
 from conversations import items as it
 from files.chunks import best_chunks
 from files.models import StoredFile
+
+logger = logging.getLogger("arbor.files")
 
 
 def contents(owner_id: int, path: Sequence[Any], new_items: Iterable[it.Item] = (), *, images_linked: bool = False
@@ -30,13 +33,26 @@ def contents(owner_id: int, path: Sequence[Any], new_items: Iterable[it.Item] = 
     question = next((q for q in (it.question_of(items) for items in [new_items, *(n.sent for n in reversed(path))])
                      if q is not None), "")
     found: dict[int, dict[str, Any]] = {}
+    newest_first: dict[int, int] = {}
+    for place, file_id in enumerate(reversed(ids)):
+        newest_first.setdefault(file_id, place)
+    images_left = settings.ARBOR_CALL_IMAGE_MAX_BYTES  # the newest images first; older ones go as their names
     mine = StoredFile.objects.filter(pk__in=set(ids), owner_id=owner_id)
-    for stored in mine.only("pk", "kind", "content_type", "blob", "text"):
+    for stored in sorted(mine.only("pk", "kind", "content_type", "blob", "text", "size"),
+                         key=lambda f: newest_first.get(f.pk, 0)):
+        if stored.kind == StoredFile.Kind.IMAGE and stored.size > images_left:
+            continue
+        if stored.kind == StoredFile.Kind.IMAGE:
+            images_left -= stored.size
         if stored.kind == StoredFile.Kind.IMAGE and images_linked:
             found[stored.pk] = {"url": f"/api/files/{stored.pk}/content/"}
         elif stored.kind == StoredFile.Kind.IMAGE:
-            with default_storage.open(stored.blob.name, "rb") as handle:
-                data = base64.b64encode(handle.read()).decode()
+            try:
+                with default_storage.open(stored.blob.name, "rb") as handle:
+                    data = base64.b64encode(handle.read()).decode()
+            except OSError:  # its bytes are gone from the store: the call gets its label, the conversation goes on
+                logger.error("file %s has no bytes at %s", stored.pk, stored.blob.name)
+                continue
             found[stored.pk] = {"url": f"data:{stored.content_type};base64,{data}"}
         else:
             found[stored.pk] = _document(stored.text, question)

@@ -33,6 +33,10 @@ def file_upload(*, user, name: str, data: bytes, project_id: int | None = None) 
         raise too_large()
     name = (name or "file").replace("\\", "/").rsplit("/", 1)[-1][:255] or "file"
     content_type, kind = sniff(data, name)
+    if kind == StoredFile.Kind.IMAGE and len(data) > settings.ARBOR_IMAGE_MAX_BYTES:
+        raise TooLarge(f"An image goes to a model whole, and models take images up to "
+                       f"{settings.ARBOR_IMAGE_MAX_BYTES // (1024 * 1024)} MB; this one is "
+                       f"{len(data) / (1024 * 1024):.1f} MB: send it smaller.")
     project = None
     if project_id is not None:
         project = Project.objects.filter(pk=project_id, owner=user).first()
@@ -82,15 +86,16 @@ def extract_job(payload: dict[str, Any]) -> None:
         text, status, error = extract.text_of(data, stored.content_type), StoredFile.Status.READY, ""
     except extract.Unreadable as reason:
         text, status, error = "", StoredFile.Status.FAILED, str(reason)
+    except Exception as error:  # a reader's own failure on hostile bytes: said, never a file stuck in processing
+        logger.exception("reading file %s failed", stored.pk)
+        text, status, error = "", StoredFile.Status.FAILED, f"The file could not be read ({error.__class__.__name__})."
     StoredFile.objects.filter(pk=stored.pk).update(text=text, status=status, error=error[:500])
 
 
 def files_to_send(*, user, file_ids: list[int]) -> list[dict[str, Any]]:
     """The references a turn's question carries (X1), each file `user`'s own and ready; refused otherwise
     before anything is written: 404 for a file not theirs, 409 for one still being read, 400 for one unread."""
-    if len(file_ids) > settings.ARBOR_FILES_PER_TURN:
-        raise ArborError(f"Attach at most {settings.ARBOR_FILES_PER_TURN} files to one message.", code="bad_input",
-                         status=400)
+    _check_count(len(file_ids))
     found = {f.pk: f for f in StoredFile.objects.filter(pk__in=file_ids, owner=user)}
     references = []
     for file_id in dict.fromkeys(file_ids):
@@ -105,6 +110,12 @@ def files_to_send(*, user, file_ids: list[int]) -> list[dict[str, Any]]:
                              status=400)
         references.append(reference(stored))
     return references
+
+
+def _check_count(count: int) -> None:
+    if count > settings.ARBOR_FILES_PER_TURN:
+        raise ArborError(f"Attach at most {settings.ARBOR_FILES_PER_TURN} files to one message.", code="bad_input",
+                         status=400)
 
 
 def reference(stored: StoredFile) -> dict[str, Any]:
@@ -127,20 +138,25 @@ def resolve_pending(*, user, items: list[dict[str, Any]]) -> list[dict[str, Any]
     own: bytes are kept as a file (the same bytes again are the file kept before; a document is read now, since
     the call needs its text), an id must name a file of theirs. Checked like any question's files
     (`files_to_send`); nothing pending is ever stored."""
+    waiting = [item for item in items if item.get("type") == "user" and any("pending" in r for r in item.get(
+        "files", ()))]
+    for item in waiting:  # what can be refused is refused before any bytes are kept
+        _check_count(len(item["files"]))
+        if named := [ref["id"] for ref in item["files"] if ref["pending"] == "id"]:
+            files_to_send(user=user, file_ids=named)
     resolved = []
     for item in items:
-        refs = item.get("files") if item.get("type") == "user" else None
-        if refs and any("pending" in ref for ref in refs):
-            ids = [ref["id"] if ref["pending"] == "id" else _kept(user, ref).pk for ref in refs]
+        if item in waiting:
+            ids = [ref["id"] if ref["pending"] == "id" else _kept(user, ref).pk for ref in item["files"]]
             item = {**item, "files": files_to_send(user=user, file_ids=ids)}
         resolved.append(item)
     return resolved
 
 
 def _kept(user, pending: dict[str, Any]) -> StoredFile:
-    """The file of `user` holding the pending bytes: one kept before (not one that failed), or a new one."""
-    same = StoredFile.objects.filter(owner=user, sha256=pending["sha256"]).exclude(
-        status=StoredFile.Status.FAILED).order_by("id").first()
+    """The file of `user` holding the pending bytes: one kept before (one that could not be read says so again),
+    or a new one."""
+    same = StoredFile.objects.filter(owner=user, sha256=pending["sha256"]).order_by("id").first()
     stored = same or file_upload(user=user, name=pending["name"], data=pending["data"])
     if stored.status == StoredFile.Status.PROCESSING:
         extract_job({"file": stored.pk})  # the call needs the text now; the queued job then finds it read

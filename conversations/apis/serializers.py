@@ -134,7 +134,8 @@ class NodeSummaryOut(serializers.ModelSerializer):
 def _files_field() -> serializers.ListField:
     return serializers.ListField(child=StrictIntegerField(min_value=1, max_value=2**63 - 1), required=False,
                                  max_length=settings.ARBOR_FILES_PER_TURN,
-                                 help_text="X1: ids of the caller's files (POST /api/files/) the question sends")
+                                 help_text="X1: ids of the caller's files (POST /api/files/) the question sends; "
+                                           "on an edit, left out keeps the question's files and [] sends none")
 
 
 class TurnIn(serializers.Serializer):

@@ -179,7 +179,7 @@ class TurnEdit(TurnView):
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.EditIn, request)
         turn = turn_edit(user=request.user, conversation_id=conversation_id, node_id=data["node"],
-                         content=data["content"], files=data.get("files", ()))
+                         content=data["content"], files=data.get("files"))
         return _turn_response(request, turn)
 
 

@@ -7,6 +7,7 @@ compaction and log as any other; a stream follows the turn's log, so a client th
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import time
@@ -18,7 +19,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from config.errors import ArborError, BadInput, NotFound
+from config.errors import ArborError, BadInput, NotFound, TooLarge
 from config.streams import EventStream, StreamSlotView
 from config.throttles import AnonRateFirst
 from config.web import in_pool_thread
@@ -59,11 +60,28 @@ class GatewayView(StreamSlotView):
     authentication_classes = [BearerTokenAuthentication]
     permission_classes = [AnonRateFirst, IsAuthenticated]
 
+    def initial(self, request: Request, *args, **kwargs):
+        _read_body(request._request, settings.ARBOR_GATEWAY_MAX_BODY_BYTES)
+        super().initial(request, *args, **kwargs)
+
     def wants_stream(self, request: Request) -> bool:
         return request.method == "POST" and isinstance(request.data, dict) and request.data.get("stream") is True
 
     def get_exception_handler(self):
         return errors.exception_handler
+
+
+def _read_body(request, limit: int) -> None:
+    """Read the body up to `limit` bytes (a call's images and files come inside it, base64: issue 29), past
+    Django's DATA_UPLOAD_MAX_MEMORY_SIZE, which stays the bound everywhere else; TooLarge past `limit`."""
+    if hasattr(request, "_body") or request.method != "POST":
+        return
+    if int(request.META.get("CONTENT_LENGTH") or 0) > limit:
+        raise TooLarge(f"The request body is larger than {limit} bytes.")
+    data = request.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(f"The request body is larger than {limit} bytes.")
+    request._body, request._stream = data, io.BytesIO(data)
 
 
 def _model_object(name: str) -> dict[str, Any]:
@@ -331,6 +349,8 @@ def _turn_from_list(request: Request, body: dict, model: str, turns: list[chat.L
     """The call a whole list asks for (`chat.read_messages`): below the longest stored path of the caller's
     conversations (or the one named) that the list extends, after recording the list's answered turns past it."""
     named = chat.named_conversation(user=request.user, request=request, body=body)
+    for listed in turns:  # files by their bytes' digest before matching (X1: a file id is matched as its bytes)
+        listed.sent = resolve_pending(user=request.user, items=listed.sent)
     match = chat.longest_match(user=request.user, turns=turns, conversation=named)
     supplied = [(listed.sent, listed.received) for listed in turns[match.matched:-1]]
     return _turn_in(request.user, match.conversation, model, parent_id=match.node and match.node.pk,

@@ -271,7 +271,8 @@ def _bubble_files(bubble: dict[str, Any], kept: dict[Any, dict[str, Any]]) -> di
     files = (bubble.get("data") or {}).get("files") if isinstance(bubble.get("data"), dict) else None
     if not files:
         return bubble
-    refs = [kept[ref["id"]] for ref in files if isinstance(ref, dict) and ref.get("id") in kept]
+    refs = [kept[ref["id"]] for ref in files if isinstance(ref, dict) and isinstance(ref.get("id"), int | str)
+            and ref["id"] in kept]
     data = {key: value for key, value in bubble["data"].items() if key != "files"}
     return {**bubble, "data": {**data, "files": refs} if refs else data}
 

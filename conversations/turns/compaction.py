@@ -53,6 +53,7 @@ from conversations.context import PathNode, assemble, is_compaction_root, path_i
 from conversations.models import Conversation, Node
 from conversations.selectors import opens_turn, path_node
 from conversations.turns.side_calls import run_side_call
+from files import attached
 
 logger = logging.getLogger("arbor.compaction")
 
@@ -234,8 +235,11 @@ class _Summariser:
         return path_items(path, keep_ephemeral=self.keep_ephemeral)
 
     def _messages(self, path: Sequence[PathNode], sent: list[it.Item]) -> list[dict]:
+        """What the summary call reads: the path as its calls got it, its questions' files included (X1), so what
+        a document said survives into the summary."""
         return assemble(path, sent, instructions=self.instructions, provider=self.provider,
-                        keep_ephemeral=self.keep_ephemeral)
+                        keep_ephemeral=self.keep_ephemeral,
+                        attached=attached.contents(self.conversation.owner_id, path, sent))
 
     def _count(self, messages: list[dict]) -> int:
         return llm.count_tokens(self.model, messages)

@@ -74,7 +74,7 @@ def _turn(conversation: Conversation, lock: TurnLock, path: list[PathNode], new_
     `options`: the call's own instructions and tools (`Turn`)."""
     if calls.undecided(path[-1] if path else None):
         raise ApprovalPending("A tool call is waiting for approval: approve or refuse it first.")
-    model = options.get("model") or conversation.model
+    model = options.get("model") or conversation.effective_model
     if any(ref["kind"] == "image" for item in new_items for ref in item.get("files", ())) and not \
             llm.supports_vision(model):
         raise BadInput(f"The model {model} cannot see images: choose one that can, or send the question without them.")
@@ -140,12 +140,13 @@ def _check_results(open_calls: list[it.Item], items: list[it.Item]) -> None:
         raise BadInput(f"The output(s) for {extra} answer no function call of the previous response.")
 
 
-def turn_edit(*, user, conversation_id: int, node_id: int, content: str, files: list[int] = ()) -> Turn:
-    """T7: the edited question, with the person's `files` (X1) if any, as a new branch below the end of the turn
-    before it."""
+def turn_edit(*, user, conversation_id: int, node_id: int, content: str, files: list[int] | None = None) -> Turn:
+    """T7: the edited question as a new branch below the end of the turn before it, with the person's `files`
+    (X1): the question's own when none are named (a typo fixed keeps its screenshot), none for an empty list."""
     content = check_content(content)
     edited = it.user(content, files_to_send(user=user, file_ids=list(files)) if files else None)
-    return _under_lock(user, conversation_id, lambda c, lock: _reposition(c, lock, node_id, edited))
+    return _under_lock(user, conversation_id, lambda c, lock: _reposition(c, lock, node_id, edited,
+                                                                         keep_files=files is None))
 
 
 def turn_regenerate(*, user, conversation_id: int, node_id: int | None = None) -> Turn:
@@ -153,7 +154,8 @@ def turn_regenerate(*, user, conversation_id: int, node_id: int | None = None) -
     return _under_lock(user, conversation_id, lambda c, lock: _reposition(c, lock, node_id, None))
 
 
-def _reposition(conversation: Conversation, lock: TurnLock, node_id: int | None, edited: it.Item | None) -> Turn:
+def _reposition(conversation: Conversation, lock: TurnLock, node_id: int | None, edited: it.Item | None, *,
+                keep_files: bool = True) -> Turn:
     """T7: a normal turn whose parent is the end of the turn before the question.
 
     The head itself moves when that turn ends, like any turn's: a turn that never runs moves nothing.
@@ -167,8 +169,10 @@ def _reposition(conversation: Conversation, lock: TurnLock, node_id: int | None,
             raise BadInput("There is no question to regenerate yet.")
     else:
         index = _question_index(conversation, path, node_id)
-    question = edited if edited is not None else it.question_item(path[index].sent)  # regenerated: its files too
-    return _turn(conversation, lock, path[:index], [it.user(question["text"], question.get("files"))])
+    asked = it.question_item(path[index].sent)  # regenerated, or edited keeping its files: the question's files too
+    question = edited or asked
+    files = asked.get("files") if keep_files and edited is not None else question.get("files")
+    return _turn(conversation, lock, path[:index], [it.user(question["text"], files)])
 
 
 def _question_index(conversation: Conversation, path: list[PathNode], node_id: int) -> int:

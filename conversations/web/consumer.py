@@ -45,7 +45,7 @@ def _ask(*, content: str, files: list[int] = (), **common) -> Turn:
     return turn_ask(content=content, files=files, **common)
 
 
-def _edit(*, node: int, content: str, files: list[int] = (), **common) -> Turn:
+def _edit(*, node: int, content: str, files: list[int] | None = None, **common) -> Turn:
     return turn_edit(node_id=node, content=content, files=files, **common)
 
 

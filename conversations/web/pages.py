@@ -308,9 +308,12 @@ def _shown_message(message: dict[str, Any], retrieved: set[str]) -> dict[str, An
     """A sent message as the panel shows it: its text (content may be a list of parts, e.g. with Anthropic's
     cache marker) and whether it is a retrieved, ephemeral item (R2)."""
     content = message.get("content")
-    if isinstance(content, list):
+    images = []
+    if isinstance(content, list):  # an image part (X1) is shown as its file's link, the way the call got it
+        images = [part["image_url"]["url"] for part in content if isinstance(part, dict)
+                  and part.get("type") == "image_url" and str(part["image_url"].get("url", "")).startswith("/api/")]
         content = "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return {**message, "text": content or "", "retrieved": bool(content) and content in retrieved}
+    return {**message, "text": content or "", "images": images, "retrieved": bool(content) and content in retrieved}
 
 
 @dataclass(frozen=True)

@@ -270,3 +270,10 @@ def test_a_long_view_runs_straight_under_wsgi(api, conversation, monkeypatch):
     ask(conversation, "kept question")
     response = api.get(f"/api/conversations/{conversation.pk}/export/", {"format": "md"})
     assert response.status_code == 200 and "kept question" in b"".join(response.streaming_content).decode()
+
+
+def test_a_decorator_around_a_long_view_still_runs_under_wsgi(page, conversation):
+    """The WSGI shortcut is taken only for the wrapper itself: `require_POST` around it (which copies its
+    attributes) still refuses a GET, so a link cannot compact a conversation (a paid call) past CSRF."""
+    response = page.get(f"/chat/{conversation.pk}/compact/")
+    assert response.status_code == 405

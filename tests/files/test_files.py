@@ -251,3 +251,72 @@ def test_c1_a_questions_files_count_in_its_nodes_tokens(api, conversation, user)
     assert 5900 < text_ref["tokens"] < 6200 and image_ref["tokens"] == 1600
     assert node.tokens >= plain_tokens + text_ref["tokens"] + image_ref["tokens"]
     assert node.path_tokens >= node.tokens
+
+
+def test_t7_x1_an_edited_question_keeps_its_files_unless_told_otherwise(api, conversation, user):
+    shot = upload(api, "shot.png", png()).json()
+    notes = ready(api, "notes.txt", b"Second file.")
+    run_here(turn_ask(user=user, conversation_id=conversation.pk, content="Whta is this?", files=[shot["id"]]))
+    asked = head(conversation).pk
+    fixed = api.post(f"/api/conversations/{conversation.pk}/edit/", {"node": asked, "content": "What is this?"},
+                     format="json")
+    assert "user:What is this? [image shot.png]" in fixed.json()["answer"], "a typo fixed keeps the screenshot"
+    other = api.post(f"/api/conversations/{conversation.pk}/edit/",
+                     {"node": head(conversation).pk, "content": "And this?", "files": [notes["id"]]}, format="json")
+    assert "user:And this? [file notes.txt: Second file.]" in other.json()["answer"]
+    assert "[image" not in other.json()["answer"]
+    bare = api.post(f"/api/conversations/{conversation.pk}/edit/", {"node": head(conversation).pk,
+                                                                    "content": "Nothing?", "files": []}, format="json")
+    assert bare.json()["answer"].endswith("seen: user:Nothing?"), bare.json()["answer"]
+
+
+def test_c2_x1_a_compaction_summary_reads_what_the_files_said(api, conversation, user, settings):
+    from conversations.turns.start import turn_compact
+
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    notes = ready(api, "notes.txt", b"The code word is marmalade.")
+    run_here(turn_ask(user=user, conversation_id=conversation.pk, content="Remember this", files=[notes["id"]]))
+    run_here(turn_ask(user=user, conversation_id=conversation.pk, content="Next"))
+    root = turn_compact(user=user, conversation_id=conversation.pk)
+    summary = Node.objects.get(pk=root.summary_call_id)
+    assert "[file notes.txt: The code word is marmalade.]" in str(summary.received), summary.received
+
+
+def test_x1_a_file_whose_bytes_are_gone_is_its_label_and_the_conversation_goes_on(api, conversation, user):
+    from django.core.files.storage import default_storage
+
+    picture = upload(api, "cat.png", png()).json()
+    run_here(turn_ask(user=user, conversation_id=conversation.pk, content="See", files=[picture["id"]]))
+    default_storage.delete(StoredFile.objects.get(pk=picture["id"]).blob.name)  # lost by the store, say
+    follow = run_here(turn_ask(user=user, conversation_id=conversation.pk, content="Still there?"))
+    assert follow[-1].type == "done" and "user:See | " in follow[-1].data["answer"]
+
+
+def test_x1_a_crafted_bubble_naming_files_oddly_imports_without_them(other_api):
+    document = {"format": "arbor.tree", "version": 1, "conversation": {"title": "t", "head": 1},
+                "nodes": [{"id": 1, "parent": None, "kind": "turn", "status": "succeeded",
+                           "sent": [{"type": "user", "text": "hi"}], "received": [{"type": "text", "text": "yo"}]}],
+                "bubbles": [{"node": 1, "role": "user", "content": "hi", "data": {"files": [{"id": [1]}, "x"]}}]}
+    imported = other_api.post("/api/conversations/import/", document, format="json")
+    assert imported.status_code == 201, imported.content
+
+
+def test_d5_x1_images_are_bounded_one_by_one_and_in_each_call(api, conversation, user, settings):
+    settings.ARBOR_IMAGE_MAX_BYTES = len(png(40, 40)) - 1
+    refused = upload(api, "big.png", png(40, 40))
+    assert refused.status_code == 413 and "send it smaller" in refused.json()["error"]["message"]
+    settings.ARBOR_IMAGE_MAX_BYTES = 10**6
+    old, new = upload(api, "old.png", png(30, 30)).json(), upload(api, "new.png", png(31, 30)).json()
+    settings.ARBOR_CALL_IMAGE_MAX_BYTES = StoredFile.objects.get(pk=new["id"]).size + 10  # room for one
+    run_here(turn_ask(user=user, conversation_id=conversation.pk, content="First", files=[old["id"]]))
+    second = run_here(turn_ask(user=user, conversation_id=conversation.pk, content="Second", files=[new["id"]]))
+    seen = second[-1].data["answer"]
+    assert "user:Second [image new.png]" in seen, "the newest image goes"
+    assert "user:First | " in seen, "the older one goes as its name only (a label, no image part)"
+
+
+def test_x1_what_the_model_saw_links_the_image_part_it_got(api, page, conversation, user):
+    picture = upload(api, "cat.png", png()).json()
+    run_here(turn_ask(user=user, conversation_id=conversation.pk, content="See", files=[picture["id"]]))
+    html = page.get(f"/chat/nodes/{head(conversation).pk}/seen/").content.decode()
+    assert f'<a href="/api/files/{picture["id"]}/content/" download>an image part' in html and "[image cat.png]" in html

@@ -177,3 +177,54 @@ def test_x1_a_malformed_upload_under_daphne_gets_the_apis_json_error(asgi_server
         "Authorization": f"Token {key}", "Content-Type": "multipart/form-data; boundary=b"})
     assert response.status_code == 400 and response.json()["error"]["code"] == "bad_input"
     assert StoredFile.objects.count() == 0
+
+
+def test_x1_a_resent_list_naming_its_file_by_id_extends_the_path(client, api, user):
+    """A file named by id is matched as its bytes: the resent list continues its conversation, no copy."""
+    kept = api.post("/api/files/", {"file": _upload("memo.txt", b"Memo: call Ada.")}, format="multipart").json()
+    from conversations.jobs import worker
+
+    worker.run_due()
+    question = {"role": "user", "content": [{"type": "text", "text": "Read"},
+                                            {"type": "file", "file": {"file_id": f"file-{kept['id']}"}}]}
+    first = client.chat.completions.create(model=MODEL, messages=[question])
+    again = client.chat.completions.create(model=MODEL, messages=[
+        question, {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "More"}])
+    assert Node.objects.get(pk=int(again.id.removeprefix("chatcmpl-"))).parent_id == int(
+        first.id.removeprefix("chatcmpl-"))
+
+
+def test_x1_too_many_files_or_one_not_yours_is_refused_before_any_bytes_are_kept(client, settings):
+    parts = [{"type": "text", "text": "look"}, *({"type": "file", "file": {
+        "filename": f"n{i}.txt", "file_data": "data:text/plain;base64," + base64.b64encode(f"n{i}".encode()).decode()}}
+        for i in range(11))]
+    with pytest.raises(openai.BadRequestError, match="at most 10 files"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": parts}])
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
+            *parts[:2], {"type": "file", "file": {"file_id": "file-999999"}}]}])
+    assert StoredFile.objects.count() == 0
+
+
+def test_x1_a_call_may_carry_a_file_larger_than_djangos_body_limit_and_no_more_than_its_own(client, settings):
+    """A photo of a few MB comes inside a /v1 body as base64: the gateway reads bodies up to
+    ARBOR_GATEWAY_MAX_BODY_BYTES (Django's 2.5 MB stays the bound everywhere else)."""
+    notes = b"Line of notes.\n" * 200_000  # 3 MB
+    answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Read"},
+        {"type": "file", "file": {"filename": "big.txt",
+                                  "file_data": "data:text/plain;base64," + base64.b64encode(notes).decode()}}]}])
+    assert "[file big.txt" in answer.choices[0].message.content
+    assert StoredFile.objects.get(name="big.txt").size == len(notes)
+
+
+def test_x1_a_call_body_past_the_gateways_bound_is_refused(key, settings):
+    from django.test import Client
+
+    settings.ARBOR_GATEWAY_MAX_BODY_BYTES = 1000
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 2000}]}
+    response = Client().post("/v1/chat/completions", body, content_type="application/json",
+                             headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 413 and response.json()["error"]["code"] == "too_large"
+    assert Node.objects.count() == 0
