@@ -75,9 +75,11 @@ def _turn(conversation: Conversation, lock: TurnLock, path: list[PathNode], new_
     if calls.undecided(path[-1] if path else None):
         raise ApprovalPending("A tool call is waiting for approval: approve or refuse it first.")
     model = options.get("model") or conversation.effective_model
-    if any(ref["kind"] == "image" for item in new_items for ref in item.get("files", ())) and not \
-            llm.supports_vision(model):
-        raise BadInput(f"The model {model} cannot see images: choose one that can, or send the question without them.")
+    sent = [*(item for node in path for item in node.sent), *new_items]  # X1: every image the call would send
+    if any(ref["kind"] == "image" for item in sent if item.get("type") == "user" for ref in item.get("files", ())) \
+            and not llm.supports_vision(model):
+        raise BadInput(f"The model {model} cannot see images, and this call would send some: choose one that can, "
+                       "or go on from before the images.")
     return Turn(conversation=conversation, lock=lock, path=path, new_items=new_items, **options)
 
 

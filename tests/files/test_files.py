@@ -17,7 +17,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from conversations.jobs import worker
-from conversations.models import Node
+from conversations.models import Conversation, Node
 from conversations.turns.detached import run_here
 from conversations.turns.seen import call_context
 from conversations.turns.start import turn_ask, turn_regenerate
@@ -153,6 +153,14 @@ def test_x1_a_model_that_cannot_see_refuses_an_image_before_any_call(api, conver
                         format="json")
     assert response.status_code == 400 and "cannot see images" in response.json()["error"]["message"]
     assert stub.requests == [] and Node.objects.count() == 0
+    # Switched to such a model after the image was sent: the next call would send it too, so it refuses as well.
+    Conversation.objects.filter(pk=conversation.pk).update(model="arbor/echo")
+    assert api.post(f"/api/conversations/{conversation.pk}/turns/", {"content": "see?", "files": [picture["id"]]},
+                    format="json").status_code == 201
+    Conversation.objects.filter(pk=conversation.pk).update(model="openai/gpt-3.5-turbo")  # the head stays
+    later = api.post(f"/api/conversations/{conversation.pk}/turns/", {"content": "and now?"}, format="json")
+    assert later.status_code == 400 and "cannot see images" in later.json()["error"]["message"]
+    assert stub.requests == [] and Node.objects.count() == 1
 
 
 def test_x1_a_real_server_gets_the_image_as_a_data_url_and_the_document_as_text(api, conversation, stub):
