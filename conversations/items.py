@@ -125,10 +125,8 @@ def question_item(items: list[Item]) -> Item | None:
 
 def question_of(items: list[Item]) -> str | None:
     """Return the user text that these sent items open a turn with, if they do."""
-    for item in items:
-        if item.get("type") == "user":
-            return item.get("text", "")
-    return None
+    question = question_item(items)
+    return None if question is None else question.get("text", "")
 
 
 def answer_text(items: list[Item]) -> str:

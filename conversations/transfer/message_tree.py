@@ -19,7 +19,15 @@ from django.conf import settings
 
 from conversations import items as it
 from conversations.models import Node, ToolStatus
-from conversations.transfer.plan import ImportRefused, Plan, PlannedNode, check_count, check_graph, text_field
+from conversations.transfer.plan import (  # noqa: F401 - placeholder: the formats' readers take it from here
+    ImportRefused,
+    Plan,
+    PlannedNode,
+    check_count,
+    check_graph,
+    placeholder,
+    text_field,
+)
 
 SENT, RECEIVED = "sent", "received"
 
@@ -49,11 +57,6 @@ def capped(text: str) -> str:
     """A text cut to what a node's item may hold, saying so (a long tool output must not refuse the file)."""
     limit = settings.ARBOR_MAX_CONTENT_CHARS
     return text if len(text) <= limit else f"{text[:limit - 40]}\n[cut at {limit - 40} characters]"
-
-
-def placeholder(kind: str, name: str, detail: str = "") -> str:
-    """A file or an image a person saw, as text a person and a model can read: `[image 1024x768: name]`."""
-    return f"[{kind}{f' {detail}' if detail else ''}: {name}]" if name else f"[{kind}]"
 
 
 def one_or_many(document: Any, is_one: Callable[[Any], bool]) -> list | None:

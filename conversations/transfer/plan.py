@@ -249,6 +249,11 @@ def _allocate_ids(count: int) -> Iterator[int]:
         return iter(range(start, start + count))
 
 
+def placeholder(kind: str, name: str, detail: str = "") -> str:
+    """A file or an image a person saw, as text a person and a model can read: `[image 1024x768: name]`."""
+    return f"[{kind}{f' {detail}' if detail else ''}: {name}]" if name else f"[{kind}]"
+
+
 def _with_files(items: list[dict[str, Any]], kept: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
     """Items whose file references name the importer's files (`kept`, by the file's key); a reference to a file
     the import does not carry becomes its name in the question's text, a placeholder a person and a model read."""
@@ -256,7 +261,7 @@ def _with_files(items: list[dict[str, Any]], kept: dict[Any, dict[str, Any]]) ->
     for item in items:
         if item.get("files"):
             refs = [kept[ref["id"]] for ref in item["files"] if ref["id"] in kept]
-            names = [f"[{ref['kind'] if ref['kind'] == 'image' else 'file'}: {ref['name']}]" for ref in item["files"]
+            names = [placeholder("image" if ref["kind"] == "image" else "file", ref["name"]) for ref in item["files"]
                      if ref["id"] not in kept]
             item = {key: value for key, value in item.items() if key != "files"}
             item["text"] = "\n".join([item["text"], *names]) if names else item["text"]

@@ -13,6 +13,7 @@ of the tree (T9, T10, F3) are checked here, under the lock, before anything is w
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -75,7 +76,7 @@ def _turn(conversation: Conversation, lock: TurnLock, path: list[PathNode], new_
     if calls.undecided(path[-1] if path else None):
         raise ApprovalPending("A tool call is waiting for approval: approve or refuse it first.")
     model = options.get("model") or conversation.effective_model
-    sent = [*(item for node in path for item in node.sent), *new_items]  # X1: every image the call would send
+    sent = itertools.chain((item for node in path for item in node.sent), new_items)  # X1: every image it sends
     if any(ref["kind"] == "image" for item in sent if item.get("type") == "user" for ref in item.get("files", ())) \
             and not llm.supports_vision(model):
         raise BadInput(f"The model {model} cannot see images, and this call would send some: choose one that can, "
