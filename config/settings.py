@@ -318,6 +318,8 @@ ARBOR_MAX_TOOLS_PER_USER = int(os.environ.get("ARBOR_MAX_TOOLS_PER_USER", "4"))
 # included); a round's tool results share it.
 ARBOR_TOOL_CELL_MAX_BYTES = int(os.environ.get("ARBOR_TOOL_CELL_MAX_BYTES", "8000"))
 ARBOR_TOOL_OUTPUT_MAX_BYTES = int(os.environ.get("ARBOR_TOOL_OUTPUT_MAX_BYTES", "64000"))
+# Issue 32: the MCP servers whose tools conversations may use (JSON; see conversations/tools/mcp/servers.py).
+ARBOR_MCP_SERVERS = os.environ.get("ARBOR_MCP_SERVERS", "")
 ARBOR_NODE_MAX_BYTES = int(os.environ.get("ARBOR_NODE_MAX_BYTES", "1000000"))
 ARBOR_SALES_DB_PATH = BASE_DIR / "var" / "sales.sqlite3"
 ARBOR_SEARCH_CONFIG = os.environ.get("ARBOR_SEARCH_CONFIG", "simple")  # PostgreSQL text search configuration

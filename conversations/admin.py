@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
+from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.db.models import BigIntegerField, Count, Exists, FloatField, IntegerField, OuterRef, Subquery, Sum, Value
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
@@ -35,10 +38,14 @@ from conversations.models import (
     OutboxJob,
     Preferences,
     Project,
+    ToolServer,
     UsageBudget,
     UsageEntry,
 )
 from conversations.selectors import node_path, tree_scope
+from conversations.tools.mcp.connection import CallStopped, ServerDown
+from conversations.tools.mcp.servers import BadServer, forget, parse_servers, row_config
+from conversations.tools.mcp.tools import server_tools
 from conversations.turns.seen import call_context
 
 SNIPPET_CHARS = 60
@@ -492,3 +499,52 @@ class TokenAdmin(ReadOnlyAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+
+_SERVER_FIELDS = ["name", "command", "env", "url", "headers", "timeout", "approval", "enabled"]
+
+
+class ToolServerForm(forms.ModelForm):
+    url = forms.URLField(required=False, assume_scheme="https", help_text=ToolServer._meta.get_field("url").help_text)
+
+    class Meta:
+        model = ToolServer
+        fields = _SERVER_FIELDS
+
+    def clean(self):
+        data = super().clean()
+        if not self.errors:  # the same rules as ARBOR_MCP_SERVERS: what saves here also starts
+            try:
+                row_config(ToolServer(**{key: data.get(key) for key in _SERVER_FIELDS}))
+            except BadServer as exc:
+                raise forms.ValidationError(str(exc)) from None
+            if any(server.name == data["name"] for server in parse_servers(settings.ARBOR_MCP_SERVERS)):
+                raise forms.ValidationError(f"ARBOR_MCP_SERVERS already names a server {data['name']!r}.")
+        return data
+
+
+@admin.register(ToolServer)
+class ToolServerAdmin(admin.ModelAdmin):
+    """Issue 32: MCP servers staff connect; their tools reach conversations within seconds of a save."""
+    form = ToolServerForm
+    list_display = ["name", "url", "enabled"]
+    readonly_fields = ["tools_now"]
+
+    @admin.display(description="Tools now")
+    def tools_now(self, obj: ToolServer) -> str:
+        if obj.pk is None or not obj.enabled:
+            return "-"
+        try:
+            tools = server_tools(row_config(obj))
+        except (BadServer, ServerDown, CallStopped) as exc:
+            return f"not reachable: {exc}"
+        return "; ".join(f"{tool.name} ({'asks a person' if tool.needs_approval else 'runs at once'})"
+                         for tool in tools) or "none"
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        transaction.on_commit(forget)
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        transaction.on_commit(forget)

@@ -29,6 +29,8 @@ class Project(models.Model):
     instructions = models.TextField(blank=True)
     model = models.CharField(max_length=200, blank=True)
     memory = models.BooleanField(default=True)
+    # Issue 32: the MCP servers whose tools its conversations are offered (names); null: every server there is.
+    tool_servers = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -62,6 +64,8 @@ class Conversation(models.Model):
     # for that call only unless `keep_retrieved` keeps them in later calls' context too.
     retrieval = models.BooleanField(default=False)
     keep_retrieved = models.BooleanField(default=False)
+    # Issue 32: the MCP servers whose tools its calls are offered (names); null: as its project says.
+    tool_servers = models.JSONField(null=True, blank=True)
     # T2: the only pointer into the tree; never a message list. PROTECT: a head is never deleted under us.
     head = models.ForeignKey("Node", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     # R3: every head move bumps the version; a running turn holds the lock until it ends or expires.
@@ -351,6 +355,28 @@ class ToolApproval(models.Model):
 
     def __str__(self) -> str:
         return f"{'approved' if self.approved else 'refused'} {self.call_id}"
+
+
+class ToolServer(models.Model):
+    """An MCP server staff connect in the admin (issue 32): the shape ARBOR_MCP_SERVERS takes, one row a server
+    (`conversations.tools.mcp.servers` reads both and checks them by the same rules)."""
+
+    name = models.CharField(max_length=30, unique=True, help_text="starts its tools' names: NAME__TOOL")
+    command = models.JSONField(null=True, blank=True, help_text='stdio: the program and its arguments, as a list, '
+                                                                'e.g. ["uvx", "mcp-server-time"]')
+    env = models.JSONField(default=dict, blank=True, help_text="stdio: environment variables for the program")
+    url = models.URLField(blank=True, help_text="streamable HTTP: the server's address")
+    headers = models.JSONField(default=dict, blank=True, help_text="streamable HTTP: headers sent with each "
+                                                                   "request (a token, say)")
+    timeout = models.FloatField(null=True, blank=True, help_text="seconds a call may take (at most the tool "
+                                                                  "time limit)")
+    approval = models.JSONField(default=dict, blank=True, help_text='per tool, "ask" (a person approves each '
+                                                                    'call) or "auto" (runs at once), over what '
+                                                                    'its annotations say')
+    enabled = models.BooleanField(default=True)
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class OutboxJob(models.Model):

@@ -17,6 +17,7 @@ from config.errors import NotFound
 from conversations.context import PathNode, is_compaction_root, readable_by
 from conversations.items import question_of
 from conversations.models import Conversation, Node, Preferences, Project, walk_up
+from conversations.tools.mcp.servers import configured
 
 _NODE = Node._meta.db_table
 # The history's ids alone, and the few columns the screen needs (no items but a turn's sent items, to
@@ -278,6 +279,16 @@ def instructions_for(conversation: Conversation, *, owner_instructions: str | No
             "instructions", flat=True).first()
     parts = [owner_instructions, project_instructions, conversation.instructions]
     return "\n\n".join(part.strip() for part in parts if part and part.strip())
+
+
+def tool_servers_of(conversation: Conversation) -> list[str] | None:
+    """The MCP servers whose tools the conversation's calls are offered (issue 32): its own choice, else its
+    project's; None: every server. Read only when there are servers to choose from."""
+    if conversation.tool_servers is not None:
+        return conversation.tool_servers
+    if conversation.project_id is None or not configured():
+        return None
+    return Project.objects.filter(pk=conversation.project_id).values_list("tool_servers", flat=True).first()
 
 
 def project_for_user(*, user, project_id: Any) -> Project:

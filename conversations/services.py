@@ -137,24 +137,26 @@ def open_on_star(*, conversation: Conversation) -> None:
 
 def conversation_create(*, owner, title: str = "", model: str = "", instructions: str = "", retrieval: bool = False,
                         keep_retrieved: bool = False, origin: str = Conversation.Origin.CHAT,
-                        project: Project | None = None) -> Conversation:
+                        project: Project | None = None, tool_servers: list[str] | None = None) -> Conversation:
     """A new conversation; in `project` (the owner's), it starts with the project's model unless given one."""
     return Conversation.objects.create(
         owner=owner, title=title, model=model or (project and project.model) or settings.ARBOR_MODEL,
         instructions=instructions, retrieval=retrieval, keep_retrieved=keep_retrieved, origin=origin,
-        project=project,
+        project=project, tool_servers=tool_servers,
     )
 
 
 # --- projects (issue 30) ------------------------------------------------------------------------------
 
 
-def project_create(*, owner, name: str, instructions: str = "", model: str = "", memory: bool = True) -> Project:
-    return Project.objects.create(owner=owner, name=name, instructions=instructions, model=model, memory=memory)
+def project_create(*, owner, name: str, instructions: str = "", model: str = "", memory: bool = True,
+                   tool_servers: list[str] | None = None) -> Project:
+    return Project.objects.create(owner=owner, name=name, instructions=instructions, model=model, memory=memory,
+                                  tool_servers=tool_servers)
 
 
 def project_update(*, project: Project, **fields: Any) -> Project:
-    unknown = set(fields) - {"name", "instructions", "model", "memory"}
+    unknown = set(fields) - {"name", "instructions", "model", "memory", "tool_servers"}
     if unknown:
         raise BadInput(f"Unknown fields: {', '.join(sorted(unknown))}.")
     for name, value in fields.items():
@@ -185,7 +187,7 @@ def project_delete(*, project: Project, confirm: Any = None) -> int:
 
 
 def conversation_update(*, conversation: Conversation, **fields: Any) -> Conversation:
-    allowed = {"title", "model", "instructions", "retrieval", "keep_retrieved", "project"}
+    allowed = {"title", "model", "instructions", "retrieval", "keep_retrieved", "project", "tool_servers"}
     unknown = set(fields) - allowed
     if unknown:
         raise BadInput(f"Unknown fields: {', '.join(sorted(unknown))}.")

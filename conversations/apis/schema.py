@@ -11,14 +11,15 @@ from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerial
 from drf_spectacular.openapi import AutoSchema
 
 from config.schema import NOT_BLANK, sse_event_schema
-from conversations.apis.serializers import ApprovalIn, StrictCharField, validate_model_name
+from conversations.apis.serializers import ApprovalIn, StrictCharField, ToolServersField, validate_model_name
+from conversations.tools.mcp.servers import configured
 from conversations.transfer.arbor_tree import TREE_FORMAT, TREE_VERSION
 from conversations.turns.events import EventType
 
 
 class StrictCharFieldSchema(OpenApiSerializerFieldExtension):
     """A required text says it may not be blank: no empty string, nor (when trimmed) only white space; a model
-    name is one of ARBOR_MODELS, read when the schema is built."""
+    name is one of ARBOR_MODELS, read when the schema is built (or blank, where the field allows it)."""
 
     target_class = StrictCharField
     match_subclasses = True
@@ -27,11 +28,29 @@ class StrictCharFieldSchema(OpenApiSerializerFieldExtension):
         field = self.target
         schema = auto_schema._map_serializer_field(field, direction, bypass_extensions=True)
         if validate_model_name in field.validators:
-            schema["enum"] = list(settings.ARBOR_MODELS)
+            # a blank model, where allowed, means "none of its own" (a project's conversations take the default)
+            schema["enum"] = list(settings.ARBOR_MODELS) + ([""] if field.allow_blank else [])
         elif not field.allow_blank and field.trim_whitespace:
             schema["pattern"] = NOT_BLANK
         elif not field.allow_blank:
             schema["minLength"] = max(schema.get("minLength", 0), 1)
+        return schema
+
+
+class ToolServersFieldSchema(OpenApiSerializerFieldExtension):
+    """The MCP servers there are, read when the schema is built: each named once; none at all where there are
+    none."""
+
+    target_class = ToolServersField
+
+    def map_serializer_field(self, auto_schema, direction):
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        names = [server.name for server in configured()]
+        schema["uniqueItems"] = True
+        if names:
+            schema["items"] = {"type": "string", "enum": names}
+        else:
+            schema["maxItems"] = 0
         return schema
 
 

@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from conversations.models import Conversation, Node, Project
 from conversations.screen import BubbleView
+from conversations.tools.mcp.servers import configured
 
 
 class StrictCharField(serializers.CharField):
@@ -47,6 +48,31 @@ def validate_model_name(value: str) -> str:
     return value
 
 
+def validate_tool_servers(value: list[str] | None) -> list[str] | None:
+    """Issue 32: names of configured MCP servers, each once; null: as the project (or every server) says."""
+    if value is None:
+        return None
+    known = {server.name for server in configured()}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise serializers.ValidationError(f"No MCP server is called {', '.join(map(repr, unknown))}; the servers "
+                                          f"are: {', '.join(sorted(known)) or 'none'}.")
+    if len(set(value)) != len(value):
+        raise serializers.ValidationError("A server is named twice.")
+    return value
+
+
+class ToolServersField(serializers.ListField):
+    """Issue 32: names of configured MCP servers (the schema lists them, read when it is built)."""
+
+
+def tool_servers_field() -> ToolServersField:
+    return ToolServersField(child=StrictCharField(max_length=30), max_length=50, allow_null=True, required=False,
+                            validators=[validate_tool_servers],
+                            help_text="issue 32: the MCP servers whose tools its calls are offered (GET /api/tools/ "
+                                      "lists them); null: as the project says (a project: every server)")
+
+
 class ConversationIn(serializers.Serializer):
     title = StrictCharField(max_length=200, required=False, allow_blank=True)
     model = StrictCharField(max_length=200, required=False, validators=[validate_model_name])
@@ -55,6 +81,7 @@ class ConversationIn(serializers.Serializer):
     keep_retrieved = StrictBooleanField(required=False, help_text="R2: keep retrieved items in later calls' context")
     project = StrictIntegerField(required=False, allow_null=True, help_text="issue 30: the project it is in (null: "
                                                                            "none)")
+    tool_servers = tool_servers_field()
 
 
 class ProjectIn(serializers.Serializer):
@@ -63,14 +90,43 @@ class ProjectIn(serializers.Serializer):
     model = StrictCharField(max_length=200, required=False, allow_blank=True, validators=[validate_model_name])
     memory = StrictBooleanField(required=False, help_text="R2: new conversations retrieve from the project's "
                                                           "earlier ones (never from outside it)")
+    tool_servers = tool_servers_field()
+
+
+def tool_servers_out() -> serializers.ListField:
+    return serializers.ListField(child=serializers.CharField(), allow_null=True, read_only=True)
 
 
 class ProjectOut(serializers.ModelSerializer):
     conversations = serializers.IntegerField(source="conversations.count", read_only=True)
+    tool_servers = tool_servers_out()
 
     class Meta:
         model = Project
-        fields = ["id", "name", "instructions", "model", "memory", "conversations", "created_at", "updated_at"]
+        fields = ["id", "name", "instructions", "model", "memory", "tool_servers", "conversations", "created_at",
+                  "updated_at"]
+
+
+class ToolOut(serializers.Serializer):
+    """Issue 32: a tool a conversation may use; an MCP server's is `SERVER__TOOL`."""
+
+    name = serializers.CharField()
+    description = serializers.CharField()
+    server = serializers.CharField(allow_null=True, help_text="the MCP server it comes from; null: Arbor's own")
+    needs_approval = serializers.BooleanField(help_text="F3, X3: each call waits for a person's Approve")
+    parameters = serializers.JSONField(help_text="the JSON Schema of its arguments")
+
+
+class ToolServerOut(serializers.Serializer):
+    name = serializers.CharField()
+    transport = serializers.ChoiceField(choices=["stdio", "http"])
+    reachable = serializers.BooleanField()
+    error = serializers.CharField(allow_blank=True, help_text="why it offers no tools now, if it does not")
+
+
+class ToolsOut(serializers.Serializer):
+    tools = ToolOut(many=True)
+    servers = ToolServerOut(many=True)
 
 
 class PreferencesIn(serializers.Serializer):
@@ -79,11 +135,12 @@ class PreferencesIn(serializers.Serializer):
 
 class ConversationOut(serializers.ModelSerializer):
     turn_running = serializers.BooleanField(read_only=True)
+    tool_servers = tool_servers_out()
 
     class Meta:
         model = Conversation
-        fields = ["id", "title", "model", "instructions", "retrieval", "keep_retrieved", "project", "head", "version",
-                  "turn_running", "origin", "created_at", "updated_at"]
+        fields = ["id", "title", "model", "instructions", "retrieval", "keep_retrieved", "project", "tool_servers",
+                  "head", "version", "turn_running", "origin", "created_at", "updated_at"]
         read_only_fields = ["origin"]
 
 

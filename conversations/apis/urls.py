@@ -33,6 +33,7 @@ urlpatterns = [
          name="conversation-export"),
     path("nodes/<int:node_id>/", v.NodeDetail.as_view(), name="node-detail"),
     path("usage/", v.UsageSummary.as_view(), name="usage"),
+    path("tools/", off_the_shared_thread(v.ToolList.as_view()), name="tools"),  # may start a server: seconds
     path("projects/", v.ProjectListCreate.as_view(), name="project-list"),
     path("projects/<int:project_id>/", v.ProjectDetail.as_view(), name="project-detail"),
     path("users/<str:username>/budget/", v.UserBudget.as_view(), name="user-budget"),

@@ -34,6 +34,7 @@ from conversations.selectors import (
     node_page,
     project_for_user,
 )
+from conversations.tools import catalog
 from conversations.tree_map import tree_map
 from conversations.turns import detached
 from conversations.turns.events import EventType, TurnOutcome
@@ -428,6 +429,21 @@ class UserBudget(APIView):
         if not request.user.is_staff:
             raise ArborError("Only staff set budgets.", code="permission_denied", status=403)
         return Response(usage.set_budget(_person(request, username), request.data))
+
+
+# --- tools (issue 32) ---------------------------------------------------------------------------------------------
+
+
+class ToolList(APIView):
+    @extend_schema(responses=s.ToolsOut, description="Every tool a conversation may use: Arbor's own and each MCP "
+                                                     "server's (`SERVER__TOOL`), and each server's state.")
+    def get(self, request: Request) -> Response:
+        tools, servers = catalog.listing()
+        return Response({
+            "tools": [{"name": tool.name, "description": tool.description, "server": tool.server or None,
+                       "needs_approval": tool.needs_approval, "parameters": tool.parameters} for tool in tools],
+            "servers": [vars(server) for server in servers],
+        })
 
 
 # --- projects (issue 30) ---------------------------------------------------------------------------

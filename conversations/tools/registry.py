@@ -1,4 +1,5 @@
-"""The tool registry: a tool is a name, a JSON schema, a function and an approval flag."""
+"""The registry of Arbor's own tools: a tool is a name, a JSON schema, a function and an approval flag. An MCP
+server's tools take the same shape (`mcp.tools`); `catalog` finds a tool of either kind by name."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ class Tool:
     parameters: dict[str, Any]  # JSON Schema of the arguments object
     function: Callable[..., Any]  # called with the arguments as keyword arguments
     needs_approval: bool = False
+    server: str = ""  # the MCP server it comes from; "" for Arbor's own
 
     def spec(self) -> dict[str, Any]:
         """Return the OpenAI-style function spec that litellm expects."""

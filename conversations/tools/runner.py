@@ -15,8 +15,8 @@ from django.conf import settings
 
 from conversations import items as it
 from conversations.tools.cancel import running_with
+from conversations.tools.catalog import get_tool
 from conversations.tools.output import capped_text
-from conversations.tools.registry import get_tool
 
 logger = logging.getLogger("arbor.tools")
 

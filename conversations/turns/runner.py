@@ -31,7 +31,7 @@ from conversations import llm, services
 from conversations.context import PathNode, assemble
 from conversations.locks import TurnLock
 from conversations.models import Conversation, Node
-from conversations.selectors import context_path, instructions_for, path_node
+from conversations.selectors import context_path, instructions_for, path_node, tool_servers_of
 from conversations.turns import calls, compaction, records
 from conversations.turns.events import ENDINGS, EventType, TurnEvent
 from conversations.turns.model_call import ModelCall
@@ -57,7 +57,7 @@ class Turn:
         self.instructions = (instructions if instructions is not None
                              else instructions_for(conversation, owner_instructions=lock.owner_instructions,
                                                    project_instructions=lock.project_instructions))
-        self.tools = CallerTools(tools) if tools is not None else ArborTools()
+        self.tools = CallerTools(tools) if tools is not None else ArborTools(servers=tool_servers_of(conversation))
         self.call_options = call_options or {}  # a gateway call's own (temperature, tool_choice, …), every round
         question = it.question_of(new_items)
         if conversation.retrieval and question:  # R2: for this call; later ones drop them unless kept

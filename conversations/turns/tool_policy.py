@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass
 
 from conversations import items as it
-from conversations.tools import all_tools
+from conversations.tools import offered_tools
 from conversations.turns import calls
 
 
@@ -28,13 +28,16 @@ def client_calls(received: list[it.Item]) -> list[it.Item]:
     return [{**item, "client": True} if item.get("type") == "tool_call" else item for item in received]
 
 
+@dataclass(frozen=True)
 class ArborTools:
-    """Arbor's registered tools, run here."""
+    """Arbor's registered tools and the MCP servers' (`servers`: the ones on for the conversation; None: every
+    one), run here."""
 
+    servers: list[str] | None = None
     runs_calls = True  # open calls at the tip are run (or given results) before the next call
 
     def offered(self, *, last_round: bool) -> list[dict] | None:
-        return None if last_round else [tool.spec() for tool in all_tools()]
+        return None if last_round else [tool.spec() for tool in offered_tools(self.servers)]
 
     def received(self, received: list[it.Item]) -> list[it.Item]:
         return received

@@ -37,6 +37,7 @@ from conversations.selectors import (
     screen_history,
     user_instructions,
 )
+from conversations.tools import catalog
 from conversations.transfer import importing
 from conversations.turns.seen import call_context, context_diff
 from conversations.turns.start import turn_compact
@@ -370,9 +371,10 @@ def _siblings_of(conversation: Conversation, opener: int) -> list[int]:
     return info.siblings
 
 
+@off_the_shared_thread  # listing the MCP servers' tools may start one: seconds
 @page
 def preferences(request: HttpRequest) -> HttpResponse:
-    """A person's own instructions, sent before every conversation's."""
+    """A person's own instructions, sent before every conversation's; the tools conversations may use."""
     if request.method == "POST":
         form = PreferencesIn(data={"instructions": request.POST.get("instructions", "")})
         if form.is_valid():
@@ -383,6 +385,8 @@ def preferences(request: HttpRequest) -> HttpResponse:
     context = {"conversation": None, "instructions": user_instructions(user_id=request.user.pk),
                "themes": [("", "The system's (light or dark, as the device is set)"), ("light", "Light"),
                           ("dark", "Dark")]}
+    if request.method == "GET":
+        context["tools"], context["tool_servers"] = catalog.listing()
     refused = request.method == "POST"  # saved ones went back above; a refused form is shown again, as a 400
     return render(request, "chat/preferences.html", context, status=400 if refused else 200)
 

@@ -45,6 +45,21 @@ def test_issue_30_a_new_conversation_in_a_project_starts_with_its_model(api, set
     assert created["model"] == "openai/stub-model"
     assert api.post("/api/projects/", {"name": "Bad", "model": "nope/none"}, format="json").status_code == 400
 
+    cleared = api.patch(f"/api/projects/{project['id']}/", {"model": ""}, format="json")
+    assert cleared.status_code == 200 and cleared.json()["model"] == ""
+    assert api.post("/api/conversations/", {"project": project["id"]}, format="json").json()["model"] == \
+        settings.ARBOR_MODEL, "a project with no model of its own: the default"
+    schemas = api.get("/api/schema/?format=json").json()["components"]["schemas"]
+
+    def accepted(field: dict) -> set:  # the values of the field's enum, or of the enums it refers to
+        parts = [field, *field.get("oneOf", []), *field.get("allOf", [])]
+        return {value for part in parts
+                for value in schemas.get(part.get("$ref", "").rpartition("/")[2], part).get("enum", [])}
+
+    assert "" in accepted(schemas["PatchedProjectIn"]["properties"]["model"]), "the schema says what is accepted"
+    assert "" not in accepted(schemas["ConversationIn"]["properties"]["model"]), "a conversation names a model"
+    assert "arbor/echo" in accepted(schemas["ConversationIn"]["properties"]["model"])
+
 
 def test_issue_30_another_persons_project_is_a_404_everywhere_and_nothing_changes(api, other_api, user):
     project = api.post("/api/projects/", {"name": "Mine"}, format="json").json()["id"]
