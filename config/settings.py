@@ -185,6 +185,8 @@ STORAGES = {
 }
 ARBOR_FILE_MAX_BYTES = int(os.environ.get("ARBOR_FILE_MAX_BYTES", str(25 * 1024 * 1024)))
 ARBOR_FILE_TEXT_MAX_CHARS = int(os.environ.get("ARBOR_FILE_TEXT_MAX_CHARS", "200000"))  # D5: a document's text
+# D5: the XML a Word, Excel or PowerPoint file may unpack into (files/office.py): past it, a "zip bomb" is refused.
+ARBOR_OFFICE_XML_MAX_BYTES = int(os.environ.get("ARBOR_OFFICE_XML_MAX_BYTES", str(64 * 1024 * 1024)))
 ARBOR_FILES_PER_TURN = int(os.environ.get("ARBOR_FILES_PER_TURN", "10"))
 # An image goes to a model whole: at most what providers take (Anthropic: 5 MB an image), and at most this many bytes
 # of images in one call, the newest first (older ones go as their names).

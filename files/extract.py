@@ -1,7 +1,8 @@
 """A document's text, for a model that reads it (X1). Runs in the worker (R4), never in a request.
 
-PDF is read by pypdf: pure Python (no native library to build or patch), maintained, and it reads the text
-layer a PDF carries; a scanned PDF without one says so instead of sending nothing.
+Word, Excel and PowerPoint files are read from their XML (files/office.py). PDF is read by pypdf: pure Python (no
+native library to build or patch), maintained, and it reads the text layer a PDF carries; a scanned PDF without
+one says so instead of sending nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from html.parser import HTMLParser
 
 from django.conf import settings
 
+from files.office import OfficeUnreadable, office_text
 from files.sniff import decoded
 
 
@@ -26,11 +28,16 @@ def text_of(data: bytes, content_type: str) -> str:
         text = _html_text(decoded(data) or "")
     elif content_type.startswith("text/") or content_type == "application/json":
         text = decoded(data) or ""
+    elif content_type.startswith("application/vnd.openxmlformats-officedocument."):
+        try:
+            text = office_text(data, content_type)
+        except OfficeUnreadable as error:
+            raise Unreadable(str(error)) from None
     else:
-        raise Unreadable("Word, Excel and PowerPoint files are not read yet: save it as PDF or text.")
+        raise Unreadable("This kind of file is not read: save it as PDF or text.")
     text = text.strip()
     if not text:
-        raise Unreadable("The file holds no text to read (a scan without a text layer?).")
+        raise Unreadable("The file holds no text to read (an empty document, or a scan without a text layer?).")
     return text[:settings.ARBOR_FILE_TEXT_MAX_CHARS]
 
 

@@ -16,6 +16,14 @@ def get_tool(name: str) -> Tool | None:
     return registry.get_tool(name) or mcp.mcp_tool(name)
 
 
+def server_of(name: str) -> str | None:
+    """The MCP server a tool name points into (`SERVER__TOOL`); None for Arbor's own tools."""
+    if registry.get_tool(name) is not None:
+        return None
+    server, separator, _ = name.partition(mcp.SEPARATOR)
+    return server if separator else None
+
+
 def offered_tools(servers: list[str] | None) -> list[Tool]:
     """Arbor's tools, then those of the MCP servers named (None: every one configured)."""
     return [*registry.all_tools(), *mcp.offered(servers)]

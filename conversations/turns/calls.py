@@ -52,11 +52,16 @@ def undecided(tip: PathNode | None) -> list[it.Item]:
     return [c for c in calls if c["id"] not in decided]
 
 
+NOT_OFFERED = "error: this conversation does not have that tool's server on, so it was not run"
+
+
 def resolve(node: PathNode, *, run: bool, note: str = "", owner_id: int | None = None,
-            stop_requested: Callable[[], bool] = lambda: False) -> list[it.Item]:
+            stop_requested: Callable[[], bool] = lambda: False,
+            allowed: Callable[[str], bool] = lambda name: True) -> list[it.Item]:
     """Results for `node`'s open calls (C4: every call gets one). Without `run`, nothing new executes:
-    a call with no stored result gets an error result that says `note`. A stop asked while a tool runs
-    leaves it with a result that says so. The model's own calls count against `owner_id`'s running tools
+    a call with no stored result gets an error result that says `note`; nor does a call to a tool `allowed`
+    refuses (an MCP server the conversation has off). A stop asked while a tool runs leaves it with a result that
+    says so. The model's own calls count against `owner_id`'s running tools
     (issue 26); an approved action does not: a person's click paces it, and a refusal would spend the approval."""
     calls = open_calls(node)
     decisions = ({a.call_id: a for a in ToolApproval.objects.filter(node_id=node.id)}
@@ -72,6 +77,8 @@ def resolve(node: PathNode, *, run: bool, note: str = "", owner_id: int | None =
             results.append(it.tool_result(call["id"], call["name"], CLIENT_RESULT, is_error=True))
         elif not run:
             results.append(it.tool_result(call["id"], call["name"], note, is_error=True))
+        elif not allowed(call["name"]):
+            results.append(it.tool_result(call["id"], call["name"], NOT_OFFERED, is_error=True))
         elif decision is not None:
             result = run_tool_call(call, approved=decision.approved, max_bytes=share, stop_requested=stop_requested)
             services.approval_store_result(node_id=node.id, call_id=call["id"], result=result)

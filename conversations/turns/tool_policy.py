@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass
 
 from conversations import items as it
-from conversations.tools import offered_tools
+from conversations.tools import offered_tools, server_of
 from conversations.turns import calls
 
 
@@ -38,6 +38,12 @@ class ArborTools:
 
     def offered(self, *, last_round: bool) -> list[dict] | None:
         return None if last_round else [tool.spec() for tool in offered_tools(self.servers)]
+
+    def allows(self, name: str) -> bool:
+        """Whether a call to `name` may run in this conversation: Arbor's own tools always, an MCP server's only
+        while the conversation (or its project) has that server on, whatever the model or an approval asked."""
+        server = server_of(name)
+        return server is None or self.servers is None or server in self.servers
 
     def received(self, received: list[it.Item]) -> list[it.Item]:
         return received
@@ -66,6 +72,9 @@ class CallerTools:
 
     def round_end(self, asked: list[it.Item], *, last_round: bool) -> tuple[RoundEnd, list[it.Item]]:
         return RoundEnd.ANSWERED, []
+
+    def allows(self, name: str) -> bool:
+        return False  # nothing runs here: the caller runs its tools
 
 
 ToolPolicy = ArborTools | CallerTools

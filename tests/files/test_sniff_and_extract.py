@@ -64,7 +64,7 @@ def test_d5_a_documents_text_is_bounded_and_an_empty_or_office_one_says_why(sett
     for data, content_type, reason in [
         (b"   \n", "text/plain", "no text"),
         (b"<html><script>x()</script></html>", "text/html", "no text"),
-        (office("word/document.xml"), sniff(office("word/document.xml"), "")[0], "not read yet"),
+        (office("word/document.xml"), sniff(office("word/document.xml"), "")[0], "no text"),
         (b"%PDF-1.4\n garbage that is no PDF", "application/pdf", "could not be read"),
     ]:
         with pytest.raises(extract.Unreadable, match=reason):

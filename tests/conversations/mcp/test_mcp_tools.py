@@ -321,3 +321,21 @@ def test_issue_32_closed_connections_start_again_on_the_next_call(mcp_servers):
     connection.close_all()
     again = run_tool_call(_call("notes__lookup", word="b"))["content"]
     assert re.search(r"pid (\d+)", first)[1] != re.search(r"pid (\d+)", again)[1]
+
+
+def test_x3_a_call_to_a_server_the_conversation_has_off_is_not_run(mcp_servers, api):
+    """The model (or an approval of a card shown before the switch) names a tool of a server that is off for the
+    conversation: it gets an error result and nothing runs, read-only or not."""
+    mcp_servers({"notes": NOTES, "time": TIME})
+    before = _notes_count()
+    cid = api.post("/api/conversations/", {"tool_servers": ["time"]}, format="json").json()["id"]
+    done = _turn(api, cid, '#tool notes__lookup {"word": "off"}')
+    assert done.status_code == 201, done.content
+    (result,) = _results(Conversation.objects.get(pk=cid))
+    assert result["is_error"] and "does not have that tool's server on" in result["content"]
+    api.patch(f"/api/conversations/{cid}/", {"tool_servers": None}, format="json")
+    (card,) = _turn(api, cid, '#tool notes__write_note {"text": "then off"}').json()["approval_required"]
+    api.patch(f"/api/conversations/{cid}/", {"tool_servers": []}, format="json")
+    api.post(f"/api/conversations/{cid}/approvals/", {"call_id": card["call_id"], "approve": True}, format="json")
+    assert _notes_count() == before, "switched off before the click: not run"
+    assert "does not have that tool's server on" in _results(Conversation.objects.get(pk=cid))[-1]["content"]
