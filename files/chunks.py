@@ -34,6 +34,19 @@ def best_chunks(text: str, question: str, budget_chars: int) -> tuple[list[int],
     `budget_chars`, in the document's order (the document's first chunks when the question shares no word with
     it), and how many chunks it has."""
     chunks = chunked(text)
+    scores = scored(chunks, question)
+    chosen, used = [], 0
+    for index in sorted(range(len(chunks)), key=lambda i: (-scores[i], i)):
+        if used + len(chunks[index]) > budget_chars:
+            continue
+        chosen.append(index)
+        used += len(chunks[index])
+    chosen.sort()
+    return chosen, [chunks[index] for index in chosen], len(chunks)
+
+
+def scored(chunks: list[str], question: str) -> list[float]:
+    """Each chunk's BM25 score for the question's words, over these chunks (0: it shares no word)."""
     words = [Counter(w.lower() for w in _WORD.findall(chunk)) for chunk in chunks]
     asked = {w.lower() for w in _WORD.findall(question)}
     having = {word: sum(1 for counts in words if word in counts) for word in asked}
@@ -44,11 +57,4 @@ def best_chunks(text: str, question: str, budget_chars: int) -> tuple[list[int],
         return sum(math.log(1 + (len(chunks) - having[w] + 0.5) / (having[w] + 0.5)) * counts[w] * 2.2
                    / (counts[w] + 1.2 * (0.25 + 0.75 * length / max(1, average))) for w in asked if counts[w])
 
-    chosen, used = [], 0
-    for index in sorted(range(len(chunks)), key=lambda i: (-score(words[i]), i)):
-        if used + len(chunks[index]) > budget_chars:
-            continue
-        chosen.append(index)
-        used += len(chunks[index])
-    chosen.sort()
-    return chosen, [chunks[index] for index in chosen], len(chunks)
+    return [score(counts) for counts in words]

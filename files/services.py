@@ -176,3 +176,15 @@ def _tokens(stored: StoredFile) -> int:
         return IMAGE_TOKENS
     sent = stored.text[:settings.ARBOR_FILE_WHOLE_CHARS]  # a large document goes as its best parts (`chunks`)
     return llm.estimate_tokens([{"type": "text", "text": f"[file {stored.name}]\n{sent}"}])
+
+
+@transaction.atomic
+def project_files_set(*, user, project: Project, file_ids: list[int]) -> None:
+    """Make exactly `file_ids` (the person's own files) the project's knowledge files (issue 30); a file taken out
+    stays the person's. NotFound, changing nothing, when one is not theirs."""
+    wanted = set(file_ids)
+    found = set(StoredFile.objects.filter(pk__in=wanted, owner_id=user.pk).values_list("pk", flat=True))
+    if found != wanted:
+        raise NotFound(f"No file {min(wanted - found)} of yours.")
+    StoredFile.objects.filter(project=project).exclude(pk__in=wanted).update(project=None)
+    StoredFile.objects.filter(pk__in=wanted).update(project=project)

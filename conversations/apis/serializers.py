@@ -91,20 +91,31 @@ class ProjectIn(serializers.Serializer):
     memory = StrictBooleanField(required=False, help_text="R2: new conversations retrieve from the project's "
                                                           "earlier ones (never from outside it)")
     tool_servers = tool_servers_field()
+    files = serializers.ListField(child=StrictIntegerField(min_value=1, max_value=2**63 - 1), max_length=200,
+                                  required=False, help_text="issue 30: the ids of your files that are the project's "
+                                                            "knowledge (all of them: any other leaves it)")
 
 
 def tool_servers_out() -> serializers.ListField:
     return serializers.ListField(child=serializers.CharField(), allow_null=True, read_only=True)
 
 
+class ProjectFileOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    kind = serializers.CharField()
+    status = serializers.CharField()
+
+
 class ProjectOut(serializers.ModelSerializer):
     conversations = serializers.IntegerField(source="conversations.count", read_only=True)
     tool_servers = tool_servers_out()
+    files = ProjectFileOut(many=True, read_only=True, help_text="its knowledge files (issue 30)")
 
     class Meta:
         model = Project
-        fields = ["id", "name", "instructions", "model", "memory", "tool_servers", "conversations", "created_at",
-                  "updated_at"]
+        fields = ["id", "name", "instructions", "model", "memory", "tool_servers", "files", "conversations",
+                  "created_at", "updated_at"]
 
 
 class ToolOut(serializers.Serializer):

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.db import transaction
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
@@ -41,6 +42,7 @@ from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.runner import Turn
 from conversations.turns.seen import context_diff, next_context
 from conversations.turns.start import turn_ask, turn_compact, turn_decide, turn_edit, turn_regenerate, turn_retry
+from files.services import project_files_set
 
 logger = logging.getLogger("arbor.api")
 
@@ -452,12 +454,17 @@ class ToolList(APIView):
 class ProjectListCreate(PaginatedList, APIView):
     @extend_schema(responses=s.ProjectOut(many=True))
     def get(self, request: Request) -> Response:
-        projects = Project.objects.filter(owner_id=request.user.pk).order_by("name", "id")
+        projects = Project.objects.filter(owner_id=request.user.pk).prefetch_related("files").order_by("name", "id")
         return paginated(self, request, projects, s.ProjectOut)
 
     @extend_schema(request=s.ProjectIn, responses={201: s.ProjectOut})
     def post(self, request: Request) -> Response:
-        project = services.project_create(owner=request.user, **valid_input(s.ProjectIn, request))
+        data = valid_input(s.ProjectIn, request)
+        files = data.pop("files", None)
+        with transaction.atomic():
+            project = services.project_create(owner=request.user, **data)
+            if files is not None:
+                project_files_set(user=request.user, project=project, file_ids=files)
         return Response(s.ProjectOut(project).data, status=status.HTTP_201_CREATED)
 
 
@@ -470,7 +477,12 @@ class ProjectDetail(APIView):
     def patch(self, request: Request, project_id: int) -> Response:
         project = project_for_user(user=request.user, project_id=project_id)
         data = valid_input(s.ProjectIn, request, partial=True)
-        return Response(s.ProjectOut(services.project_update(project=project, **data)).data)
+        files = data.pop("files", None)
+        with transaction.atomic():
+            project = services.project_update(project=project, **data)
+            if files is not None:
+                project_files_set(user=request.user, project=project, file_ids=files)
+        return Response(s.ProjectOut(project).data)
 
     @extend_schema(parameters=[OpenApiParameter("confirm", {"type": "integer", "minimum": 0, "maximum": 10**9},
                                                 description="how many conversations it holds")],

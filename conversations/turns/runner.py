@@ -38,6 +38,7 @@ from conversations.turns.model_call import ModelCall
 from conversations.turns.retrieval import retrieved_items
 from conversations.turns.tool_policy import ArborTools, CallerTools, RoundEnd
 from files import attached
+from files.knowledge import knowledge_items
 
 
 class Turn:
@@ -61,7 +62,10 @@ class Turn:
         self.call_options = call_options or {}  # a gateway call's own (temperature, tool_choice, …), every round
         question = it.question_of(new_items)
         if conversation.retrieval and question:  # R2: for this call; later ones drop them unless kept
-            self.new_items = [*retrieved_items(conversation, question), *new_items]
+            self.new_items = [*retrieved_items(conversation, question), *self.new_items]
+        if conversation.project_id is not None and question and tools is None:  # X2: the project's files, R2 too
+            self.new_items = [*knowledge_items(project_id=conversation.project_id, owner_id=conversation.owner_id,
+                                               question=question), *self.new_items]
         self._path = path  # up to the first node's parent; each round's node is appended
         tip = path[-1] if path else None
         # Calls still needing results (a caller of the OpenAI-compatible surface sends them itself).

@@ -131,3 +131,36 @@ def test_issue_30_x2_retrieval_never_crosses_a_projects_border_and_memory_off_re
     assert "seventy" in retrieved(None) and "forty" not in retrieved(None)
     services.project_update(project=first, memory=False)
     assert retrieved(first) == "", "memory off: nothing retrieved"
+
+
+def test_issue_30_x2_a_projects_knowledge_files_reach_each_question_as_ephemeral_passages(api, other_api, user):
+    """The passages of the project's files that share words with the question go with that call only (R2); a file
+    outside the project, or another person's, never does; files are set on the project and listed by it."""
+    from tests.files.test_files import ready
+
+    pricing = ready(api, "pricing.md", b"Our pricing: the Oak plan costs 12 dollars a month.\n\n" + b"filler " * 400)
+    outside = ready(api, "secret.md", b"The Oak plan secret discount code is ACORN.")
+    theirs = ready(other_api, "theirs.md", b"Oak plan rumours from another person.")
+    project = api.post("/api/projects/", {"name": "Sales", "files": [pricing["id"]]}, format="json").json()
+    assert [f["name"] for f in project["files"]] == ["pricing.md"] and project["files"][0]["status"] == "ready"
+    conversation = Conversation.objects.get(pk=api.post("/api/conversations/", {"project": project["id"]},
+                                                        format="json").json()["id"])
+    node = Node.objects.get(pk=ask(conversation, "What does the Oak plan cost?")[-1].data["head"])
+    knowledge = [item for item in node.sent if item.get("ephemeral")]
+    assert len(knowledge) == 1 and knowledge[0]["source"] == {"file": pricing["id"]}
+    assert "From the project's file “pricing.md”: Our pricing: the Oak plan costs 12 dollars" in \
+        knowledge[0]["text"]
+    assert "ACORN" not in str(node.sent) and "rumours" not in str(node.sent), "nothing from outside the project"
+    later = Node.objects.get(pk=ask(conversation, "Thanks!")[-1].data["head"])
+    seen = api.get(f"/api/conversations/{conversation.pk}/context/").json()["messages"]
+    assert "pricing.md" not in str(seen) and not [i for i in later.sent if i.get("ephemeral")], \
+        "for that call only: the next call does not carry it, and a question sharing no word gets none"
+
+    refused = api.patch(f"/api/projects/{project['id']}/", {"files": [outside["id"], theirs["id"]]}, format="json")
+    assert refused.status_code == 404
+    assert [f["id"] for f in api.get(f"/api/projects/{project['id']}/").json()["files"]] == [pricing["id"]], \
+        "bad input changes nothing"
+    moved = api.patch(f"/api/projects/{project['id']}/", {"files": [outside["id"]]}, format="json").json()
+    assert [f["id"] for f in moved["files"]] == [outside["id"]]
+    node = Node.objects.get(pk=ask(conversation, "Any Oak plan discount code?")[-1].data["head"])
+    assert "ACORN" in str(node.sent) and "12 dollars" not in str(node.sent)
