@@ -322,6 +322,9 @@ ARBOR_MAX_TOOLS_PER_USER = int(os.environ.get("ARBOR_MAX_TOOLS_PER_USER", "4"))
 # included); a round's tool results share it.
 ARBOR_TOOL_CELL_MAX_BYTES = int(os.environ.get("ARBOR_TOOL_CELL_MAX_BYTES", "8000"))
 ARBOR_TOOL_OUTPUT_MAX_BYTES = int(os.environ.get("ARBOR_TOOL_OUTPUT_MAX_BYTES", "64000"))
+# Issue 31: OpenTelemetry traces over OTLP/HTTP (conversations/tracing.py); off unless an endpoint is set.
+ARBOR_OTEL_ENDPOINT = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+ARBOR_OTEL_SERVICE_NAME = os.environ.get("OTEL_SERVICE_NAME", "arbor")
 # Issue 32: the MCP servers whose tools conversations may use (JSON; see conversations/tools/mcp/servers.py).
 ARBOR_MCP_SERVERS = os.environ.get("ARBOR_MCP_SERVERS", "")
 ARBOR_NODE_MAX_BYTES = int(os.environ.get("ARBOR_NODE_MAX_BYTES", "1000000"))

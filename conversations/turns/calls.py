@@ -13,7 +13,7 @@ from collections.abc import Callable
 from django.conf import settings
 
 from conversations import items as it
-from conversations import services
+from conversations import services, tracing
 from conversations.context import PathNode
 from conversations.models import Node, ToolApproval
 from conversations.tools import get_tool
@@ -57,7 +57,7 @@ NOT_OFFERED = "error: this conversation does not have that tool's server on, so 
 
 def resolve(node: PathNode, *, run: bool, note: str = "", owner_id: int | None = None,
             stop_requested: Callable[[], bool] = lambda: False,
-            allowed: Callable[[str], bool] = lambda name: True) -> list[it.Item]:
+            allowed: Callable[[str], bool] = lambda name: True, conversation_id: int | None = None) -> list[it.Item]:
     """Results for `node`'s open calls (C4: every call gets one). Without `run`, nothing new executes:
     a call with no stored result gets an error result that says `note`; nor does a call to a tool `allowed`
     refuses (an MCP server the conversation has off). A stop asked while a tool runs leaves it with a result that
@@ -80,9 +80,13 @@ def resolve(node: PathNode, *, run: bool, note: str = "", owner_id: int | None =
         elif not allowed(call["name"]):
             results.append(it.tool_result(call["id"], call["name"], NOT_OFFERED, is_error=True))
         elif decision is not None:
-            result = run_tool_call(call, approved=decision.approved, max_bytes=share, stop_requested=stop_requested)
+            with tracing.tool_span(call, node_id=node.id, conversation_id=conversation_id):
+                result = run_tool_call(call, approved=decision.approved, max_bytes=share, stop_requested=stop_requested)
             services.approval_store_result(node_id=node.id, call_id=call["id"], result=result)
             results.append(result)
         else:
-            results.append(run_tool_call(call, max_bytes=share, stop_requested=stop_requested, owner_id=owner_id))
+            with tracing.tool_span(call, node_id=node.id, conversation_id=conversation_id) as span:
+                results.append(run_tool_call(call, max_bytes=share, stop_requested=stop_requested, owner_id=owner_id))
+                if span is not None and results[-1].get("is_error"):
+                    span.set_attribute("error.type", "tool_error")
     return results

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from config.db import release_connection
 from config.together import Together, Written, together
-from conversations import budget, llm, outbox
+from conversations import budget, llm, outbox, tracing
 from conversations import items as it
 from conversations.context import PathNode
 from conversations.models import Bubble, CallSettings, Conversation, Node, ToolStatus, UsageEntry
@@ -144,6 +144,7 @@ def _settle(node: Node, writes: Together | None, ledger: bool = False, **fields:
                         ledger_entry(node).save(force_insert=True)
 
         batch.after(in_memory)
+        batch.after(lambda: tracing.node_ended(node))  # issue 31: its span, from what the node now records
     return settled
 
 

@@ -132,7 +132,8 @@ class Turn:
         """The round's sent items (the open calls' results first), a compaction if the call needs one, and its
         pending node; None for the node when a stop ended the turn meanwhile."""
         sent = [*(calls.resolve(self._open, run=True, stop_requested=self.stop_requested,
-                                owner_id=self.conversation.owner_id, allowed=self.tools.allows)
+                                owner_id=self.conversation.owner_id, allowed=self.tools.allows,
+                                conversation_id=self.conversation.pk)
                   if self._open else []),
                 *self.new_items]
         self.new_items = []
