@@ -27,7 +27,7 @@ from django.urls import path, reverse
 from django.utils.safestring import mark_safe
 from rest_framework.authtoken.models import TokenProxy
 
-from conversations import services
+from conversations import services, usage
 from conversations.errors import TurnInProgress
 from conversations.items import answer_text, question_of
 from conversations.models import (
@@ -448,6 +448,17 @@ class UsageEntryAdmin(admin.ModelAdmin):
     list_display = ["node_id", "owner", "day", "model", "input_tokens", "output_tokens", "cost_usd"]
     list_filter = ["day", "model"]
     search_fields = ["owner__username", "=node_id"]
+    change_list_template = "admin/conversations/usageentry/change_list.html"
+
+    def changelist_view(self, request, extra_context=None):
+        """The ledger, above it its tokens per day and per model as bar charts (of the rows the filters keep)."""
+        response = super().changelist_view(request, extra_context)
+        changelist = getattr(response, "context_data", {}).get("cl")
+        if changelist is not None:
+            rows = changelist.queryset.order_by()
+            response.context_data.update(by_day=usage.chart(rows, by="day"), by_model=usage.chart(rows, by="model"),
+                                         chart_height=usage.CHART_HEIGHT, bar_step=usage.BAR_STEP)
+        return response
 
     def has_add_permission(self, request):
         return False

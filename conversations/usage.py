@@ -8,6 +8,7 @@ recorded. The budget is read by the statement that takes the turn lock, so a per
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Count, Sum
@@ -149,3 +150,33 @@ def budget_left_note(owner_id: int) -> str:
     if budget.monthly_cost_usd and spent["cost_usd"] >= LOW_SHARE * budget.monthly_cost_usd:
         notes.append(f"${max(0.0, budget.monthly_cost_usd - spent['cost_usd']):.2f} of ${budget.monthly_cost_usd:.2f}")
     return f"This month's budget runs low: {' and '.join(notes)} left." if notes else ""
+
+
+@dataclass(frozen=True)
+class Bar:
+    label: str
+    tokens: int
+    cost_usd: float
+    calls: int
+    height: float  # of CHART_HEIGHT, by tokens
+    x: float
+
+    @property
+    def y(self) -> float:
+        return round(CHART_HEIGHT - self.height, 1)
+
+
+CHART_HEIGHT, BAR_STEP = 120.0, 22.0
+
+
+def chart(entries, *, by: str, limit: int = 31) -> list[Bar]:
+    """Bars for the admin's usage page, drawn on the server (no script): tokens in and out per `by` ("day", the
+    latest `limit` days, oldest first; "model", the `limit` biggest), from the ledger rows `entries`."""
+    rows = entries.values(by).annotate(calls=Count("id"), tokens=Sum("input_tokens") + Sum("output_tokens"),
+                                       cost=Sum("cost_usd"))
+    rows = (sorted(rows.order_by(f"-{by}")[:limit], key=lambda row: row[by]) if by == "day"
+            else list(rows.order_by("-tokens", by)[:limit]))
+    top = max((row["tokens"] or 0 for row in rows), default=0) or 1
+    return [Bar(label=str(row[by]), tokens=row["tokens"] or 0, cost_usd=round(row["cost"] or 0.0, 4),
+                calls=row["calls"], height=round(CHART_HEIGHT * (row["tokens"] or 0) / top, 1), x=index * BAR_STEP)
+            for index, row in enumerate(rows)]

@@ -130,3 +130,28 @@ def test_issue_31_the_chat_page_says_what_is_left_when_the_budget_runs_low(page,
     assert "budget runs low" not in page.get(url).content.decode(), "a tenth spent: nothing to say"
     usage.set_budget(user, {"monthly_tokens": spent + 2})
     assert f"2 of {spent + 2:,} tokens left" in page.get(url).content.decode()
+
+
+def test_issue_31_the_admins_usage_page_charts_tokens_per_day_and_per_model(conversation, client, django_user_model):
+    """Drawn on the server as SVG (no script, the admin's CSP holds), of the ledger rows its filters keep."""
+    import datetime as dt
+    import re
+
+    ask(conversation, "one")
+    ask(conversation, "two")
+    UsageEntry.objects.filter(pk=UsageEntry.objects.order_by("pk").first().pk).update(
+        day=dt.date(2026, 1, 2), model="openai/other")
+    staff = django_user_model.objects.create_superuser("root", "root@example.com", "pw-root-12345")
+    client.force_login(staff)
+    html = client.get("/admin/conversations/usageentry/").content.decode()
+    assert "Tokens per day" in html and "Tokens per model" in html
+    bars = re.findall(r'<rect x="([\d.]+)" y="([\d.]+)" width="16" height="([\d.]+)"', html)
+    assert len(bars) == 4, "two days, two models"
+    rows = {row.model: row.input_tokens + row.output_tokens for row in UsageEntry.objects.all()}
+    assert f"<td>arbor/echo</td><td>{rows['arbor/echo']}</td><td>1</td>" in html
+    assert "<td>2026-01-02</td>" in html
+    assert max(float(height) for _, _, height in bars) == 120.0, "the biggest bar is the chart's height"
+    filtered = client.get("/admin/conversations/usageentry/?model=openai/other").content.decode()
+    charts = filtered.split('class="usage-charts"')[1].split("</section>")[0]
+    assert len(re.findall(r"<rect ", charts)) == 2 and "<td>openai/other</td>" in charts
+    assert "<td>arbor/echo</td>" not in charts, "the charts follow the page's filters"

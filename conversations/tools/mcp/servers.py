@@ -10,6 +10,7 @@ at once).
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db import DatabaseError
 
 from conversations.models import ToolServer
 
@@ -25,6 +27,7 @@ from conversations.models import ToolServer
 # in it, so the first "__" of a tool's name always ends the server's.
 NAME = re.compile(r"^(?!.*__)[A-Za-z0-9][A-Za-z0-9_-]{0,29}$")
 APPROVALS = ("ask", "auto")
+logger = logging.getLogger("arbor.tools.mcp")
 RELOAD_SECONDS = 5.0  # how soon an admin's change reaches a running process
 
 
@@ -135,7 +138,12 @@ def configured() -> list[ServerConfig]:
             return _cache[2]
     from_env = parse_servers(raw)
     taken = {server.name for server in from_env}
-    servers = from_env + [server for server in _from_admin() if server.name not in taken]
+    try:
+        from_admin = _from_admin()
+    except DatabaseError:  # no database yet (a check before `migrate`, a schema built offline): read it again later
+        logger.warning("the MCP servers of the admin could not be read; only ARBOR_MCP_SERVERS' are used now")
+        from_admin = []
+    servers = from_env + [server for server in from_admin if server.name not in taken]
     with _cache_lock:
         _cache = (time.monotonic(), raw, servers)
     return servers
