@@ -145,6 +145,7 @@ class _StreamState:
     calls: dict[int, dict[str, str]] = field(default_factory=dict)
     usage: dict[str, Any] = field(default_factory=dict)
     opaque_summary: list[str] = field(default_factory=list)
+    finish_reason: str = ""
     size: int = 0  # bytes (UTF-8) received so far, of every kind
 
     def items(self, provider: str) -> list[dict]:
@@ -327,6 +328,8 @@ def stream_call(
     except Exception as error:  # every provider failure becomes a recorded failed node
         raise LLMError(classify(error), _message(error), partial=state.items(provider)) from error
     usage = dict(state.usage)
+    if state.finish_reason == "length":  # cut at the output limit: the gateways say so (max_tokens, incomplete)
+        usage["finish_reason"] = "length"
     cost = _cost(model, usage)
     if cost is not None:
         usage["cost_usd"] = cost
@@ -417,7 +420,8 @@ def _own_chunk(chunk: dict) -> SimpleNamespace:
     delta = SimpleNamespace(content=chunk.get("text") or None, tool_calls=tool_calls,
                             provider_specific_fields=chunk.get("provider_specific_fields"))
     usage = SimpleNamespace(**chunk["usage"]) if chunk.get("usage") else None
-    return SimpleNamespace(choices=[SimpleNamespace(delta=delta)], usage=usage)
+    return SimpleNamespace(choices=[SimpleNamespace(delta=delta, finish_reason=chunk.get("finish_reason") or None)],
+                           usage=usage)
 
 
 def _absorb(state: _StreamState, chunk: Any) -> str:
@@ -431,6 +435,7 @@ def _absorb(state: _StreamState, chunk: Any) -> str:
         }
     if not chunk.choices:
         return ""
+    state.finish_reason = getattr(chunk.choices[0], "finish_reason", None) or state.finish_reason
     delta = chunk.choices[0].delta
     for call in getattr(delta, "tool_calls", None) or []:
         _absorb_call(state, call)

@@ -23,7 +23,7 @@ from config.errors import BadInput, NotFound, TooLarge
 from conversations import items as it
 from conversations.models import Conversation, Node
 from conversations.openai.parts import user_content
-from conversations.openai.shapes import instructions_text
+from conversations.openai.shapes import cut_short, instructions_text
 
 
 @dataclass
@@ -218,6 +218,10 @@ def named_conversation(*, user, request, body: dict) -> Conversation | None:
     return found
 
 
+def finish_reason(node: Node, *, calls: bool) -> str:
+    return "tool_calls" if calls else "length" if cut_short(node) else "stop"
+
+
 def completion_of(node: Node, *, model: str) -> dict[str, Any]:
     """The ChatCompletion of the call `node` made."""
     calls = it.tool_calls(node.received)
@@ -229,7 +233,7 @@ def completion_of(node: Node, *, model: str) -> dict[str, Any]:
     usage = node.usage or {}
     return {"id": f"chatcmpl-{node.pk}", "object": "chat.completion", "created": int(node.created_at.timestamp()),
             "model": model, "choices": [{"index": 0, "message": message, "logprobs": None,
-                                         "finish_reason": "tool_calls" if calls else "stop"}],
+                                         "finish_reason": finish_reason(node, calls=bool(calls))}],
             "usage": {"prompt_tokens": usage.get("prompt_tokens", 0),
                       "completion_tokens": usage.get("completion_tokens", 0),
                       "total_tokens": usage.get("total_tokens", 0)}}

@@ -20,6 +20,7 @@ from conversations import items as it
 from conversations.models import Node
 from conversations.openai.errors import anthropic_error_body
 from conversations.openai.options import CallOptions
+from conversations.openai.shapes import cut_short
 from conversations.turns.events import EventType
 
 # --- what a caller sends -------------------------------------------------------------------------------------
@@ -260,7 +261,9 @@ def usage_of(node: Node) -> dict[str, int]:
 
 
 def stop_reason(node: Node) -> str:
-    return "tool_use" if it.tool_calls(node.received) else "end_turn"
+    if it.tool_calls(node.received):
+        return "tool_use"
+    return "max_tokens" if cut_short(node) else "end_turn"
 
 
 def message_of(node: Node, *, model: str) -> dict[str, Any]:

@@ -238,11 +238,17 @@ RESPONSE_DEFAULTS: dict[str, Any] = {
 }
 
 
+def cut_short(node: Node) -> bool:
+    """Whether the answer stopped at its output limit (max_tokens), as the provider said (`llm.stream_call`)."""
+    return (node.usage or {}).get("finish_reason") == "length"
+
+
 def response_of(node: Node, *, status: str | None = None, sent: dict[str, Any] | None = None) -> dict[str, Any]:
     """The Responses object of the call `node` made. `sent`: the request's own fields, said back as sent (the
     create's `echo`, with the `previous_response_id` it named: a compaction may stand between them, C2)."""
     failed = node.status == Node.Status.FAILED
-    status = status or ("failed" if failed else "in_progress" if node.status == Node.Status.PENDING else "completed")
+    status = status or ("failed" if failed else "in_progress" if node.status == Node.Status.PENDING
+                        else "incomplete" if cut_short(node) else "completed")
     output = output_of(node)
     sent = sent or {}
     previous = sent.get("previous_response_id", response_id(node.parent_id) if node.parent_id else None)
@@ -252,9 +258,9 @@ def response_of(node: Node, *, status: str | None = None, sent: dict[str, Any] |
         "completed_at": int(node.finished_at.timestamp()) if status == "completed" and node.finished_at else None,
         "model": node.model, "status": status, "output": output if status != "in_progress" else [],
         "error": {"code": "server_error", "message": node.failure_message} if failed else None,
-        "incomplete_details": None, "instructions": node.instructions or None,
-        "previous_response_id": previous,
-        "usage": _usage(node) if status == "completed" else None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": node.instructions or None, "previous_response_id": previous,
+        "usage": _usage(node) if status in ("completed", "incomplete") else None,
     }
 
 

@@ -307,9 +307,10 @@ class _ChatChunks:
             return self._open(event.data["node"]) + self.chunk({"tool_calls": [call]})
         if event.type == EventType.DONE:
             self.ended = True
-            done = self._open(event.data["head"]) + self.chunk({}, "tool_calls" if self.calls else "stop")
+            node = await in_pool_thread(_node, event.data["head"])
+            done = self._open(event.data["head"]) + self.chunk({}, chat.finish_reason(node, calls=bool(self.calls)))
             if self.usage:
-                used = (await in_pool_thread(_node, event.data["head"])).usage or {}
+                used = node.usage or {}
                 done += self.chunk(None, usage={k: used.get(k, 0) for k in ("prompt_tokens", "completion_tokens",
                                                                              "total_tokens")})
             return done + b"data: [DONE]\n\n"
@@ -558,4 +559,4 @@ class _ResponsesEvents:
                             part=part),
                 self._event("response.output_item.done", output_index=0, item=message),
             ]
-        return b"".join([*parts, self._event("response.completed", response=final)])
+        return b"".join([*parts, self._event(f"response.{final['status']}", response=final)])

@@ -53,6 +53,7 @@ class Reply:
     then: Reply | None = None  # for "hang": what to send if the wait completes
     prompt_tokens: int | None = None  # usage overrides; computed from word counts when None
     completion_tokens: int | None = None
+    finish: str = "stop"  # a text reply's finish_reason ("length": cut at max_tokens)
 
     @classmethod
     def text(
@@ -62,6 +63,7 @@ class Reply:
         *,
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
+        finish: str = "stop",
     ) -> Reply:
         return cls(
             kind="text",
@@ -69,6 +71,7 @@ class Reply:
             chunks=chunks,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            finish=finish,
         )
 
     @classmethod
@@ -278,7 +281,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self._sse(chunk({"reasoning_content": piece}))
             for piece in reply.chunks if reply.chunks is not None else _split_words(reply.content):
                 self._sse(chunk({"content": piece}))
-            finish = "stop"
+            finish = reply.finish
         last = chunk({}, finish)
         if include_usage:
             self._sse(last)
@@ -359,7 +362,7 @@ def _completion(cid: str, created: int, model: str, reply: Reply, usage: dict[st
         message["content"] = reply.content
         if reply.reasoning_content:
             message["reasoning_content"] = reply.reasoning_content
-        finish = "stop"
+        finish = reply.finish
     return {
         "id": cid,
         "object": "chat.completion",

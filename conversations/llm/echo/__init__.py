@@ -2,7 +2,8 @@
 
 It needs no network, so the app, its tests and its demo run anywhere, and a test can see exactly what
 context the model got. It reads directives from the last user message: `#tool NAME {json}` (one tool call
-per round), `#fail` (provider error), `#overflow` (context-window error), `#slow` (one word every
+per round), `#fail` (provider error), `#overflow` (context-window error), `#cut` (its first five words, then
+stopped as at an output limit: finish_reason "length"), `#slow` (one word every
 `ARBOR_ECHO_WORD_SECONDS`, 0.1 s by default), `#title` at the start (a title call: it answers the
 conversation's first question's first six words). Asked to summarise (a compaction), it answers
 `summary of N messages: <digest>` and also streams an opaque compaction item that only it can read back
@@ -116,6 +117,7 @@ class Plan:
     slow: bool
     prompt_tokens: int
     opaque_summary: str | None = None
+    cut: bool = False  # stopped at the output limit (finish_reason "length")
 
     @property
     def completion_tokens(self) -> int:
@@ -153,7 +155,9 @@ def make_plan(messages: list[dict], *, tools_offered: bool, compaction: bool = F
     answer = next((a for answerer in _answerers if (a := answerer(messages, question)) is not None),
                   f"echo: {question}\nseen: {digest(messages)}")
     words = re.findall(r"\S+\s*|\s+", answer)
-    return Plan(words=words, tool_call=None, slow="#slow" in question, prompt_tokens=prompt_tokens)
+    cut = "#cut" in question
+    return Plan(words=words[:5] if cut else words, tool_call=None, slow="#slow" in question,
+                prompt_tokens=prompt_tokens, cut=cut)
 
 
 def _refuse(kind: str, message: str, *, model: str = "echo") -> NoReturn:
@@ -213,7 +217,7 @@ def _echo_chunks(plan: Plan) -> Iterator[dict]:
             text=word,
             tool_use=None,
             is_finished=last,
-            finish_reason="stop" if last else "",
+            finish_reason=("length" if plan.cut else "stop") if last else "",
             usage=usage if last else None,
             index=0,
             provider_specific_fields={"arbor_compaction": plan.opaque_summary}
