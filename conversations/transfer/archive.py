@@ -1,6 +1,8 @@
 """An export as the products deliver it: a `.zip` (ChatGPT's and Claude.ai's data exports hold `conversations.json`
-beside the account's other files and the images). The conversations file is read from it; the images and files
-stay placeholders in the messages that showed them.
+beside the account's other files and the images). The conversations file is read from it; an image a person sent
+ChatGPT, which its messages name by id (`sediment://file_…`, `file-service://file-…`) and the archive holds as
+`file_…-name.png`, becomes a file of the importer's, sent with that question again when the conversation goes on
+(X1); one the archive does not hold, or that Arbor does not read, stays the placeholder it was.
 
 An archive is untrusted: it is read only as far as its directory allows. Refused: more than MAX_ENTRIES entries,
 a name that leaves the archive (`..`, an absolute path), an entry that unpacks past ARBOR_IMPORT_MAX_BYTES or more
@@ -11,12 +13,15 @@ from __future__ import annotations
 
 import io
 import posixpath
+import re
 import zipfile
+from typing import Any
 
 from django.conf import settings
 
 from config.errors import TooLarge
-from conversations.transfer.plan import ImportRefused
+from conversations.transfer.plan import ImportRefused, Plan
+from files.sniff import UnsupportedFile, sniff
 
 MAGIC = b"PK\x03\x04"
 MAX_ENTRIES = 20_000
@@ -69,3 +74,76 @@ def _read(archive: zipfile.ZipFile, entry: zipfile.ZipInfo) -> bytes:
             return stream.read()
     except (zipfile.BadZipFile, NotImplementedError, RuntimeError, EOFError) as error:
         raise ImportRefused(f"{entry.filename} cannot be unpacked: {error}.") from None
+
+
+POINTER = re.compile(r"(?:file-service|sediment)://(file[-_][A-Za-z0-9]+)")
+_MEMBER_ID = re.compile(r"^(file[-_][A-Za-z0-9]+)")
+
+
+class ArchiveFiles:
+    """The files beside an archive's conversations, found by the id its messages name them by, each read at most
+    once and bounded as an upload is: ARBOR_FILE_MAX_BYTES a file, ARBOR_IMPORT_MAX_BYTES in all, no bomb."""
+
+    def __init__(self, raw: bytes):
+        self._archive = zipfile.ZipFile(io.BytesIO(raw))
+        self._by_id: dict[str, zipfile.ZipInfo] = {}
+        for entry in self._archive.infolist():
+            found = _MEMBER_ID.match(posixpath.basename(entry.filename))
+            if found and not entry.is_dir():
+                self._by_id.setdefault(found[1], entry)
+        self._left = settings.ARBOR_IMPORT_MAX_BYTES
+        self._read: dict[str, tuple[str, bytes, str] | None] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_id)
+
+    def get(self, file_id: str) -> tuple[str, bytes, str] | None:
+        """(name, bytes, kind) of the file the messages call `file_id`; None when the archive holds none Arbor
+        reads (then the message keeps its placeholder)."""
+        if file_id not in self._read:
+            self._read[file_id] = self._load(file_id)
+        return self._read[file_id]
+
+    def _load(self, file_id: str) -> tuple[str, bytes, str] | None:
+        entry = self._by_id.get(file_id)
+        if entry is None or entry.file_size > min(settings.ARBOR_FILE_MAX_BYTES, self._left):
+            return None
+        data = _read(self._archive, entry)
+        self._left -= len(data)
+        name = posixpath.basename(entry.filename)
+        try:
+            _, kind = sniff(data, name)
+        except UnsupportedFile:
+            return None
+        return name, data, kind
+
+
+def with_archive_files(plan: Plan, files: ArchiveFiles) -> Plan:
+    """`plan` with each question that names an image (or a file) the archive holds carrying it as a file of its
+    own (X1): the placeholder text stays, as the person saw it; the bytes go in `plan.files`, which the writer
+    makes the importer's."""
+    for node in plan.nodes.values():
+        sent, added = [], []
+        for item in node.fields.get("sent") or []:
+            if item.get("type") == "user" and isinstance(item.get("text"), str):
+                refs = _refs(item, files, plan)
+                if refs:
+                    item, added = {**item, "files": refs}, refs
+            sent.append(item)
+        node.fields["sent"] = sent
+        for bubble in node.bubbles if added else ():
+            if bubble.get("role") == "user":
+                bubble["data"] = {**(bubble.get("data") or {}), "files": added}
+    return plan
+
+
+def _refs(item: dict[str, Any], files: ArchiveFiles, plan: Plan) -> list[dict[str, Any]]:
+    refs = list(item.get("files") or [])
+    for file_id in dict.fromkeys(POINTER.findall(item["text"])):
+        found = files.get(file_id)
+        if found is None or len(refs) >= settings.ARBOR_FILES_PER_TURN:
+            continue
+        name, data, kind = found
+        plan.files[file_id] = {"name": name, "data": data}
+        refs.append({"id": file_id, "name": name, "kind": kind})
+    return refs

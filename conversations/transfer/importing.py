@@ -47,8 +47,23 @@ def parse(raw: bytes) -> Any:
     """Decode the upload; refuse what is too big or nested too deep before building anything from it."""
     if len(raw) > settings.ARBOR_IMPORT_MAX_BYTES:
         raise TooLarge(f"The file is larger than {settings.ARBOR_IMPORT_MAX_BYTES} bytes.")
+    beside = None
     if archive.is_archive(raw):  # ChatGPT's and Claude.ai's exports arrive as a .zip (issue 28)
-        raw = archive.conversations_file(raw)
+        raw, beside = archive.conversations_file(raw), archive.ArchiveFiles(raw)
+    document = _decoded(raw)
+    if beside and isinstance(document, list):  # the images beside the conversations go with them (X1)
+        document = Archived(document)
+        document.files = beside
+    return document
+
+
+class Archived(list):
+    """The conversations read from an export's archive, with the files the archive holds beside them."""
+
+    files: archive.ArchiveFiles
+
+
+def _decoded(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8-sig")  # a byte order mark, as some editors save the file, is no part of it
     except UnicodeDecodeError:
@@ -139,7 +154,7 @@ def import_any(*, owner, document: Any) -> Imported:
             skipped.append({"index": index, "error": f"conversation {index}: it holds no message that could be "
                                                      "read."})
             continue
-        plans.append(plan)
+        plans.append(archive.with_archive_files(plan, document.files) if isinstance(document, Archived) else plan)
     if not plans:
         raise ImportRefused(f"Nothing in this {name} file could be imported: "
                             + "; ".join(entry["error"] for entry in skipped[:5]))

@@ -101,3 +101,53 @@ def test_issue_28_d5_an_archive_whose_directory_lies_about_a_size_is_refused(api
     response = _post(api, bytes(raw))
     assert response.status_code == 400 and "cannot be unpacked" in response.json()["error"]["message"]
     assert not Conversation.objects.exists()
+
+
+def test_issue_28_x1_an_image_the_person_sent_chatgpt_comes_back_as_their_file(api, user):
+    """The archive holds the image a question showed (`sediment://file_…` in the message, `file_…-name.png` at the
+    archive's top, as ChatGPT's 2025-26 exports lay it out): it becomes the importer's file, the question's again,
+    so the next call sends it to a model that can see; an image the archive lacks stays its placeholder. The
+    messages are built in the shape of the real files named in SOURCES.md (see test_import_chatgpt_today)."""
+    from files.models import StoredFile
+    from tests.conversations.test_import_chatgpt_today import _conversation, _message
+    from tests.files.test_files import png
+
+    def image(pointer):
+        return {"content_type": "image_asset_pointer", "asset_pointer": pointer, "width": 2, "height": 1,
+                "metadata": {}}
+
+    document = _conversation(
+        _message("u", "client-created-root", "user", {"content_type": "multimodal_text", "parts": [
+            image("sediment://file_00000000a1b2"), image("file-service://file-Missing9"), "What is on it?"]}),
+        _message("a", "u", "assistant", {"content_type": "text", "parts": ["A dot."]}),
+    )
+    picture = png(2, 1)
+    raw = _zip({"conversations.json": json.dumps([document]).encode(), "file_00000000a1b2-screenshot.png": picture,
+                "file-Other1-notes.bin": b"\x7fELF not a file Arbor reads"})
+    response = _post(api, raw)
+    assert response.status_code == 201, response.json()
+    conversation = Conversation.objects.get(pk=response.json()["conversations"][0]["id"])
+    (stored,) = StoredFile.objects.filter(owner=user)
+    assert stored.name == "file_00000000a1b2-screenshot.png" and stored.kind == "image"
+    question = Node.objects.get(conversation=conversation, parent=None)
+    (item,) = question.sent
+    assert [(ref["id"], ref["kind"]) for ref in item["files"]] == [(stored.pk, "image")]
+    assert "file-service://file-Missing9" in item["text"], "the one the archive lacks stays a placeholder"
+    answer = api.post(f"/api/conversations/{conversation.pk}/turns/", {"content": "And now?"}, format="json")
+    assert answer.status_code == 201, answer.content
+    assert "[image file_00000000a1b2-screenshot.png]" in answer.json()["answer"], "sent to the model again"
+    bubble = api.get(f"/api/conversations/{conversation.pk}/bubbles/").json()["results"][0]
+    assert [f["name"] for f in bubble["data"]["files"]] == ["file_00000000a1b2-screenshot.png"]
+
+
+def test_issue_28_d5_archive_files_past_the_bounds_stay_placeholders(api, user, settings):
+    from files.models import StoredFile
+    from tests.conversations.test_import_chatgpt_today import _conversation, _message
+    from tests.files.test_files import png
+
+    settings.ARBOR_FILE_MAX_BYTES = 50
+    document = _conversation(_message("u", "client-created-root", "user", {"content_type": "multimodal_text",
+        "parts": [{"content_type": "image_asset_pointer", "asset_pointer": "sediment://file_big"}, "Big?"]}))
+    raw = _zip({"conversations.json": json.dumps([document]).encode(), "file_big-large.png": png(40, 40) + b"\0" * 99})
+    assert _post(api, raw).status_code == 201
+    assert not StoredFile.objects.filter(owner=user).exists()
