@@ -23,5 +23,6 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("search.pages")),
     path("playbooks/", include("playbooks.pages")),
+    path("", include("conversations.web.projects")),  # issue 30: the project pages
     path("", include("conversations.web.pages")),
 ]

@@ -66,7 +66,11 @@ def pages(user, conversation):
     playbook = playbook_services.playbook_convert(user=user, conversation_id=sales.pk)
     run = playbook_services.playbook_run(user=user, playbook_id=playbook.pk, values={"month": "2026-09"})
     second = Node.objects.filter(conversation=conversation, parent=None).order_by("id")
+    project = services.project_create(owner=user, name="Launch plans for the autumn season", instructions="Be brief.")
+    services.conversation_update(conversation=sales, project=project)
     return {
+        "projects": "/projects/",
+        "project": f"/projects/{project.pk}/",
         "chat": f"/chat/{conversation.pk}/",
         "compare": f"/chat/{conversation.pk}/compare/?a={second[0].pk}&b={second[1].pk}",
         "seen": f"/chat/nodes/{first.pk}/seen/",

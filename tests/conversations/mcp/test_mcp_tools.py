@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -339,3 +340,27 @@ def test_x3_a_call_to_a_server_the_conversation_has_off_is_not_run(mcp_servers, 
     api.post(f"/api/conversations/{cid}/approvals/", {"call_id": card["call_id"], "approve": True}, format="json")
     assert _notes_count() == before, "switched off before the click: not run"
     assert "does not have that tool's server on" in _results(Conversation.objects.get(pk=cid))[-1]["content"]
+
+
+def test_issue_32_a_server_that_lists_its_tools_in_pages_offers_them_all(mcp_servers):
+    """A low-level SDK server that pages its tool list (paged_server.py): every page is read."""
+    mcp_servers({"paged": {"command": [sys.executable, str(Path(__file__).with_name("paged_server.py"))]}})
+    assert [tool.name for tool in offered_tools(None) if tool.server] == [f"paged__echo_{n}" for n in range(5)]
+    assert run_tool_call(_call("paged__echo_4", text="hi"))["content"] == "echo_4: hi"
+
+
+def test_issue_32_a_changed_configuration_replaces_a_connection_never_opened(mcp_servers):
+    first = parse_servers(json.dumps({"idle": NOTES}))[0]
+    second = parse_servers(json.dumps({"idle": {**NOTES, "timeout": 5}}))[0]
+    _, held = connection.connection(first)
+    _, replaced = connection.connection(second)
+    assert replaced is not held and replaced.server == second
+    _, again = connection.connection(second)
+    assert again is replaced, "the same configuration keeps its connection"
+
+
+def test_issue_32_a_server_whose_listing_fails_is_shown_down_with_why(mcp_servers):
+    paged = [sys.executable, str(Path(__file__).with_name("paged_server.py"))]
+    mcp_servers({"broken": {"command": paged, "env": {"PAGED_LISTING_FAILS": "1"}}})
+    (state,) = catalog.listing()[1]
+    assert not state.reachable and "did not list its tools" in state.error

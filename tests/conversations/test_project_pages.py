@@ -1,0 +1,93 @@
+"""Issue 30's pages, as a person uses them through forms (the pages' client, signed in): make a project, set its
+instructions, model and memory, start a chat in it, move a conversation in and out, add and remove knowledge
+files, delete it only with the number of its conversations; the sidebar groups conversations by project; another
+person's project is a 404 everywhere and nothing changes (X2)."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
+
+from conversations.models import Conversation, Project
+from files.models import StoredFile
+
+pytestmark = pytest.mark.django_db
+
+
+def _project(page, name="Launch") -> Project:
+    made = page.post("/projects/", {"name": name})
+    assert made.status_code == 302, made.content
+    project = Project.objects.get(name=name)
+    assert made["Location"] == f"/projects/{project.pk}/"
+    return project
+
+
+def test_issue_30_a_project_is_made_set_and_chatted_in_from_its_page(page, user):
+    project = _project(page)
+    saved = page.post(f"/projects/{project.pk}/update/", {"name": "Launch", "instructions": "We launch in May.",
+                                                          "model": "arbor/echo", "memory": "false"})
+    assert saved.status_code == 302
+    project.refresh_from_db()
+    assert (project.instructions, project.model, project.memory) == ("We launch in May.", "arbor/echo", False)
+    refused = page.post(f"/projects/{project.pk}/update/", {"model": "nope/none"}, follow=True)
+    assert "Nothing was changed" in refused.content.decode() and Project.objects.get(pk=project.pk).model == \
+        "arbor/echo"
+    opened = page.post(f"/projects/{project.pk}/new-chat/")
+    conversation = Conversation.objects.get(project=project)
+    assert opened["Location"] == f"/chat/{conversation.pk}/"
+    html = page.get(f"/projects/{project.pk}/").content.decode()
+    assert f'href="/chat/{conversation.pk}/"' in html and "We launch in May." in html
+    sidebar = page.get(f"/chat/{conversation.pk}/").content.decode()
+    heading = sidebar.index(f'<h2 class="sidebar-project"><a href="/projects/{project.pk}/">Launch</a></h2>')
+    assert heading < sidebar.index(f'<a href="/chat/{conversation.pk}/" aria-current="page">'), \
+        "the sidebar lists the conversation under its project"
+
+
+def test_issue_30_a_conversation_moves_in_and_out_and_never_into_someone_elses(page, user, other_user):
+    mine = _project(page)
+    theirs = Project.objects.create(owner=other_user, name="Theirs")
+    conversation = Conversation.objects.create(owner=user, model="arbor/echo")
+    assert page.post(f"/chat/{conversation.pk}/move/", {"project": mine.pk}).status_code == 302
+    assert Conversation.objects.get(pk=conversation.pk).project_id == mine.pk
+    assert page.post(f"/chat/{conversation.pk}/move/", {"project": theirs.pk}).status_code == 404
+    assert Conversation.objects.get(pk=conversation.pk).project_id == mine.pk, "nothing changed"
+    page.post(f"/chat/{conversation.pk}/move/", {"project": ""})
+    assert Conversation.objects.get(pk=conversation.pk).project_id is None
+    for url in (f"/projects/{theirs.pk}/", ):
+        assert page.get(url).status_code == 404
+    for url in (f"/projects/{theirs.pk}/update/", f"/projects/{theirs.pk}/new-chat/",
+                f"/projects/{theirs.pk}/delete/"):
+        assert page.post(url, {"name": "mine now", "confirm": "0"}).status_code == 404
+    assert Project.objects.get(pk=theirs.pk).name == "Theirs" and not Conversation.objects.filter(
+        project=theirs).exists()
+
+
+def test_issue_30_knowledge_files_are_added_and_removed_on_the_page(page, user):
+    project = _project(page)
+    upload = SimpleUploadedFile("pricing.md", b"The Oak plan costs 12 dollars.")
+    assert page.post(f"/projects/{project.pk}/files/", {"file": upload}).status_code == 302
+    (stored,) = StoredFile.objects.filter(owner=user)
+    assert stored.project_id == project.pk
+    assert "pricing.md" in page.get(f"/projects/{project.pk}/").content.decode()
+    page.post(f"/projects/{project.pk}/files/{stored.pk}/remove/")
+    stored.refresh_from_db()
+    assert stored.project_id is None, "out of the project, still the person's"
+
+
+def test_issue_30_deleting_a_project_on_its_page_asks_for_the_number(page, user):
+    project = _project(page)
+    page.post(f"/projects/{project.pk}/new-chat/")
+    page.post(f"/projects/{project.pk}/new-chat/")  # the untouched one is a new one: projects keep their own
+    count = Conversation.objects.filter(project=project).count()
+    wrong = page.post(f"/projects/{project.pk}/delete/", {"confirm": str(count + 1)}, follow=True)
+    assert f"holds {count} conversation" in wrong.content.decode()
+    assert Project.objects.filter(pk=project.pk).exists() and Conversation.objects.filter(project=project).count() \
+        == count
+    done = page.post(f"/projects/{project.pk}/delete/", {"confirm": str(count)})
+    assert done["Location"] == "/projects/" and not Project.objects.filter(pk=project.pk).exists()
+    assert not Conversation.objects.filter(owner=user).exists()
+
+
+def test_issue_30_signed_out_the_project_pages_ask_to_sign_in():
+    assert Client().get("/projects/")["Location"].startswith("/accounts/login/")
