@@ -457,7 +457,8 @@ class ProjectListCreate(PaginatedList, APIView):
         projects = Project.objects.filter(owner_id=request.user.pk).prefetch_related("files").order_by("name", "id")
         return paginated(self, request, projects, s.ProjectOut)
 
-    @extend_schema(request=s.ProjectIn, responses={201: s.ProjectOut})
+    @extend_schema(request=s.ProjectIn, responses={
+        201: s.ProjectOut, 404: OpenApiResponse(description="not_found: a file named in `files` is none of yours")})
     def post(self, request: Request) -> Response:
         data = valid_input(s.ProjectIn, request)
         files = data.pop("files", None)
@@ -473,7 +474,9 @@ class ProjectDetail(APIView):
     def get(self, request: Request, project_id: int) -> Response:
         return Response(s.ProjectOut(project_for_user(user=request.user, project_id=project_id)).data)
 
-    @extend_schema(request=s.ProjectIn(partial=True), responses=s.ProjectOut)
+    @extend_schema(request=s.ProjectIn(partial=True), responses={
+        200: s.ProjectOut, 404: OpenApiResponse(description="not_found: no such project, or a file named in `files` "
+                                                            "is none of yours")})
     def patch(self, request: Request, project_id: int) -> Response:
         project = project_for_user(user=request.user, project_id=project_id)
         data = valid_input(s.ProjectIn, request, partial=True)
