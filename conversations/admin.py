@@ -16,7 +16,6 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.db.models import BigIntegerField, Count, Exists, FloatField, IntegerField, OuterRef, Subquery, Sum, Value
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
@@ -44,7 +43,7 @@ from conversations.models import (
 )
 from conversations.selectors import node_path, tree_scope
 from conversations.tools.mcp.connection import CallStopped, ServerDown
-from conversations.tools.mcp.servers import BadServer, forget, parse_servers, row_config
+from conversations.tools.mcp.servers import BadServer, announce_change, parse_servers, row_config
 from conversations.tools.mcp.tools import server_tools
 from conversations.turns.seen import call_context
 
@@ -541,6 +540,23 @@ class ToolServerAdmin(admin.ModelAdmin):
     list_display = ["name", "url", "enabled"]
     readonly_fields = ["tools_now"]
 
+    # A server row is a program Arbor runs with the environment it names, and its headers hold tokens: like API
+    # tokens, superusers only, whatever model permissions a staff member was given.
+    def has_module_permission(self, request):
+        return request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_add_permission(self, request):
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser
+
     @admin.display(description="Tools now")
     def tools_now(self, obj: ToolServer) -> str:
         if obj.pk is None or not obj.enabled:
@@ -554,8 +570,12 @@ class ToolServerAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        transaction.on_commit(forget)
+        announce_change()
 
     def delete_model(self, request, obj):
         super().delete_model(request, obj)
-        transaction.on_commit(forget)
+        announce_change()
+
+    def delete_queryset(self, request, queryset):
+        super().delete_queryset(request, queryset)
+        announce_change()

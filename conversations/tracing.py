@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, S
 
 from conversations.models import Node
 
+logger = logging.getLogger("arbor.tracing")
 _next_ids: ContextVar[tuple[int, int] | None] = ContextVar("arbor_span_ids", default=None)
 
 
@@ -71,7 +73,7 @@ def _digest(text: str, size: int) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:size], "big") or 1
 
 
-_provider: tuple[str, TracerProvider] | None = None
+_provider: tuple[str, TracerProvider | None] | None = None
 _provider_lock = threading.Lock()
 
 
@@ -83,19 +85,29 @@ def tracer() -> trace.Tracer | None:
         return None
     with _provider_lock:
         if _provider is None or _provider[0] != endpoint:
-            if _provider is not None:
+            if _provider is not None and _provider[1] is not None:
                 _provider[1].shutdown()
-            provider = TracerProvider(resource=Resource.create({"service.name": settings.ARBOR_OTEL_SERVICE_NAME}),
-                                      id_generator=_TreeIds())
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
-                endpoint=os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or f"{endpoint.rstrip('/')}/v1/traces")))
-            _provider = (endpoint, provider)
-        return _provider[1].get_tracer("arbor")
+            _provider = (endpoint, _new_provider(endpoint))
+        return _provider[1].get_tracer("arbor") if _provider[1] is not None else None
+
+
+def _new_provider(endpoint: str) -> TracerProvider | None:
+    """The provider exporting to `endpoint`; None (tracing off, said once in the log) when OpenTelemetry's own
+    settings are wrong: a trace never costs a turn."""
+    try:
+        provider = TracerProvider(resource=Resource.create({"service.name": settings.ARBOR_OTEL_SERVICE_NAME}),
+                                  id_generator=_TreeIds())
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
+            endpoint=os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or f"{endpoint.rstrip('/')}/v1/traces")))
+    except Exception:
+        logger.exception("OpenTelemetry could not be set up for %s: no traces are sent", endpoint)
+        return None
+    return provider
 
 
 def flush() -> None:
     """Send what is batched now (tests, and a process about to end)."""
-    if _provider is not None:
+    if _provider is not None and _provider[1] is not None:
         _provider[1].force_flush()
 
 
@@ -108,7 +120,15 @@ def _capture_content() -> bool:
 
 
 def node_ended(node: Node) -> None:
-    """The span of `node`'s call, once it has ended (succeeded or failed): the child of its parent node's span."""
+    """The span of `node`'s call, once it has ended (succeeded or failed): the child of its parent node's span.
+    Whatever goes wrong in tracing is logged; the turn never hears of it."""
+    try:
+        _node_span(node)
+    except Exception:
+        logger.exception("the span of node %s was not sent", node.pk)
+
+
+def _node_span(node: Node) -> None:
     tracing = tracer()
     if tracing is None or node.pk is None:
         return
@@ -146,16 +166,27 @@ def node_ended(node: Node) -> None:
 @contextlib.contextmanager
 def tool_span(call: dict, *, node_id: int, conversation_id: int | None) -> Iterator[trace.Span | None]:
     """An `execute_tool` span around one tool run, the child of the span of the node whose call asked for it."""
+    try:
+        span = _tool_span_started(call, node_id=node_id, conversation_id=conversation_id)
+    except Exception:  # tracing never stops a tool
+        logger.exception("the span of tool call %s was not started", call.get("id"))
+        span = None
+    try:
+        yield span
+    finally:
+        if span is not None:
+            with contextlib.suppress(Exception):
+                span.end()
+
+
+def _tool_span_started(call: dict, *, node_id: int, conversation_id: int | None) -> trace.Span | None:
     tracing = tracer()
     if tracing is None:
-        yield None
-        return
+        return None
     parent = SpanContext(trace_id=trace_id_of(conversation_id), span_id=span_id_of(node_id), is_remote=True,
                          trace_flags=TraceFlags(TraceFlags.SAMPLED))
     attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call["name"],
                   "gen_ai.tool.call.id": call["id"], "gen_ai.conversation.id": str(conversation_id or ""),
                   "arbor.node.id": node_id}
-    with tracing.start_as_current_span(f"execute_tool {call['name']}", kind=SpanKind.INTERNAL,
-                                       context=trace.set_span_in_context(NonRecordingSpan(parent)),
-                                       attributes=attributes) as span:
-        yield span
+    return tracing.start_span(f"execute_tool {call['name']}", kind=SpanKind.INTERNAL, attributes=attributes,
+                              context=trace.set_span_in_context(NonRecordingSpan(parent)))

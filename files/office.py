@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import re
 import zipfile
+import zlib
 from collections.abc import Iterator
 from xml.etree.ElementTree import ParseError, iterparse
 
@@ -20,6 +21,9 @@ W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 S = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}"
 A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
 R = "{http://schemas.openxmlformats.org/officeDocument/2006/relationships}"
+
+
+MAX_ELEMENTS = 1_000_000  # a real document past this has long passed the text bound, where reading stops
 
 
 class OfficeUnreadable(Exception):
@@ -32,7 +36,8 @@ def office_text(data: bytes, content_type: str) -> str:
         reader = {"wordprocessingml": _word, "spreadsheetml": _sheets, "presentationml": _slides}
         kind = next(key for key in reader if key in content_type)
         return _joined(reader[kind](_Parts(archive)))
-    except (zipfile.BadZipFile, KeyError, ParseError, EOFError, RuntimeError, NotImplementedError) as error:
+    except (zipfile.BadZipFile, KeyError, ParseError, EOFError, RuntimeError, NotImplementedError, ValueError,
+            zlib.error) as error:
         raise OfficeUnreadable(f"The document could not be read ({error.__class__.__name__}).") from None
 
 
@@ -54,18 +59,31 @@ class _Parts:
     def __init__(self, archive: zipfile.ZipFile):
         self.archive = archive
         self.left = settings.ARBOR_OFFICE_XML_MAX_BYTES
+        self.elements = 0
 
     def names(self) -> set[str]:
         return set(self.archive.namelist())
 
     def events(self, name: str, tags: set[str]) -> Iterator[tuple[str, object]]:
-        """(event, element) for the start and end of elements of `tags` in part `name`; others are let go."""
+        """(event, element) for the start and end of elements of `tags` in part `name`. Every element is let go
+        once it ends (cleared and taken off its parent), so memory holds one path of the document, not its tree;
+        past MAX_ELEMENTS elements (a small file of millions of empty ones) the document is refused."""
+        open_elements: list = []
         with self.archive.open(name) as raw:
             for event, element in iterparse(_Capped(raw, self), events=("start", "end")):
+                if event == "start":
+                    self.elements += 1
+                    if self.elements > MAX_ELEMENTS:
+                        raise OfficeUnreadable("The document holds more elements than Arbor reads: save it as PDF or "
+                                               "text.")
+                    open_elements.append(element)
                 if element.tag in tags:
                     yield event, element
-                if event == "end" and element.tag in tags:
+                if event == "end":
+                    open_elements.pop()
                     element.clear()
+                    if open_elements:
+                        open_elements[-1].remove(element)
 
 
 class _Capped(io.RawIOBase):
@@ -110,6 +128,7 @@ def _word(parts: _Parts) -> Iterator[str]:
 def _sheets(parts: _Parts) -> Iterator[str]:
     """Each sheet under its name, a row a line, cells separated by tabs (as a spreadsheet copies them)."""
     shared = list(_shared_strings(parts)) if "xl/sharedStrings.xml" in parts.names() else []
+    left = settings.ARBOR_FILE_TEXT_MAX_CHARS  # a shared string repeated in every cell is counted each time
     for title, path in _sheet_paths(parts):
         heading = f"# {title}"  # given only before the sheet's first row with text
         cells: list[str] = []
@@ -121,13 +140,17 @@ def _sheets(parts: _Parts) -> Iterator[str]:
             elif event == "end" and tag in (f"{S}v", f"{S}t"):
                 value += element.text or ""
             elif event == "end" and tag == f"{S}c":
-                cells.append(shared[int(value)] if kind == "s" and value.isdigit() and int(value) < len(shared)
-                             else value)
+                text = (shared[int(value)] if kind == "s" and value.isascii() and value.isdigit()
+                        and int(value) < len(shared) else value)[:max(0, left)]
+                left -= len(text) + 1
+                cells.append(text)
             elif event == "end" and tag == f"{S}row":
                 row, cells = "\t".join(cells).rstrip("\t"), []
                 if row.strip():
                     yield from (heading, row) if heading else (row,)
                     heading = ""
+                if left <= 0:
+                    return
 
 
 def _shared_strings(parts: _Parts) -> Iterator[str]:

@@ -37,6 +37,7 @@ from conversations.context import PathNode, assemble
 from conversations.models import Bubble, Conversation, Node, ToolApproval
 from conversations.selectors import node_path
 from conversations.services import head_move
+from conversations.tools.mcp.servers import configured
 from conversations.turns import detached
 from conversations.turns.start import turn_ask
 
@@ -365,6 +366,7 @@ def turn_queries(tree: Tree) -> tuple[int, float]:
     conversation = tree.conversation
     limits = override_settings(ARBOR_ECHO_MAX_INPUT_TOKENS=10**12, ARBOR_TURN_LOCK_SECONDS=24 * 3600,
                                ARBOR_PARTIAL_SAVE_SECONDS=24 * 3600)
+    configured()  # the MCP servers staff added are read once a process (issue 32), not per turn: not counted here
     began = time.perf_counter()
     stop_check, detached.STOP_CHECK_SECONDS = detached.STOP_CHECK_SECONDS, 24 * 3600
     with limits, CaptureQueriesContext(connection) as captured:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 import jsonschema
 from django.conf import settings
@@ -49,13 +50,9 @@ def run_tool_call(call: it.Item, *, approved: bool | None = None, max_bytes: int
         return error("refused: the user did not approve this call, so it was not run")
     if tool.needs_approval and approved is not True:
         return error("error: this tool needs a person's approval and none was given")
-    try:
-        arguments = json.loads(call.get("arguments") or "{}")
-        jsonschema.validate(arguments, tool.parameters)
-    except json.JSONDecodeError as exc:
-        return error(f"error: the arguments are not valid JSON ({exc.msg})")
-    except jsonschema.ValidationError as exc:
-        return error(f"error: invalid arguments: {exc.message}")
+    arguments, problem = _arguments(call, tool.parameters)
+    if problem:
+        return error(problem)
 
     cancel = threading.Event()
 
@@ -79,6 +76,22 @@ def run_tool_call(call: it.Item, *, approved: bool | None = None, max_bytes: int
         logger.info("tool %s raised %r", name, exc)
         return error(f"error: {exc}")
     return it.tool_result(call_id, name, text)
+
+
+def _arguments(call: it.Item, schema: dict) -> tuple[Any, str]:
+    """The call's arguments checked against the tool's schema, and "" ; else why not, as the error result says."""
+    try:
+        arguments = json.loads(call.get("arguments") or "{}")
+        jsonschema.validate(arguments, schema)
+    except json.JSONDecodeError as exc:
+        return None, f"error: the arguments are not valid JSON ({exc.msg})"
+    except jsonschema.ValidationError as exc:
+        return None, f"error: invalid arguments: {exc.message}"
+    except Exception as exc:  # an MCP server's schema that cannot check anything (a $ref to nowhere): C4 holds
+        return None, f"error: the tool's own argument schema is broken ({exc.__class__.__name__}); it was not run"
+    if not isinstance(arguments, dict):
+        return None, "error: the arguments must be a JSON object"
+    return arguments, ""
 
 
 class _Stopped(Exception):

@@ -64,8 +64,10 @@ def resolve(node: PathNode, *, run: bool, note: str = "", owner_id: int | None =
     says so. The model's own calls count against `owner_id`'s running tools
     (issue 26); an approved action does not: a person's click paces it, and a refusal would spend the approval."""
     calls = open_calls(node)
+    # Read whatever the tool says of itself now: an MCP tool's annotations (or staff's override) may have changed
+    # since the person decided, and a result stored must never be run again, nor a decision go unread (F3, D4).
     decisions = ({a.call_id: a for a in ToolApproval.objects.filter(node_id=node.id)}
-                 if any(needs_approval(c) for c in calls) else {})
+                 if any(not is_clients(c) for c in calls) else {})
     # A round's results share a quarter of what a node may store (the answer may take half).
     share = settings.ARBOR_NODE_MAX_BYTES // 4 // max(1, len(calls))
     results = []

@@ -86,3 +86,11 @@ def test_issue_31_tracing_is_off_without_an_endpoint(settings, conversation):
     assert tracing.tracer() is None
     ask(conversation, "untraced")
     assert head(conversation).status == Node.Status.SUCCEEDED
+
+
+def test_issue_31_wrong_opentelemetry_settings_never_cost_a_turn(settings, conversation, monkeypatch):
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "-5")
+    settings.ARBOR_OTEL_ENDPOINT = "http://127.0.0.1:9/wrong-settings"
+    assert tracing.tracer() is None, "tracing is off, and says why in the log"
+    events = ask(conversation, '#tool sql_query {"sql": "SELECT 1 AS one"}')
+    assert events[-1].type == "done" and head(conversation).status == Node.Status.SUCCEEDED

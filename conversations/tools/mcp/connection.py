@@ -10,6 +10,7 @@ whether anybody still waits for it (`tools.cancel`): a stopped or timed-out call
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -29,6 +30,8 @@ logger = logging.getLogger("arbor.tools.mcp")
 
 START_SECONDS = 20.0  # a server that takes longer to start (or answer its handshake) counts as down
 LIST_SECONDS = 10.0
+PING_SECONDS = 5.0
+RETRY_SECONDS = 30.0  # a server that could not be started is tried again after this
 TOOLS_FRESH_SECONDS = 60.0  # a server's tool list is listed again after this
 POLL_SECONDS = 0.25
 MAX_TOOL_PAGES = 20
@@ -51,6 +54,7 @@ class Connection:
         self._closing: asyncio.Event | None = None
         self._opening: asyncio.Lock | None = None
         self._tools: tuple[float, list[Tool]] | None = None
+        self._down: tuple[float, str] | None = None  # until when a server that did not start is not tried again
         self.starts = 0  # how many times it was started (a crash starts it again)
 
     async def client(self) -> Client:
@@ -58,23 +62,53 @@ class Connection:
             self._opening = asyncio.Lock()
         async with self._opening:
             if self._client is None:
-                ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
-                self._closing = asyncio.Event()
-                task = asyncio.create_task(self._hold(ready, self._closing))
+                if self._down is not None and time.monotonic() < self._down[0]:
+                    raise ServerDown(self._down[1])  # not started again on every turn while it cannot start
                 try:
-                    await asyncio.wait_for(asyncio.shield(ready), START_SECONDS)
-                except TimeoutError:
-                    ready.add_done_callback(_consumed)  # its ending is nobody's news now
-                    task.cancel()
-                    raise ServerDown(f"the MCP server {self.server.name!r} did not start within "
-                                     f"{START_SECONDS:g} s") from None
+                    await self._start()
+                except ServerDown as down:
+                    self._down = (time.monotonic() + RETRY_SECONDS, f"{down} (tried again after {RETRY_SECONDS:g} s)")
+                    raise
+                self._down = None
                 self.starts += 1
             return self._client
+
+    async def _start(self) -> None:
+        ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
+        self._closing = asyncio.Event()
+        task = asyncio.create_task(self._hold(ready, self._closing))
+        try:
+            await asyncio.wait_for(asyncio.shield(ready), START_SECONDS)
+        except (TimeoutError, asyncio.CancelledError) as stopped:
+            # Nobody waits for it (it took too long, or the call was stopped): its process ends with its task.
+            ready.add_done_callback(_consumed)
+            task.cancel()
+            if isinstance(stopped, asyncio.CancelledError):
+                raise
+            raise ServerDown(f"the MCP server {self.server.name!r} did not start within {START_SECONDS:g} s") from None
+
+    async def alive(self) -> Client:
+        """The client, once its server has answered a request: one that died while idle is started again before
+        a call goes to it, so the call is never spent on a server that was already gone. (The 2026-07-28 protocol
+        has no ping: a tool listing, past the SDK's cache, is the question asked.)"""
+        client = await self.client()
+        try:
+            await asyncio.wait_for(client.list_tools(cache_mode="bypass"), PING_SECONDS)
+        except Exception as exc:  # noqa: BLE001 -- whatever it met, the connection is not to be trusted
+            if not self._ended_if_closed(exc):
+                return client  # it answered, if only with an error: it is there
+            client = await self.client()
+        return client
 
     async def _hold(self, ready: asyncio.Future, closing: asyncio.Event) -> None:
         """Open the client, hand it over, and keep it open (its task groups live in this task) until closed."""
         try:
-            async with Client(self._target(), mode="auto") as client:
+            async with contextlib.AsyncExitStack() as held:
+                target = self._target()
+                if isinstance(target, httpx2.AsyncClient):  # closed with the connection, never left open
+                    http = await held.enter_async_context(target)
+                    target = streamable_http_client(self.server.url, http_client=http)
+                client = await held.enter_async_context(Client(target, mode="auto"))
                 self._client = client
                 ready.set_result(client)
                 await closing.wait()
@@ -96,9 +130,8 @@ class Connection:
             # never Arbor's own secrets.
             env = {key: os.environ[key] for key in ("PATH", "HOME", "LANG", "TZ") if key in os.environ}
             return StdioServerParameters(command=program, args=args, env={**env, **dict(self.server.env)})
-        http = httpx2.AsyncClient(headers=dict(self.server.headers),
+        return httpx2.AsyncClient(headers=dict(self.server.headers),
                                   timeout=httpx2.Timeout(30.0, read=self.server.call_timeout() + 5))
-        return streamable_http_client(self.server.url, http_client=http)
 
     def close(self) -> None:
         if self._closing is not None:
@@ -124,7 +157,7 @@ class Connection:
         return listed
 
     async def call(self, tool: str, arguments: dict) -> CallToolResult:
-        client = await self.client()
+        client = await self.alive()
         try:
             return await client.call_tool(tool, arguments, read_timeout_seconds=self.server.call_timeout())
         except Exception as exc:

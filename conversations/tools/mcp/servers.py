@@ -13,22 +13,22 @@ import json
 import logging
 import re
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 
+from config import news
 from conversations.models import ToolServer
 
 # A server's name starts its tools' names (`SERVER__TOOL`), which providers hold to [A-Za-z0-9_-]{1,64}; no "__"
 # in it, so the first "__" of a tool's name always ends the server's.
-NAME = re.compile(r"^(?!.*__)[A-Za-z0-9][A-Za-z0-9_-]{0,29}$")
+NAME = re.compile(r"^(?!.*__)[A-Za-z0-9](?:[A-Za-z0-9_-]{0,28}[A-Za-z0-9-])?$")
 APPROVALS = ("ask", "auto")
 logger = logging.getLogger("arbor.tools.mcp")
-RELOAD_SECONDS = 5.0  # how soon an admin's change reaches a running process
+NEWS_CHANNEL = "arbor_tool_servers"  # config.news: an admin's change reaches every process at once
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def server_config(name: Any, spec: Any) -> ServerConfig:
     """One server from its JSON shape, or BadServer saying what is wrong."""
     where = f"MCP server {name!r}"
     if not isinstance(name, str) or not NAME.match(name):
-        raise BadServer(f"{where}: a name is 1 to 30 letters, digits, '-' or '_', without '__'")
+        raise BadServer(f"{where}: a name is 1 to 30 letters, digits, '-' or '_', without '__' and not ending in '_'")
     if not isinstance(spec, dict):
         raise BadServer(f"{where}: expected an object with `command` or `url`")
     unknown = set(spec) - {"command", "env", "url", "headers", "timeout", "approval"}
@@ -124,36 +124,47 @@ def parse_servers(raw: str) -> list[ServerConfig]:
     return [server_config(name, spec) for name, spec in data.items()]
 
 
-_cache: tuple[float, str, list[ServerConfig]] | None = None
+_cache: tuple[str, list[ServerConfig]] | None = None
 _cache_lock = threading.Lock()
+_listening = False
 
 
 def configured() -> list[ServerConfig]:
-    """Every server this deployment connects, the environment's first; the admin's are read again at most every
-    RELOAD_SECONDS (no query per turn). An admin row that names an environment server is left out."""
-    global _cache
+    """Every server this deployment connects, the environment's first. The admin's are read once a process and
+    again only when one changes (`announce_change`, heard from any process): no query per turn. An admin row that
+    names an environment server is left out."""
+    global _cache, _listening
     raw = settings.ARBOR_MCP_SERVERS
     with _cache_lock:
-        if _cache is not None and _cache[1] == raw and time.monotonic() - _cache[0] < RELOAD_SECONDS:
-            return _cache[2]
+        if _cache is not None and _cache[0] == raw:
+            return _cache[1]
+        if not _listening:  # a missed notice (the listener reconnecting) wakes every waiter: read again then
+            news.subscribe(NEWS_CHANNEL, "changed", forget)
+            _listening = True
     from_env = parse_servers(raw)
     taken = {server.name for server in from_env}
     try:
         from_admin = _from_admin()
     except DatabaseError:  # no database yet (a check before `migrate`, a schema built offline): read it again later
         logger.warning("the MCP servers of the admin could not be read; only ARBOR_MCP_SERVERS' are used now")
-        from_admin = []
+        return from_env
     servers = from_env + [server for server in from_admin if server.name not in taken]
     with _cache_lock:
-        _cache = (time.monotonic(), raw, servers)
+        _cache = (raw, servers)
     return servers
 
 
 def forget() -> None:
-    """Read the servers again on the next use (after an admin's change, in this process at once)."""
+    """Read the servers again on the next use."""
     global _cache
     with _cache_lock:
         _cache = None
+
+
+def announce_change() -> None:
+    """An admin row was saved or deleted: every process reads the servers again, once this write commits."""
+    news.announce(NEWS_CHANNEL, "changed")
+    transaction.on_commit(forget)
 
 
 def _from_admin() -> list[ServerConfig]:

@@ -1,6 +1,6 @@
 """An MCP server on the official SDK's low-level `Server` (2.3) that lists its tools a page at a time (a cursor,
 as servers with many tools do), run over stdio: `python paged_server.py`. With PAGED_LISTING_FAILS set, listing
-its tools is an error."""
+its tools is an error; with PAGED_BAD_REF, one more tool's schema refers to nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ TOOLS = [types.Tool(name=f"echo_{n}", description=f"Echo number {n}.",
                     annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False))
          for n in range(5)]
 PAGE = 2
+if os.environ.get("PAGED_BAD_REF"):  # a schema that points nowhere: it passes a schema check, and checks nothing
+    TOOLS.append(types.Tool(name="bad_ref", description="Its schema refers to a definition it lacks.",
+                            input_schema={"type": "object", "properties": {"x": {"$ref": "#/$defs/nowhere"}}},
+                            annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False)))
 
 
 async def list_tools(ctx, params) -> types.ListToolsResult:

@@ -6,7 +6,9 @@ or is stopped."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -364,3 +366,84 @@ def test_issue_32_a_server_whose_listing_fails_is_shown_down_with_why(mcp_server
     mcp_servers({"broken": {"command": paged, "env": {"PAGED_LISTING_FAILS": "1"}}})
     (state,) = catalog.listing()[1]
     assert not state.reachable and "did not list its tools" in state.error
+
+
+def test_f3_d4_a_decided_call_keeps_its_result_after_the_tool_stops_asking(mcp_servers, api):
+    """Staff turn the tool to "auto" (or the server changes its annotations) after a person approved a call: the
+    call's stored result is what any later resolution gives (a crash recovered, a retry); it never runs again."""
+    from conversations.selectors import path_node
+    from conversations.turns import calls
+
+    mcp_servers({"notes": NOTES})
+    cid = api.post("/api/conversations/", {}, format="json").json()["id"]
+    (card,) = _turn(api, cid, '#tool notes__write_note {"text": "pay 100"}').json()["approval_required"]
+    api.post(f"/api/conversations/{cid}/approvals/", {"call_id": card["call_id"], "approve": True}, format="json")
+    asking = ToolApproval.objects.get(call_id=card["call_id"]).node
+    mcp_servers({"notes": {**NOTES, "approval": {"write_note": "auto"}}})
+    for run in (True, False):
+        (result,) = calls.resolve(path_node(asking), run=run, note="NOT RUN")
+        assert result["content"].startswith("noted #") and "pay 100" in result["content"]
+    notes = run_tool_call(_call("notes__count_notes"))["content"]  # the server as configured now (a new process)
+    assert "pay 100" not in notes, "run once, whatever the tool says of itself now"
+
+
+def _children() -> set[int]:
+    """This process's child processes (Linux /proc)."""
+    pids = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        pids |= {int(pid) for pid in (task / "children").read_text().split()}
+    return pids
+
+
+def test_issue_32_a_server_that_died_while_idle_is_started_before_the_next_call(mcp_servers):
+    mcp_servers({"notes": NOTES})
+    first = run_tool_call(_call("notes__lookup", word="a"))["content"]
+    os.kill(int(re.search(r"pid (\d+)", first)[1]), signal.SIGKILL)
+    time.sleep(0.2)
+    after = run_tool_call(_call("notes__lookup", word="b"))
+    assert not after["is_error"], "the call went to a server started again, not to the dead one"
+
+
+def test_issue_32_a_start_nobody_waits_for_ends_its_process_and_is_not_retried_at_once(mcp_servers, monkeypatch):
+    monkeypatch.setattr(connection, "START_SECONDS", 1.0)
+    before = _children()
+    mcp_servers({"mute": {"command": ["sleep", "30"]}})
+    server = configured()[0]
+    with pytest.raises(connection.CallStopped):
+        connection.run(server, lambda held: held.tools(), timeout=0.3)  # a Stop during the start
+    deadline = time.monotonic() + 5
+    while _children() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _children() - before, "the process of a start nobody waits for ends"
+    started = time.monotonic()
+    with pytest.raises(connection.ServerDown):
+        connection.list_tools(server)  # it times out once…
+    with pytest.raises(connection.ServerDown, match="tried again after"):
+        connection.list_tools(server)  # …and is not started again on the next turn
+    assert time.monotonic() - started < 3
+
+
+def test_c4_a_tool_whose_schema_points_nowhere_gets_an_error_result(mcp_servers):
+    paged = [sys.executable, str(Path(__file__).with_name("paged_server.py"))]
+    mcp_servers({"refs": {"command": paged, "env": {"PAGED_BAD_REF": "1"}}})
+    result = run_tool_call(_call("refs__bad_ref", x=1))
+    assert result["is_error"] and "argument schema is broken" in result["content"]
+    assert run_tool_call({**_call("refs__echo_0"), "arguments": '"text"'})["content"] == \
+        "error: invalid arguments: 'text' is not of type 'object'"
+
+
+@pytest.mark.parametrize("name", ["notes_", "_notes", "a__b"])
+def test_issue_32_a_server_name_that_would_blur_its_tools_names_is_refused(name):
+    with pytest.raises(BadServer, match="not ending in '_'"):
+        parse_servers(json.dumps({name: NOTES}))
+
+
+def test_issue_32_only_superusers_manage_mcp_servers_in_the_admin(client, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    staff = django_user_model.objects.create_user("ops", password="pw-ops-12345", is_staff=True)
+    staff.user_permissions.set(Permission.objects.filter(codename__endswith="toolserver"))
+    client.force_login(staff)
+    assert client.get("/admin/conversations/toolserver/").status_code == 403
+    assert client.post("/admin/conversations/toolserver/add/", {"name": "x", "command": '["sh"]'}).status_code == 403
+    assert not ToolServer.objects.exists()
