@@ -300,6 +300,7 @@ class SkippedOut(serializers.Serializer):
 class ImportOut(serializers.Serializer):
     conversations = ConversationOut(many=True)
     skipped = SkippedOut(many=True)
+    project = serializers.IntegerField(allow_null=True, help_text="issue 30: the new project a project file made")
 
 
 class DiffOut(serializers.Serializer):

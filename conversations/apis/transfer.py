@@ -23,8 +23,8 @@ from rest_framework.views import APIView
 from config.errors import BadInput
 from conversations.apis import serializers as s
 from conversations.apis.schema import IMPORT_REQUEST, FileBodySchema
-from conversations.selectors import conversation_for_user
-from conversations.transfer import arbor_tree, chatgpt, importing, markdown
+from conversations.selectors import conversation_for_user, project_for_user
+from conversations.transfer import arbor_tree, chatgpt, importing, markdown, project_file
 
 EXPORT_FORMATS = ("md", "json", "chatgpt")
 
@@ -42,10 +42,15 @@ def export_response(conversation, export_format: str, request: HttpRequest | Non
     if export_format not in _FORMATS:
         raise BadInput(f"`format` must be one of {', '.join(EXPORT_FORMATS)}.")
     chunks, content_type, name = _FORMATS[export_format]
-    produce = partial(chunks, conversation)  # started where the body is read
+    return _download(partial(chunks, conversation), content_type, name.format(stem=f"arbor-conversation-"
+                                                                                  f"{conversation.pk}"), request)
+
+
+def _download(produce: Callable[[], Iterator[str]], content_type: str, name: str,
+              request: HttpRequest | None) -> StreamingHttpResponse:
+    """`produce()`'s parts as a download, made as they are sent (`produce` starts where the body is read)."""
     body = _from_a_thread(produce) if isinstance(request, ASGIRequest) else produce()
     response = StreamingHttpResponse(body, content_type=content_type)
-    name = name.format(stem=f"arbor-conversation-{conversation.pk}")
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
 
@@ -121,6 +126,20 @@ class ConversationExport(APIView):
         return export_response(conversation, request.query_params.get("format", "json"), request._request)
 
 
+class ProjectExport(APIView):
+    def perform_content_negotiation(self, request, force=False):
+        return JSONRenderer(), JSONRenderer.media_type
+
+    @extend_schema(responses={(200, "application/json"): OpenApiResponse(
+        {"type": "object"}, description="the project with its knowledge files and every conversation's whole tree "
+                                        "(imports back as a new project)")})
+    def get(self, request: Request, project_id: int) -> StreamingHttpResponse:
+        """Issue 30: the project as one file."""
+        project = project_for_user(user=request.user, project_id=project_id)
+        return _download(partial(project_file.project_chunks, project), "application/json",
+                         f"arbor-project-{project.pk}.json", request._request)
+
+
 def read_upload(stream) -> bytes:
     """Read at most one byte past the limit, so an oversized upload is refused without holding all of it."""
     return stream.read(settings.ARBOR_IMPORT_MAX_BYTES + 1)
@@ -141,4 +160,5 @@ class ConversationImport(APIView):
         document = importing.parse(read_upload(request._request))
         imported = importing.import_any(owner=request.user, document=document)
         return Response({"conversations": s.ConversationOut(imported.conversations, many=True).data,
-                         "skipped": imported.skipped}, status=status.HTTP_201_CREATED)
+                         "skipped": imported.skipped, "project": imported.project and imported.project.pk},
+                        status=status.HTTP_201_CREATED)

@@ -31,6 +31,7 @@ urlpatterns = [
     path("conversations/<int:conversation_id>/nodes/", v.NodeList.as_view(), name="conversation-nodes"),
     path("conversations/<int:conversation_id>/export/", _turn_view(transfer.ConversationExport.as_view()),
          name="conversation-export"),
+    path("projects/<int:project_id>/export/", _turn_view(transfer.ProjectExport.as_view()), name="project-export"),
     path("nodes/<int:node_id>/", v.NodeDetail.as_view(), name="node-detail"),
     path("usage/", v.UsageSummary.as_view(), name="usage"),
     path("tools/", off_the_shared_thread(v.ToolList.as_view()), name="tools"),  # may start a server: seconds

@@ -130,7 +130,7 @@ def _tree_plan(document: dict[str, Any]) -> Plan:
     if len(starred) > 1:
         raise ImportRefused(f"nodes: {len(starred)} nodes are starred; a conversation has one star at most.")
     _attach_bubbles_and_approvals(document, nodes)
-    files = _carried_files(document)
+    files = carried_files(document)
     plan = Plan(files=files, title=text_field(meta.get("title", ""), "conversation.title", limit=200),
                 model=offered_model(text_field(meta.get("model", ""), "conversation.model", limit=200)),
                 instructions=text_field(meta.get("instructions", ""), "conversation.instructions", limit=20000),
@@ -141,7 +141,7 @@ def _tree_plan(document: dict[str, Any]) -> Plan:
     return plan
 
 
-def _carried_files(document: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+def carried_files(document: dict[str, Any]) -> dict[Any, dict[str, Any]]:
     """The files the document carries (`files`: id, name, base64 bytes), each checked as an upload is: bounded,
     and a kind of file Arbor reads."""
     carried: dict[Any, dict[str, Any]] = {}

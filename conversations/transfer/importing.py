@@ -17,7 +17,7 @@ from django.db import transaction
 
 from config.api import TooDeep, UnsafeJSON, strict_loads
 from config.errors import TooLarge
-from conversations.models import Conversation
+from conversations.models import Conversation, Project
 from conversations.transfer import (
     aistudio,
     arbor_tree,
@@ -29,6 +29,7 @@ from conversations.transfer import (
     grok,
     librechat,
     openwebui,
+    project_file,
     sharegpt,
     sillytavern,
 )
@@ -108,6 +109,7 @@ def _json_lines(text: str) -> list | None:
 class Imported:
     conversations: list[Conversation]
     skipped: list[dict[str, Any]]  # {"index", "error"}: the file's entries that could not be read
+    project: Project | None = None  # a project file's new project (issue 30)
 
 
 # Each peer format: its name, its entries when a document is one of its files (else None), one entry's plan.
@@ -123,7 +125,8 @@ _FORMATS: list[tuple[str, Callable[[Any], list | None], Callable[[Any, int], Pla
     ("Grok", grok.entries, grok.plan),
     ("Google AI Studio", aistudio.entries, aistudio.plan),
 ]
-ACCEPTED = ("Arbor's tree export, or an export of ChatGPT, Open WebUI, LibreChat, Claude.ai or chatbot-ui, of "
+ACCEPTED = ("Arbor's tree or project export, or an export of ChatGPT, Open WebUI, LibreChat, Claude.ai or "
+            "chatbot-ui, of "
             "DeepSeek or Grok, a Google AI Studio prompt, a SillyTavern chat (.jsonl) or ShareGPT data")
 
 
@@ -132,6 +135,9 @@ def import_any(*, owner, document: Any) -> Imported:
     is skipped and named, and the others import; nothing readable is refused whole (and creates nothing)."""
     if isinstance(document, dict) and document.get("format") == arbor_tree.TREE_FORMAT:
         return Imported([arbor_tree.import_tree(owner=owner, document=document)], [])
+    if isinstance(document, dict) and document.get("format") == project_file.PROJECT_FORMAT:
+        project, conversations = project_file.import_project(owner=owner, document=document)
+        return Imported(conversations, [], project=project)
     found = next(((name, entries, plan_of) for name, entries_of, plan_of in _FORMATS
                   if (entries := entries_of(document)) is not None), None)
     if found is None:

@@ -91,3 +91,76 @@ def test_issue_30_deleting_a_project_on_its_page_asks_for_the_number(page, user)
 
 def test_issue_30_signed_out_the_project_pages_ask_to_sign_in():
     assert Client().get("/projects/")["Location"].startswith("/accounts/login/")
+
+
+def test_issue_30_a_project_exports_as_one_file_and_imports_as_a_new_project(api, other_api, user, other_user):
+    """The settings, the knowledge files (with their bytes) and every conversation's whole tree go in one file; its
+    import is a new project of the importer's, whose questions get the knowledge as the original's did (X2)."""
+    import json as jsonlib
+
+    from conversations.models import Node
+    from tests.conversations.helpers import ask
+    from tests.files.test_files import ready
+
+    notes = ready(api, "pricing.md", b"The Oak plan costs 12 dollars a month.")
+    project = api.post("/api/projects/", {"name": "Sales", "instructions": "Be brief.", "memory": False,
+                                          "files": [notes["id"]]}, format="json").json()
+    for title in ("First", "Second"):
+        cid = api.post("/api/conversations/", {"title": title, "project": project["id"]}, format="json").json()["id"]
+        ask(Conversation.objects.get(pk=cid), f"{title}: what does the Oak plan cost?")
+    exported = api.get(f"/api/projects/{project['id']}/export/")
+    assert exported.status_code == 200 and "attachment" in exported["Content-Disposition"]
+    raw = b"".join(exported.streaming_content)
+    document = jsonlib.loads(raw)
+    assert document["format"] == "arbor.project" and len(document["conversations"]) == 2
+
+    imported = other_api.post("/api/conversations/import/", data=raw, content_type="application/json")
+    assert imported.status_code == 201, imported.content
+    theirs = Project.objects.get(pk=imported.json()["project"])
+    assert (theirs.owner_id, theirs.name, theirs.instructions, theirs.memory) == (other_user.pk, "Sales",
+                                                                                    "Be brief.", False)
+    assert sorted(c.title for c in theirs.conversations.all()) == ["First", "Second"]
+    (knowledge,) = StoredFile.objects.filter(project=theirs)
+    assert knowledge.owner_id == other_user.pk and knowledge.name == "pricing.md"
+    conversation = theirs.conversations.get(title="First")
+    node = Node.objects.get(pk=ask(conversation, "Oak plan price again?")[-1].data["head"])
+    assert "12 dollars" in str([i for i in node.sent if i.get("ephemeral")]), "the knowledge works in the copy"
+
+
+def test_issue_30_a_project_file_that_cannot_be_read_whole_creates_nothing(other_api, other_user):
+    import json as jsonlib
+
+    broken = {"format": "arbor.project", "version": 1, "project": {"name": "P"}, "files": [],
+              "conversations": [{"format": "arbor.tree", "version": 1, "conversation": {}, "nodes": "no"}]}
+    refused = other_api.post("/api/conversations/import/", data=jsonlib.dumps(broken).encode(),
+                             content_type="application/json")
+    assert refused.status_code == 400 and "conversations[0]" in refused.json()["error"]["message"]
+    assert not Project.objects.filter(owner=other_user).exists() and not Conversation.objects.exists()
+
+
+@pytest.mark.parametrize(("document", "says"), [
+    ({"version": 2, "project": {"name": "P"}, "conversations": []}, "version"),
+    ({"version": 1, "project": "P", "conversations": []}, "project:"),
+    ({"version": 1, "project": {"name": ""}, "conversations": []}, "project.name"),
+    ({"version": 1, "project": {"name": "P"}, "conversations": {}}, "conversations:"),
+    ({"version": 1, "project": {"name": "P"}, "conversations": [{"format": "chatgpt"}]}, "conversations[0]"),
+    ({"version": 1, "project": {"name": "P"}, "conversations": [], "files": [{"id": 1, "data": "%%"}]}, "files[0]"),
+])
+def test_issue_30_a_wrong_project_file_says_where_and_creates_nothing(other_api, other_user, document, says):
+    import json as jsonlib
+
+    refused = other_api.post("/api/conversations/import/", content_type="application/json",
+                             data=jsonlib.dumps({"format": "arbor.project", **document}).encode())
+    assert refused.status_code == 400 and says in refused.json()["error"]["message"], refused.content
+    assert not Project.objects.filter(owner=other_user).exists()
+
+
+def test_issue_30_a_project_file_with_a_model_not_offered_here_takes_the_default(other_api, other_user, settings):
+    import json as jsonlib
+
+    document = {"format": "arbor.project", "version": 1, "files": [], "conversations": [],
+                "project": {"name": "P", "model": "vendor/gone"}}
+    made = other_api.post("/api/conversations/import/", data=jsonlib.dumps(document).encode(),
+                          content_type="application/json")
+    assert made.status_code == 201, made.content
+    assert Project.objects.get(pk=made.json()["project"]).model == settings.ARBOR_MODEL
