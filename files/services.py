@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import ProtectedError
+from django.utils import timezone
 
 from config.errors import ArborError, NotFound, TooLarge
 from conversations import llm, outbox
@@ -44,10 +46,11 @@ def file_upload(*, user, name: str, data: bytes, project_id: int | None = None) 
             raise NotFound(f"No project {project_id} of yours.")
     sha = hashlib.sha256(data).hexdigest()
     path = f"files/{user.pk}/{sha}"
-    if not default_storage.exists(path):
-        path = default_storage.save(path, ContentFile(data))
     ready = kind == StoredFile.Kind.IMAGE
     with transaction.atomic():
+        _bytes_lock(path)  # a delete of the same bytes waits: it cannot take them from under this file
+        if not default_storage.exists(path):
+            path = default_storage.save(path, ContentFile(data))
         stored = StoredFile.objects.create(
             owner=user, project=project, name=name, content_type=content_type, kind=kind, size=len(data),
             sha256=sha, blob=path, status=StoredFile.Status.READY if ready else StoredFile.Status.PROCESSING)
@@ -66,13 +69,46 @@ def file_for_user(*, user, file_id: int) -> StoredFile:
 def file_delete(*, user, file_id: int) -> None:
     """Delete a file nothing sent (X1: a node's reference keeps it); its bytes go when no other file shares them."""
     stored = file_for_user(user=user, file_id=file_id)
+    with transaction.atomic():
+        _bytes_lock(stored.blob.name)  # an upload of the same bytes waits, then stores them again if they went
+        try:
+            stored.delete()
+        except ProtectedError:
+            raise ArborError("This file was sent in a conversation: it stays while that conversation does.",
+                             code="file_in_use", status=409) from None
+        if not StoredFile.objects.filter(blob=stored.blob.name).exists():
+            default_storage.delete(stored.blob.name)
+
+
+def _bytes_lock(path: str) -> None:
+    """Hold, until the transaction ends, the lock of one person's bytes at `path` (PostgreSQL; SQLite has one
+    writer at a time anyway), so an upload and a delete of the same bytes never interleave."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [path])
+
+
+def orphan_blobs_sweep(*, older_than_seconds: float) -> list[str]:
+    """Delete the stored bytes no file refers to (left by an import that rolled back, a process killed between
+    storing bytes and recording the file, or a person's or staff's delete that cascaded): each older than
+    `older_than_seconds`, so an upload under way is never swept. Returns what was deleted."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    swept = []
     try:
-        stored.delete()
-    except ProtectedError:
-        raise ArborError("This file was sent in a conversation: it stays while that conversation does.",
-                         code="file_in_use", status=409) from None
-    if not StoredFile.objects.filter(blob=stored.blob.name).exists():
-        default_storage.delete(stored.blob.name)
+        owners, _ = default_storage.listdir("files")
+    except FileNotFoundError:
+        return swept
+    for owner in owners:
+        _, names = default_storage.listdir(f"files/{owner}")
+        for name in names:
+            path = f"files/{owner}/{name}"
+            with transaction.atomic():
+                _bytes_lock(path)
+                if (not StoredFile.objects.filter(blob=path).exists()
+                        and default_storage.get_modified_time(path) < cutoff):
+                    default_storage.delete(path)
+                    swept.append(path)
+    return swept
 
 
 def extract_job(payload: dict[str, Any]) -> None:
