@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any
 
@@ -56,7 +59,38 @@ def file_upload(*, user, name: str, data: bytes, project_id: int | None = None) 
             sha256=sha, blob=path, status=StoredFile.Status.READY if ready else StoredFile.Status.PROCESSING)
         if not ready:
             outbox.enqueue(kind="extract", payload={"file": stored.pk})
+    if (made := _made_here.get()) is not None:
+        made.append((stored.pk, path))
     return stored
+
+
+_made_here: ContextVar[list[tuple[int, str]] | None] = ContextVar("arbor_files_made_here", default=None)
+
+
+@contextmanager
+def files_made_here() -> Iterator[list[tuple[int, str]]]:
+    """The files a request makes from its own content (a gateway call's image and file parts), as (id, bytes path):
+    for `drop_unsent` when the request is refused, since a refused request changes nothing."""
+    made: list[tuple[int, str]] = []
+    token = _made_here.set(made)
+    try:
+        yield made
+    finally:
+        _made_here.reset(token)
+
+
+def drop_unsent(made: list[tuple[int, str]]) -> None:
+    """Delete the files `made` that no call sent (one that reached a model is its node's: kept), and their bytes
+    when no other file shares them."""
+    for file_id, path in made:
+        with transaction.atomic():
+            _bytes_lock(path)
+            try:
+                StoredFile.objects.filter(pk=file_id).delete()
+            except ProtectedError:
+                continue
+            if not StoredFile.objects.filter(blob=path).exists():
+                default_storage.delete(path)
 
 
 def file_for_user(*, user, file_id: int) -> StoredFile:

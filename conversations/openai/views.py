@@ -46,7 +46,7 @@ from conversations.turns import detached
 from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.start import turn_below
 from conversations.turns.streaming import follow_log_batches
-from files.services import resolve_pending
+from files.services import drop_unsent, files_made_here, resolve_pending
 
 logger = logging.getLogger("arbor.openai")
 
@@ -69,6 +69,15 @@ class GatewayView(StreamSlotView):
 
     def get_exception_handler(self):
         return errors.exception_handler
+
+    def dispatch(self, request, *args, **kwargs):
+        # A refused call changes nothing: the files its content parts made go again (issue 29), unless a call
+        # that reached a model sent them (then its node keeps them).
+        with files_made_here() as made:
+            response = super().dispatch(request, *args, **kwargs)
+        if made and response.status_code >= 400:
+            drop_unsent(made)
+        return response
 
 
 def _read_body(request, limit: int) -> None:

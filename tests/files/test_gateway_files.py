@@ -228,3 +228,43 @@ def test_x1_a_call_body_past_the_gateways_bound_is_refused(key, settings):
                              headers={"Authorization": f"Bearer {key}"})
     assert response.status_code == 413 and response.json()["error"]["code"] == "too_large"
     assert Node.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_x1_a_refused_gateway_call_keeps_none_of_the_files_its_parts_made(user):
+    """The image's bytes are stored before the turn can start; the turn is then refused (402, the month's budget
+    is spent): the call changes nothing, so the file it made goes again, bytes and all. A file the person had
+    before, named by the call, stays."""
+    from django.core.files.storage import default_storage
+    from rest_framework.test import APIClient
+
+    from conversations.models import UsageBudget
+    from files.services import file_upload
+
+    before = file_upload(user=user, name="mine.png", data=png(2, 2))
+    UsageBudget.objects.create(owner=user, monthly_tokens=0)
+    v1 = APIClient()
+    v1.credentials(HTTP_AUTHORIZATION="Bearer " + Token.objects.create(user=user).key)
+    picture = "data:image/png;base64," + base64.b64encode(png(4, 4)).decode()
+    refused = v1.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": picture}},
+        {"type": "file", "file": {"file_id": f"file-{before.pk}"}}]}]}, format="json")
+    assert refused.status_code == 402, refused.content
+    assert list(StoredFile.objects.values_list("pk", flat=True)) == [before.pk]
+    assert sorted(default_storage.listdir(f"files/{user.pk}")[1]) == [before.sha256], "the new bytes went too"
+    assert Node.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_x1_a_gateway_call_that_failed_at_the_model_keeps_the_files_its_node_sent(user):
+    """The call reached the model and failed (502): its node is recorded with the file it sent, which stays."""
+    from rest_framework.test import APIClient
+
+    v1 = APIClient()
+    v1.credentials(HTTP_AUTHORIZATION="Bearer " + Token.objects.create(user=user).key)
+    picture = "data:image/png;base64," + base64.b64encode(png(5, 5)).decode()
+    failed = v1.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "#fail"}, {"type": "image_url", "image_url": {"url": picture}}]}]}, format="json")
+    assert failed.status_code == 502, failed.content
+    (stored,) = StoredFile.objects.all()
+    assert SentFile.objects.filter(file=stored).exists(), "the failed node keeps its question's file (F1)"
