@@ -46,7 +46,7 @@ from conversations.turns import detached
 from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.start import turn_below
 from conversations.turns.streaming import follow_log_batches
-from files.services import drop_unsent, files_made_here, resolve_pending
+from files.services import IMAGE_TOKENS, drop_unsent, files_made_here, resolve_pending
 
 logger = logging.getLogger("arbor.openai")
 
@@ -279,8 +279,24 @@ class AnthropicCountTokens(GatewayView):
         chat.read_messages(listed, positions=positions)  # the same checks a create makes
         system = instructions_text(messages.system_text(body.get("system")), "system")
         tools = messages.tools_of(body.get("tools")) or []
+        listed, parts = _bytes_counted_apart(listed)
         counted = [{"role": "system", "content": system}, {"tools": tools}, *listed]
-        return Response({"input_tokens": llm.estimate_tokens(counted)})
+        return Response({"input_tokens": llm.estimate_tokens(counted) + parts})
+
+
+def _bytes_counted_apart(listed: list[dict]) -> tuple[list[dict], int]:
+    """The messages with their image and document parts taken out, and what those parts cost as a call costs
+    them (issue 29: an image its fixed cost, a document about a token for four bytes), not as base64 text."""
+    kept, tokens = [], 0
+    for message in listed:
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = [part for part in content if isinstance(part, dict) and part.get("type") in ("image_url", "file")]
+            tokens += sum(IMAGE_TOKENS if part["type"] == "image_url"
+                          else len(str(part["file"].get("file_data") or "")) * 3 // 16 for part in parts)
+            message = {**message, "content": [part for part in content if part not in parts]}
+        kept.append(message)
+    return kept, tokens
 
 
 class _ChatChunks:

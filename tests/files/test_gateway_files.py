@@ -268,3 +268,20 @@ def test_x1_a_gateway_call_that_failed_at_the_model_keeps_the_files_its_node_sen
     assert failed.status_code == 502, failed.content
     (stored,) = StoredFile.objects.all()
     assert SentFile.objects.filter(file=stored).exists(), "the failed node keeps its question's file (F1)"
+
+
+def test_x1_count_tokens_counts_an_image_as_a_call_does_not_as_its_base64(asgi_server, key):
+    """`/v1/messages/count_tokens` with an image: its fixed cost (files.services.IMAGE_TOKENS), whatever its size
+    in base64; nothing is stored."""
+    from files.services import IMAGE_TOKENS
+
+    client = anthropic.Anthropic(api_key=key, base_url=asgi_server.url, max_retries=0,
+                                 _strict_response_validation=True)
+    big = base64.b64encode(png(300, 300)).decode()
+    small = base64.b64encode(png(2, 2)).decode()
+    counts = [client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+        {"type": "text", "text": "what is it?"}]}]).input_tokens for data in (big, small)]
+    plain = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "what is it?"}])
+    assert counts[0] == counts[1] and IMAGE_TOKENS <= counts[0] - plain.input_tokens < IMAGE_TOKENS + 20
+    assert not StoredFile.objects.exists()
