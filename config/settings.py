@@ -187,6 +187,7 @@ ARBOR_FILE_MAX_BYTES = int(os.environ.get("ARBOR_FILE_MAX_BYTES", str(25 * 1024 
 ARBOR_FILE_TEXT_MAX_CHARS = int(os.environ.get("ARBOR_FILE_TEXT_MAX_CHARS", "200000"))  # D5: a document's text
 # Issue 30: the characters of a project's knowledge files that may go with one question (X2, R2).
 ARBOR_PROJECT_KNOWLEDGE_CHARS = int(os.environ.get("ARBOR_PROJECT_KNOWLEDGE_CHARS", "6000"))
+ARBOR_PROJECT_KNOWLEDGE_SCAN_CHARS = int(os.environ.get("ARBOR_PROJECT_KNOWLEDGE_SCAN_CHARS", "2000000"))
 # D5: the XML a Word, Excel or PowerPoint file may unpack into (files/office.py): past it, a "zip bomb" is refused.
 ARBOR_OFFICE_XML_MAX_BYTES = int(os.environ.get("ARBOR_OFFICE_XML_MAX_BYTES", str(64 * 1024 * 1024)))
 ARBOR_FILES_PER_TURN = int(os.environ.get("ARBOR_FILES_PER_TURN", "10"))

@@ -164,3 +164,16 @@ def test_issue_30_x2_a_projects_knowledge_files_reach_each_question_as_ephemeral
     assert [f["id"] for f in moved["files"]] == [outside["id"]]
     node = Node.objects.get(pk=ask(conversation, "Any Oak plan discount code?")[-1].data["head"])
     assert "ACORN" in str(node.sent) and "12 dollars" not in str(node.sent)
+
+
+def test_issue_30_d5_knowledge_is_read_newest_first_up_to_the_scan_bound(api, user, settings):
+    """A project of many files: each question reads the newest files' text up to the bound, never all of it."""
+    from files.knowledge import knowledge_items
+    from tests.files.test_files import ready
+
+    settings.ARBOR_PROJECT_KNOWLEDGE_SCAN_CHARS = 100
+    old = ready(api, "old.md", b"The Oak plan used to cost 9 dollars. " * 3)
+    new = ready(api, "new.md", b"The Oak plan costs 12 dollars now. " * 3)
+    project = api.post("/api/projects/", {"name": "P", "files": [old["id"], new["id"]]}, format="json").json()
+    items = knowledge_items(project_id=project["id"], owner_id=user.pk, question="Oak plan cost?")
+    assert [item["source"]["file"] for item in items] == [new["id"]], "the newest file, within the bound"
