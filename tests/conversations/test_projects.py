@@ -105,6 +105,8 @@ def test_issue_30_search_filtered_by_a_project_finds_only_its_conversations(api,
     scoped = api.get("/api/search/", {"q": "zephyr", "project": project}).json()["results"]
     assert scoped and {hit["conversation"] for hit in scoped} == {inside}
     assert other_api.get("/api/search/", {"q": "zephyr", "project": project}).status_code == 404
+    empty = api.get("/api/search/", {"q": "zephyr", "project": ""})
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "project", "an empty id is no id"
 
 
 def test_issue_30_x2_retrieval_never_crosses_a_projects_border_and_memory_off_retrieves_nothing(api, user):
