@@ -13,3 +13,4 @@ class FilesConfig(AppConfig):
         from files import services
 
         outbox.register("extract", services.extract_job)
+        outbox.register("drop_unsent", services.drop_unsent_job)

@@ -69,6 +69,7 @@ class _Parts:
         once it ends (cleared and taken off its parent), so memory holds one path of the document, not its tree;
         past MAX_ELEMENTS elements (a small file of millions of empty ones) the document is refused."""
         open_elements: list = []
+        self.elements = 0  # each part on its own: a workbook's strings and its sheets are counted apart
         with self.archive.open(name) as raw:
             for event, element in iterparse(_Capped(raw, self), events=("start", "end")):
                 if event == "start":
@@ -154,13 +155,19 @@ def _sheets(parts: _Parts) -> Iterator[str]:
 
 
 def _shared_strings(parts: _Parts) -> Iterator[str]:
+    """The workbook's strings in order, up to four times the text bound: a cell that names one past them reads as
+    empty, as the text bound would have stopped the reading before it anyway (in all but contrived files)."""
     texts: list[str] = []
+    left = 4 * settings.ARBOR_FILE_TEXT_MAX_CHARS
     for event, element in parts.events("xl/sharedStrings.xml", {f"{S}si", f"{S}t"}):
         if event == "end" and element.tag == f"{S}t":
             texts.append(element.text or "")
         elif event == "end" and element.tag == f"{S}si":
-            yield "".join(texts)
-            texts = []
+            text, texts = "".join(texts), []
+            left -= len(text)
+            yield text
+            if left <= 0:
+                return
 
 
 def _sheet_paths(parts: _Parts) -> list[tuple[str, str]]:

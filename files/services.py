@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from config.errors import ArborError, NotFound, TooLarge
 from conversations import llm, outbox
-from conversations.models import Project
+from conversations.models import OutboxJob, Project
 from files import extract
 from files.models import StoredFile
 from files.sniff import sniff
@@ -79,10 +79,20 @@ def files_made_here() -> Iterator[list[tuple[int, str]]]:
         _made_here.reset(token)
 
 
+DROP_AFTER_SECONDS = 60.0
+
+
 def drop_unsent(made: list[tuple[int, str]]) -> None:
-    """Delete the files `made` that no call sent (one that reached a model is its node's: kept), and their bytes
-    when no other file shares them."""
-    for file_id, path in made:
+    """Have the worker delete the files `made` that no call sent, a minute from now: by then another request of the
+    same person that found the same bytes (and took this file) has recorded its call, which keeps the file."""
+    job = outbox.enqueue(kind="drop_unsent", payload={"files": [[file_id, path] for file_id, path in made]})
+    OutboxJob.objects.filter(pk=job.pk).update(run_after=timezone.now() + timedelta(seconds=DROP_AFTER_SECONDS))
+
+
+def drop_unsent_job(payload: dict[str, Any]) -> None:
+    """The worker's `drop_unsent` job: the files a refused call made go, unless a call sent them (its node keeps
+    them), with their bytes when no other file shares them."""
+    for file_id, path in payload["files"]:
         with transaction.atomic():
             _bytes_lock(path)
             try:
@@ -136,12 +146,15 @@ def orphan_blobs_sweep(*, older_than_seconds: float) -> list[str]:
         _, names = default_storage.listdir(f"files/{owner}")
         for name in names:
             path = f"files/{owner}/{name}"
-            with transaction.atomic():
-                _bytes_lock(path)
-                if (not StoredFile.objects.filter(blob=path).exists()
-                        and default_storage.get_modified_time(path) < cutoff):
-                    default_storage.delete(path)
-                    swept.append(path)
+            try:
+                with transaction.atomic():
+                    _bytes_lock(path)
+                    if (not StoredFile.objects.filter(blob=path).exists()
+                            and default_storage.get_modified_time(path) < cutoff):
+                        default_storage.delete(path)
+                        swept.append(path)
+            except Exception:  # gone meanwhile, or the store or database busy: the next sweep looks again
+                logger.info("files_sweep: %s left for the next sweep", path, exc_info=True)
     return swept
 
 

@@ -60,7 +60,7 @@ class Search(APIView):
             raise BadInput(f"`mode` must be one of {', '.join(MODES)}.")
         query = request.query_params.get("q", "")
         project = request.query_params.get("project")
-        if project == "":  # the schema's integer: an empty one is no project id (and no silent "all")
+        if project is not None and not (project.isascii() and project.isdigit()):  # the schema's integer
             raise BadInput("`project` must be the id of one of your projects; leave it out to search them all.",
                            param="project")
         if project is not None:  # issue 30: the caller's own project (anyone else's is a 404)

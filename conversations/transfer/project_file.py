@@ -19,7 +19,7 @@ from conversations.transfer import arbor_tree
 from conversations.transfer.chunks import json_array, json_object_start
 from conversations.transfer.plan import ImportRefused, text_field
 from files.models import StoredFile
-from files.services import imported_files
+from files.services import file_upload
 
 PROJECT_FORMAT = "arbor.project"
 PROJECT_VERSION = 1
@@ -57,6 +57,11 @@ def import_project(*, owner, document: dict[str, Any]) -> tuple[Project, list[Co
     conversations = document.get("conversations")
     if not isinstance(conversations, list) or len(conversations) > settings.ARBOR_IMPORT_MAX_NODES:
         raise ImportRefused("conversations: a list of Arbor tree exports.")
+    nodes = sum(len(tree["nodes"]) for tree in conversations if isinstance(tree, dict)
+                and isinstance(tree.get("nodes"), list))
+    if nodes > settings.ARBOR_IMPORT_MAX_NODES:  # D5: the file as a whole, not each conversation alone
+        raise ImportRefused(f"conversations: {nodes} nodes in all; an import holds at most "
+                            f"{settings.ARBOR_IMPORT_MAX_NODES}.")
     knowledge = arbor_tree.carried_files(document)  # checked as an upload is, before anything is made
     with transaction.atomic():
         project = services.project_create(
@@ -73,6 +78,6 @@ def import_project(*, owner, document: dict[str, Any]) -> tuple[Project, list[Co
             except ImportRefused as refused:
                 raise ImportRefused(f"conversations[{index}]: {refused.message}") from None
             made.append(services.conversation_update(conversation=conversation, project=project))
-        kept = imported_files(user=owner, files=knowledge)
-        StoredFile.objects.filter(pk__in=[ref["id"] for ref in kept.values()], owner=owner).update(project=project)
+        for carried in knowledge.values():  # files of the new project's own: one the person has elsewhere stays there
+            file_upload(user=owner, name=carried["name"], data=carried["data"], project_id=project.pk)
     return project, made

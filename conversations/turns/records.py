@@ -144,7 +144,9 @@ def _settle(node: Node, writes: Together | None, ledger: bool = False, **fields:
                         ledger_entry(node).save(force_insert=True)
 
         batch.after(in_memory)
-        batch.after(lambda: tracing.node_ended(node))  # issue 31: its span, from what the node now records
+        # Issue 31: its span, from what the node now records, once committed (tracing reads; never in the turn's
+        # own transaction, where a failed read would abort it).
+        batch.after(lambda: transaction.on_commit(lambda: tracing.node_ended(node)))
     return settled
 
 

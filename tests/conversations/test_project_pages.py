@@ -98,6 +98,7 @@ def test_issue_30_a_project_exports_as_one_file_and_imports_as_a_new_project(api
     import is a new project of the importer's, whose questions get the knowledge as the original's did (X2)."""
     import json as jsonlib
 
+    from conversations.jobs import worker
     from conversations.models import Node
     from tests.conversations.helpers import ask
     from tests.files.test_files import ready
@@ -122,6 +123,7 @@ def test_issue_30_a_project_exports_as_one_file_and_imports_as_a_new_project(api
     assert sorted(c.title for c in theirs.conversations.all()) == ["First", "Second"]
     (knowledge,) = StoredFile.objects.filter(project=theirs)
     assert knowledge.owner_id == other_user.pk and knowledge.name == "pricing.md"
+    worker.run_due()  # the knowledge file's text is read by the worker (R4), as after an upload
     conversation = theirs.conversations.get(title="First")
     node = Node.objects.get(pk=ask(conversation, "Oak plan price again?")[-1].data["head"])
     assert "12 dollars" in str([i for i in node.sent if i.get("ephemeral")]), "the knowledge works in the copy"
@@ -164,3 +166,27 @@ def test_issue_30_a_project_file_with_a_model_not_offered_here_takes_the_default
                           content_type="application/json")
     assert made.status_code == 201, made.content
     assert Project.objects.get(pk=made.json()["project"]).model == settings.ARBOR_MODEL
+
+
+def test_issue_30_importing_a_project_never_takes_a_file_from_another_project(api, other_api, other_user, settings):
+    """The importer already keeps the same bytes as a knowledge file of another project: that file stays there,
+    and the new project gets a file of its own (sharing the stored bytes)."""
+    import json as jsonlib
+
+    from tests.files.test_files import ready
+
+    notes = ready(api, "pricing.md", b"The Oak plan costs 12 dollars a month.")
+    project = api.post("/api/projects/", {"name": "Sales", "files": [notes["id"]]}, format="json").json()
+    raw = b"".join(api.get(f"/api/projects/{project['id']}/export/").streaming_content)
+    theirs = ready(other_api, "same.md", b"The Oak plan costs 12 dollars a month.")
+    elsewhere = other_api.post("/api/projects/", {"name": "Elsewhere", "files": [theirs["id"]]}, format="json")
+    made = other_api.post("/api/conversations/import/", data=raw, content_type="application/json").json()
+    assert StoredFile.objects.get(pk=theirs["id"]).project_id == elsewhere.json()["id"], "left where it was"
+    (copy,) = StoredFile.objects.filter(project_id=made["project"])
+    assert copy.pk != theirs["id"] and copy.owner_id == other_user.pk
+    settings.ARBOR_IMPORT_MAX_NODES = 1
+    document = jsonlib.loads(raw)
+    too_many = {**document, "conversations": [{"format": "arbor.tree", "nodes": [{}, {}]}]}
+    refused = other_api.post("/api/conversations/import/", data=jsonlib.dumps(too_many).encode(),
+                             content_type="application/json")
+    assert refused.status_code == 400 and "nodes in all" in refused.json()["error"]["message"]

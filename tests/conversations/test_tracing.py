@@ -15,7 +15,7 @@ from conversations.turns.start import turn_edit
 from tests.conversations.helpers import ask, head
 from tests.support.otlp_receiver import OtlpReceiver
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)  # a span is sent once its node's ending has committed
 
 
 @pytest.fixture

@@ -231,15 +231,20 @@ def test_x1_a_call_body_past_the_gateways_bound_is_refused(key, settings):
 
 
 @pytest.mark.django_db
-def test_x1_a_refused_gateway_call_keeps_none_of_the_files_its_parts_made(user):
+def test_x1_a_refused_gateway_call_keeps_none_of_the_files_its_parts_made(user, monkeypatch):
     """The image's bytes are stored before the turn can start; the turn is then refused (402, the month's budget
-    is spent): the call changes nothing, so the file it made goes again, bytes and all. A file the person had
-    before, named by the call, stays."""
+    is spent): the call changes nothing, so the file it made goes again, bytes and all, by the worker a minute
+    later (another request that took the same bytes meanwhile has its call recorded by then). A file the person
+    had before, named by the call, stays."""
     from django.core.files.storage import default_storage
     from rest_framework.test import APIClient
 
+    from conversations.jobs import worker
     from conversations.models import UsageBudget
+    from files import services
     from files.services import file_upload
+
+    monkeypatch.setattr(services, "DROP_AFTER_SECONDS", 0.0)
 
     before = file_upload(user=user, name="mine.png", data=png(2, 2))
     UsageBudget.objects.create(owner=user, monthly_tokens=0)
@@ -250,15 +255,21 @@ def test_x1_a_refused_gateway_call_keeps_none_of_the_files_its_parts_made(user):
         {"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": picture}},
         {"type": "file", "file": {"file_id": f"file-{before.pk}"}}]}]}, format="json")
     assert refused.status_code == 402, refused.content
+    worker.run_due()
     assert list(StoredFile.objects.values_list("pk", flat=True)) == [before.pk]
     assert sorted(default_storage.listdir(f"files/{user.pk}")[1]) == [before.sha256], "the new bytes went too"
     assert Node.objects.count() == 0
 
 
 @pytest.mark.django_db
-def test_x1_a_gateway_call_that_failed_at_the_model_keeps_the_files_its_node_sent(user):
+def test_x1_a_gateway_call_that_failed_at_the_model_keeps_the_files_its_node_sent(user, monkeypatch):
     """The call reached the model and failed (502): its node is recorded with the file it sent, which stays."""
     from rest_framework.test import APIClient
+
+    from conversations.jobs import worker
+    from files import services
+
+    monkeypatch.setattr(services, "DROP_AFTER_SECONDS", 0.0)
 
     v1 = APIClient()
     v1.credentials(HTTP_AUTHORIZATION="Bearer " + Token.objects.create(user=user).key)
@@ -266,6 +277,7 @@ def test_x1_a_gateway_call_that_failed_at_the_model_keeps_the_files_its_node_sen
     failed = v1.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "#fail"}, {"type": "image_url", "image_url": {"url": picture}}]}]}, format="json")
     assert failed.status_code == 502, failed.content
+    worker.run_due()  # the drop of a refused call's files comes a minute later: it leaves a sent file alone
     (stored,) = StoredFile.objects.all()
     assert SentFile.objects.filter(file=stored).exists(), "the failed node keeps its question's file (F1)"
 

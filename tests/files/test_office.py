@@ -97,3 +97,28 @@ def test_x1_tabs_and_breaks_in_a_paragraph_are_kept_and_an_unknown_type_is_not_r
     assert extract.text_of(document, WORD) == "a\tb\nc"
     with pytest.raises(extract.Unreadable, match="This kind of file is not read"):
         extract.text_of(b"\x00\x01", "application/octet-stream")
+
+
+def test_d5_a_workbook_of_many_strings_is_read_up_to_the_bound_not_refused(settings, monkeypatch):
+    """Shared strings are read up to four times the text bound, so a workbook of very many different strings is
+    read (its first cells) rather than refused for its element count."""
+    from files import office
+
+    settings.ARBOR_FILE_TEXT_MAX_CHARS = 60
+    monkeypatch.setattr(office, "MAX_ELEMENTS", 400)
+    ns = 'xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main"'
+    rel = 'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships"'
+    strings = "".join(f"<si><t>word{n}</t></si>" for n in range(1000))  # 2,000 elements
+    cells = "".join(f'<row><c t="s"><v>{n}</v></c></row>' for n in range(50))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("[Content_Types].xml", "<Types/>")
+        archive.writestr("xl/workbook.xml", f'<workbook {ns} {rel}><sheets><sheet name="S" r:id="r1"/></sheets>'
+                                            "</workbook>")
+        archive.writestr("xl/_rels/workbook.xml.rels", '<Relationships xmlns="http://schemas.openxmlformats.org/'
+                         'package/2006/relationships"><Relationship Id="r1" Target="worksheets/s.xml"/>'
+                         "</Relationships>")
+        archive.writestr("xl/sharedStrings.xml", f"<sst {ns}>{strings}</sst>")
+        archive.writestr("xl/worksheets/s.xml", f"<worksheet {ns}><sheetData>{cells}</sheetData></worksheet>")
+    text = extract.text_of(buffer.getvalue(), "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet")
+    assert text.startswith("# S\nword0\nword1\n") and len(text) <= 60

@@ -94,6 +94,8 @@ class Connection:
         client = await self.client()
         try:
             await asyncio.wait_for(client.list_tools(cache_mode="bypass"), PING_SECONDS)
+        except TimeoutError:
+            return client  # slow, not gone: its calls under way go on
         except Exception as exc:  # noqa: BLE001 -- whatever it met, the connection is not to be trusted
             if not self._ended_if_closed(exc):
                 return client  # it answered, if only with an error: it is there
@@ -168,7 +170,8 @@ class Connection:
 
     def _ended_if_closed(self, exc: BaseException) -> bool:
         """Whether `exc` says the connection is gone; if so, the next use starts the server again."""
-        if "closed" in str(exc).lower() or isinstance(exc, (OSError, httpx2.TransportError)):
+        gone = isinstance(exc, (OSError, httpx2.TransportError)) and not isinstance(exc, TimeoutError)
+        if "closed" in str(exc).lower() or gone:
             self.close()
             return True
         return False

@@ -447,3 +447,11 @@ def test_issue_32_only_superusers_manage_mcp_servers_in_the_admin(client, django
     assert client.get("/admin/conversations/toolserver/").status_code == 403
     assert client.post("/admin/conversations/toolserver/add/", {"name": "x", "command": '["sh"]'}).status_code == 403
     assert not ToolServer.objects.exists()
+
+
+def test_issue_32_a_server_slow_to_answer_the_liveness_question_is_not_restarted(mcp_servers, monkeypatch):
+    mcp_servers({"notes": NOTES})
+    first = run_tool_call(_call("notes__lookup", word="a"))["content"]
+    monkeypatch.setattr(connection, "PING_SECONDS", 0.000001)  # every check times out: the server is slow
+    second = run_tool_call(_call("notes__lookup", word="b"))["content"]
+    assert re.search(r"pid (\d+)", first)[1] == re.search(r"pid (\d+)", second)[1], "slow is not gone"
