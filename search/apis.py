@@ -44,11 +44,13 @@ class Search(APIView):
                                OpenApiParameter("mode", {"type": "string", "enum": list(MODES), "default": "words"},
                                                 description="words: full-text matches; similar: messages nearest "
                                                             "in meaning (the embedding model's vectors)"),
-                               OpenApiParameter("project", int, description="only the caller's conversations in this "
-                                                                            "project (issue 30)")],
+                               OpenApiParameter("project", {"type": "integer", "minimum": 1,
+                                                            "maximum": 2**63 - 1},
+                                                description="only the caller's conversations in this project (issue "
+                                                            "30)")],
                    responses={200: SearchOut,
                               400: OpenApiResponse(description="bad_input: an empty, too long or unknown `q` or "
-                                                               "`mode`"),
+                                                               "`mode`, or a `project` that is no project id"),
                               404: OpenApiResponse(description="not_found: no such project of the caller's"),
                               503: OpenApiResponse(description="embedding_unavailable (mode=similar): the embedding "
                                                                "model failed, or none is set")},

@@ -300,7 +300,8 @@ class SkippedOut(serializers.Serializer):
 class ImportOut(serializers.Serializer):
     conversations = ConversationOut(many=True)
     skipped = SkippedOut(many=True)
-    project = serializers.IntegerField(allow_null=True, help_text="issue 30: the new project a project file made")
+    project = serializers.IntegerField(required=False, help_text="issue 30: the new project a project file made "
+                                                                 "(only for a project file)")
 
 
 class DiffOut(serializers.Serializer):

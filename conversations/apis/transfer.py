@@ -159,6 +159,8 @@ class ConversationImport(APIView):
     def post(self, request: Request) -> Response:
         document = importing.parse(read_upload(request._request))
         imported = importing.import_any(owner=request.user, document=document)
-        return Response({"conversations": s.ConversationOut(imported.conversations, many=True).data,
-                         "skipped": imported.skipped, "project": imported.project and imported.project.pk},
-                        status=status.HTTP_201_CREATED)
+        made = {"conversations": s.ConversationOut(imported.conversations, many=True).data,
+                "skipped": imported.skipped}
+        if imported.project is not None:
+            made["project"] = imported.project.pk
+        return Response(made, status=status.HTTP_201_CREATED)

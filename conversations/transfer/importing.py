@@ -125,8 +125,7 @@ _FORMATS: list[tuple[str, Callable[[Any], list | None], Callable[[Any, int], Pla
     ("Grok", grok.entries, grok.plan),
     ("Google AI Studio", aistudio.entries, aistudio.plan),
 ]
-ACCEPTED = ("Arbor's tree or project export, or an export of ChatGPT, Open WebUI, LibreChat, Claude.ai or "
-            "chatbot-ui, of "
+ACCEPTED = ("Arbor's tree export, or an export of ChatGPT, Open WebUI, LibreChat, Claude.ai or chatbot-ui, of "
             "DeepSeek or Grok, a Google AI Studio prompt, a SillyTavern chat (.jsonl) or ShareGPT data")
 
 
