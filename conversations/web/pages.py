@@ -41,6 +41,7 @@ from conversations.tools import catalog
 from conversations.transfer import importing
 from conversations.turns.seen import call_context, context_diff
 from conversations.turns.start import turn_compact
+from conversations.web.forms import form_input
 from conversations.web.markdown import render_markdown
 from conversations.web.shell import SIDEBAR_SHOWS
 
@@ -182,22 +183,11 @@ def chat_switch(request: HttpRequest, conversation_id: int) -> HttpResponse:
     return render(request, "chat/_messages.html", _bubbles_context(conversation))
 
 
-# A checkbox posts "true" (its hidden twin "false"); the API takes JSON booleans only.
-_BOOLEAN_FIELDS = {"retrieval", "keep_retrieved"}
-_FORM_BOOLEANS = {"true": True, "false": False}
-
-
 def _update(request: HttpRequest, conversation: Conversation, fields: tuple[str, ...]) -> None:
-    """Validate with the API's own input rules, so a page and a client are held to the same limits."""
-    data = {name: _FORM_BOOLEANS.get(request.POST[name], request.POST[name]) if name in _BOOLEAN_FIELDS
-            else request.POST[name] for name in fields if name in request.POST}
-    form = ConversationIn(data=data)
-    if not form.is_valid():
-        problems = "; ".join(f"{field}: {' '.join(map(str, errors))}" for field, errors in form.errors.items())
-        messages.error(request, f"Nothing was changed. {problems}")
-        return
-    services.conversation_update(conversation=conversation, **form.validated_data)
-    messages.success(request, "Saved.")
+    data = form_input(request, ConversationIn, fields)
+    if data is not None:
+        services.conversation_update(conversation=conversation, **data)
+        messages.success(request, "Saved.")
 
 
 @require_POST

@@ -16,28 +16,16 @@ from conversations import services
 from conversations.apis.serializers import ProjectIn
 from conversations.models import Project
 from conversations.selectors import conversation_for_user, project_for_user
+from conversations.web.forms import form_input
 from files.models import StoredFile
 from files.services import file_upload
-
-_BOOLEANS = {"true": True, "false": False, "on": True}
-
-
-def _valid(request: HttpRequest, fields: tuple[str, ...], *, partial: bool) -> dict | None:
-    data = {name: _BOOLEANS.get(request.POST[name], request.POST[name]) if name == "memory" else request.POST[name]
-            for name in fields if name in request.POST}
-    form = ProjectIn(data=data, partial=partial)
-    if form.is_valid():
-        return dict(form.validated_data)
-    problems = "; ".join(f"{field}: {' '.join(map(str, errors))}" for field, errors in form.errors.items())
-    messages.error(request, f"Nothing was changed. {problems}")
-    return None
 
 
 @page
 def project_list(request: HttpRequest) -> HttpResponse:
     """The person's projects; a POST makes a new one (its name) and opens it."""
     if request.method == "POST":
-        data = _valid(request, ("name",), partial=False)
+        data = form_input(request, ProjectIn, ("name",))
         if data is not None:
             return redirect("project-page", services.project_create(owner=request.user, **data).pk)
     projects = Project.objects.filter(owner_id=request.user.pk).order_by("name", "id")
@@ -61,7 +49,7 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
 def project_update(request: HttpRequest, project_id: int) -> HttpResponse:
     """Its name, instructions, model and memory, as a form sends them."""
     project = project_for_user(user=request.user, project_id=project_id)
-    data = _valid(request, ("name", "instructions", "model", "memory"), partial=True)
+    data = form_input(request, ProjectIn, ("name", "instructions", "model", "memory"), partial=True)
     if data is not None:
         services.project_update(project=project, **data)
         messages.success(request, "Saved.")
