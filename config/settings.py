@@ -305,6 +305,8 @@ ARBOR_TURN_HEARTBEAT_SECONDS = float(os.environ.get("ARBOR_TURN_HEARTBEAT_SECOND
 # Fairness (issue 13): a person's turns (and compactions, conversions) running at once; beyond, 429
 # too_many_turns. 0: no limit.
 ARBOR_MAX_CONCURRENT_TURNS_PER_USER = int(os.environ.get("ARBOR_MAX_CONCURRENT_TURNS_PER_USER", "4"))
+# Issue 33: how many models one question may be asked of at once (each runs a turn, counted by the limit above)
+ARBOR_MODELS_PER_TURN = int(os.environ.get("ARBOR_MODELS_PER_TURN", "4"))
 # Streams one person may follow at once in one process (`GET …/stream/`, streamed turns and /v1 calls): a stream
 # holds no database connection while it waits, but it holds a socket and memory; one more answers 429.
 ARBOR_MAX_STREAMS_PER_USER = int(os.environ.get("ARBOR_MAX_STREAMS_PER_USER", "20"))

@@ -191,19 +191,22 @@ class TurnLock:
         self._stop = threading.Event()
 
     @classmethod
-    def take(cls, *, owner, conversation_id: Any) -> TurnLock:
+    def take(cls, *, owner, conversation_id: Any, weight: int = 1) -> TurnLock:
         """Take the lock of one of `owner`'s conversations and read the conversation (with the owner's own
         instructions: `owner_instructions`) in one UPDATE … RETURNING: state read under the lock, in one
-        round trip where it took four (issue 13). NotFound for anyone else's, like a missing one."""
+        round trip where it took four (issue 13). NotFound for anyone else's, like a missing one.
+
+        `weight`: how many turns the lock is taken for (issue 33: one per model asked at once); the owner's
+        limit must leave room for all of them."""
         try:
             pk = int(conversation_id)
         except (TypeError, ValueError):
             raise NotFound("No such conversation.") from None
         if not INT64_MIN <= pk <= INT64_MAX:  # no id column holds it (SQLite's driver would overflow: a 500)
             raise NotFound("No such conversation.")
-        taken = cls._take(pk, owner_id=owner.pk)
+        taken = cls._take(pk, owner_id=owner.pk, weight=max(1, weight))
         if taken is None:
-            cls._refuse(conversation_for_user(user=owner, conversation_id=pk))
+            cls._refuse(conversation_for_user(user=owner, conversation_id=pk), weight=max(1, weight))
         return taken
 
     @classmethod
@@ -217,12 +220,14 @@ class TurnLock:
         return taken
 
     @classmethod
-    def _take(cls, pk: int, *, owner_id: int | None = None) -> TurnLock | None:
+    def _take(cls, pk: int, *, owner_id: int | None = None, weight: int = 1) -> TurnLock | None:
         """The one conditional UPDATE that takes a lock: None if the conversation is not free (or is not
-        `owner_id`'s, or its owner has too many turns running)."""
+        `owner_id`'s, or its owner has too many turns running to start `weight` more)."""
         token, at = uuid.uuid4(), now()
-        sql, slots = _take_statement(owner_id is not None, settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER,
-                                     connection.vendor)
+        limit = settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER
+        if limit and weight > limit:
+            return None
+        sql, slots = _take_statement(owner_id is not None, limit and limit - weight + 1, connection.vendor)
         values = {"pk": pk, "owner": owner_id, "token": token, "now": at, "expires": _expiry(at)}
         params = [_adapted(slot, values[slot]) if isinstance(slot, str) else slot.value for slot in slots]
         with connection.cursor() as cursor:
@@ -238,12 +243,17 @@ class TurnLock:
         return lock
 
     @staticmethod
-    def _refuse(conversation: Conversation) -> None:
+    def _refuse(conversation: Conversation, *, weight: int = 1) -> None:
         # Why, from the owner's count: asking whether this conversation is free now would blame the limit
         # for a lease that ran out between the two queries.
         limit = settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER
-        if limit and _held_count(conversation) >= limit:
-            raise TooManyTurns(f"You have {limit} turns running; wait for one to end.")
+        if limit and weight > limit:
+            raise TooManyTurns(f"You may run {limit} turns at once; asking {weight} models at once runs {weight}.")
+        if limit and (held := _held_count(conversation)) > limit - weight:
+            if weight == 1:
+                raise TooManyTurns(f"You have {limit} turns running; wait for one to end.")
+            raise TooManyTurns(f"You have {held} of your {limit} turns running; asking {weight} models at once "
+                               "needs room for each: wait for one to end.")
         raise TurnInProgress()
 
     def renew(self) -> bool:

@@ -11,7 +11,13 @@ from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerial
 from drf_spectacular.openapi import AutoSchema
 
 from config.schema import NOT_BLANK, sse_event_schema
-from conversations.apis.serializers import ApprovalIn, StrictCharField, ToolServersField, validate_model_name
+from conversations.apis.serializers import (
+    ApprovalIn,
+    ModelsField,
+    StrictCharField,
+    ToolServersField,
+    validate_model_name,
+)
 from conversations.tools.mcp.servers import configured
 from conversations.transfer.arbor_tree import TREE_FORMAT, TREE_VERSION
 from conversations.turns.events import EventType
@@ -52,6 +58,19 @@ class ToolServersFieldSchema(OpenApiSerializerFieldExtension):
         else:
             schema["maxItems"] = 0
         return schema
+
+
+class ModelsFieldSchema(OpenApiSerializerFieldExtension):
+    """Issue 33: each model once, and no more than may run at once."""
+
+    target_class = ModelsField
+
+    def map_serializer_field(self, auto_schema, direction):
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        # The names are `model`'s choice set; a set of its own to the enum components (`ModelsEnum`), where one
+        # set under two names is a warning `check --deploy` fails on.
+        items = {**schema["items"], "x-spec-enum-id": "arbor-models-asked-at-once"}
+        return {**schema, "items": items, "uniqueItems": True, "maxItems": ModelsField.most()}
 
 
 class ApprovalInSchema(OpenApiSerializerExtension):

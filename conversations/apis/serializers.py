@@ -206,15 +206,44 @@ def _files_field() -> serializers.ListField:
                                            "on an edit, left out keeps the question's files and [] sends none")
 
 
+class ModelsField(serializers.ListField):
+    """Issue 33: models asked at once, each once; at most ARBOR_MODELS_PER_TURN, and no more than the person's
+    limit of turns at once (each model runs one)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(child=StrictCharField(max_length=200, validators=[validate_model_name]), min_length=1,
+                         required=False, **kwargs)
+
+    @staticmethod
+    def most() -> int:
+        limit = settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER
+        return min(settings.ARBOR_MODELS_PER_TURN, limit) if limit else settings.ARBOR_MODELS_PER_TURN
+
+    def to_internal_value(self, data):
+        models = super().to_internal_value(data)
+        if len(set(models)) != len(models):
+            raise serializers.ValidationError("Name each model once.")
+        if len(models) > self.most():
+            raise serializers.ValidationError(f"Ask at most {self.most()} models at once.")
+        return models
+
+
+def _models_field() -> ModelsField:
+    return ModelsField(help_text="issue 33: ask these models at once, one sibling answer each from the same parent; "
+                                 "the first one's answer becomes the head (default: the conversation's model)")
+
+
 class TurnIn(serializers.Serializer):
     content = StrictCharField(trim_whitespace=False)
     files = _files_field()
+    models = _models_field()
 
 
 class EditIn(serializers.Serializer):
     node = StrictIntegerField()
     content = StrictCharField(trim_whitespace=False)
     files = _files_field()
+    models = _models_field()
 
 
 class RegenerateIn(serializers.Serializer):
@@ -281,11 +310,24 @@ class PendingCallOut(serializers.Serializer):
     arguments = serializers.JSONField()
 
 
+class BranchAnswerOut(serializers.Serializer):
+    """Issue 33: one model's sibling branch of a question asked of several at once."""
+
+    model = serializers.CharField()
+    node = serializers.IntegerField(allow_null=True, help_text="the branch's last node (switch to it to go on "
+                                                                "from this answer)")
+    ending = serializers.ChoiceField(choices=["done", "approval_required", "error"])
+    answer = serializers.CharField(allow_null=True)
+    error = serializers.DictField(allow_null=True, help_text="`{code, message}` when the branch failed")
+
+
 class TurnOut(serializers.Serializer):
     answer = serializers.CharField(allow_null=True)
     head = serializers.IntegerField(allow_null=True)
     nodes = NodeOut(many=True)
     approval_required = PendingCallOut(many=True, required=False)
+    answers = BranchAnswerOut(many=True, required=False, help_text="issue 33: with `models`, each model's branch, "
+                                                                   "the first's being the head")
 
 
 class ContextOut(serializers.Serializer):

@@ -116,10 +116,13 @@ def _turn_response(request: Request, turn: Turn | None) -> Response | StreamingH
     else:
         nodes = s.NodeOut(Node.objects.filter(pk__in=turn.nodes).order_by("id"), many=True).data
     if outcome.ending == EventType.ERROR:
+        more = {"answers": outcome.answers} if outcome.answers is not None else {}
         body = error_body(outcome.error["code"], outcome.error["message"], node=outcome.failed_node,
-                          head=outcome.head, nodes=nodes)
+                          head=outcome.head, nodes=nodes, **more)
         return Response(body, status=outcome.http_status)
     body = {"answer": outcome.answer, "head": outcome.head, "nodes": nodes}
+    if outcome.answers is not None:  # issue 33: several models asked at once
+        body["answers"] = outcome.answers
     if outcome.ending == EventType.APPROVAL_REQUIRED:
         body["approval_required"] = outcome.approval_required
     return Response(body, status=outcome.http_status)
@@ -173,7 +176,7 @@ class TurnCreate(TurnView):
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.TurnIn, request)
         turn = turn_ask(user=request.user, conversation_id=conversation_id, content=data["content"],
-                        files=data.get("files", ()))
+                        files=data.get("files", ()), models=data.get("models", ()))
         return _turn_response(request, turn)
 
 
@@ -182,7 +185,7 @@ class TurnEdit(TurnView):
     def post(self, request: Request, conversation_id: int):
         data = valid_input(s.EditIn, request)
         turn = turn_edit(user=request.user, conversation_id=conversation_id, node_id=data["node"],
-                         content=data["content"], files=data.get("files"))
+                         content=data["content"], files=data.get("files"), models=data.get("models", ()))
         return _turn_response(request, turn)
 
 

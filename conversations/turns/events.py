@@ -43,6 +43,7 @@ class TurnOutcome:
     approval_required: list[dict[str, Any]] = field(default_factory=list)
     error: dict[str, Any] | None = None  # {"code", "message"}
     failed_node: int | None = None  # the node whose call failed, when one was recorded (F1, F2)
+    answers: list[dict[str, Any]] | None = None  # issue 33: each model's branch, when several were asked at once
 
     @classmethod
     def of(cls, events: list[TurnEvent]) -> TurnOutcome:
@@ -50,13 +51,16 @@ class TurnOutcome:
         last = events[-1] if events else TurnEvent(EventType.ERROR, {"code": "server_error",
                                                                      "message": "the turn sent no event"})
         nodes = sorted({e.data["node"] for e in events if "node" in e.data} | set(last.data.get("nodes", [])))
+        answers = last.data.get("answers")
         if last.type == EventType.DONE:
-            return cls(EventType.DONE, head=last.data["head"], nodes=nodes, answer=last.data["answer"])
+            return cls(EventType.DONE, head=last.data["head"], nodes=nodes, answer=last.data["answer"],
+                       answers=answers)
         if last.type == EventType.APPROVAL_REQUIRED:
             return cls(EventType.APPROVAL_REQUIRED, head=last.data["node"], nodes=nodes,
-                       approval_required=last.data["calls"])
+                       approval_required=last.data["calls"], answers=answers)
         return cls(EventType.ERROR, head=last.data.get("head"), nodes=nodes, failed_node=last.data.get("node"),
-                   error={"code": last.data.get("code", "server_error"), "message": last.data.get("message", "")})
+                   error={"code": last.data.get("code", "server_error"), "message": last.data.get("message", "")},
+                   answers=answers)
 
     @property
     def http_status(self) -> int:

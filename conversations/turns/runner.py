@@ -18,6 +18,7 @@ recorder (`records.py`); the head moves only through `services.head_move`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -75,6 +76,10 @@ class Turn:
         self._summary_failed = False  # a failed summary is not tried again in the same turn
         # Asked while a call streams or is silent (turns.detached sets it: a stop asked through the database).
         self.stop_requested: Callable[[], bool] = lambda: False
+        # Issue 33: a turn asked of several models at once (`siblings.py`) holds the lock as a group, which gives
+        # it back when the last branch ends; only its first model's branch moves the head.
+        self.gives_back_lock = True
+        self.moves_head = True
         lock.hand_over()  # from here this turn is the lock's one owner: its `events()` gives it back
 
     # --- running ---------------------------------------------------------------------------------------
@@ -84,10 +89,10 @@ class Turn:
             return  # a turn runs once
         self._started = True
         rounds = self._rounds()
-        with self.lock:
+        with self.lock if self.gives_back_lock else contextlib.nullcontext():
             try:
                 for event in rounds:
-                    if event.type in ENDINGS:
+                    if event.type in ENDINGS and self.gives_back_lock:
                         # Committed: give the conversation back before saying so, or a client that asks
                         # again the moment it reads this event would find its own turn still holding it.
                         self.lock.release()
@@ -279,16 +284,19 @@ class Turn:
             if head_moves:  # the turn's end: the lock goes back in the same UPDATE
                 moved = self._move_head(node.pk, release=True, writes=writes, when=settled)
                 if not waiting:
-                    records.committed(self.conversation, head=node.pk, writes=writes, when=moved)
+                    records.committed(self.conversation, head=node.pk, writes=writes, when=moved or settled)
         if not settled.count:  # a sweep had failed it: the answer went on a sibling, whose bubbles these are
             records.answer_bubbles(node, needs_approval=calls.needs_approval)
         self._pending = None
         return moved is None or bool(moved.count)
 
     def _move_head(self, node_id: int, *, release: bool = False, writes: Together | None = None,
-                   when: Written | None = None) -> Written:
-        return services.head_move_held(conversation=self.conversation, to=node_id, lock=self.lock, release=release,
-                                       writes=writes, when=when)
+                   when: Written | None = None) -> Written | None:
+        """None for a branch that does not move the head (issue 33: a sibling asked beside the first model)."""
+        if not self.moves_head:
+            return None
+        return services.head_move_held(conversation=self.conversation, to=node_id, lock=self.lock,
+                                       release=release and self.gives_back_lock, writes=writes, when=when)
 
     def _superseded(self, node: Node) -> TurnEvent:
         return TurnEvent(EventType.ERROR, {"code": "turn_superseded", "node": node.pk, "head": None,

@@ -13,6 +13,7 @@ of the tree (T9, T10, F3) are checked here, under the lock, before anything is w
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Callable
 from typing import TypeVar
@@ -38,6 +39,7 @@ from conversations.selectors import (
 )
 from conversations.turns import calls, compaction, records, recovery
 from conversations.turns.runner import Turn
+from conversations.turns.siblings import SiblingTurns
 from conversations.turns.tool_policy import client_calls
 from files.services import files_to_send
 
@@ -53,14 +55,15 @@ def check_content(content: str) -> str:
 
 
 def _under_lock(user, conversation_id: int, begin: Callable[[Conversation, TurnLock], T], *,
-                budgeted: bool = True) -> T:
+                budgeted: bool = True, weight: int = 1) -> T:
     """Take the turn lock, then `begin`; the lock goes to the `Turn` it returns, or back if it returns none or
     refuses.
 
     The conversation (and its owner's budget) is read by the UPDATE that takes the lock, so no turn that ended
     before can have moved its head since. `budgeted`: a start past the month's budget is refused (issue 31) before
-    anything is written; a decision on a waiting call is not (its turn began within the budget)."""
-    lock = TurnLock.take(owner=user, conversation_id=conversation_id)
+    anything is written; a decision on a waiting call is not (its turn began within the budget). `weight`: how
+    many turns it runs at once (issue 33: one per model asked), each counted by the person's limit."""
+    lock = TurnLock.take(owner=user, conversation_id=conversation_id, weight=weight)
     with lock.until_handed_over():
         if budgeted:
             usage.check_budget(user.pk, *lock.budget)
@@ -69,30 +72,40 @@ def _under_lock(user, conversation_id: int, begin: Callable[[Conversation, TurnL
         return begin(lock.conversation, lock)
 
 
-def _turn(conversation: Conversation, lock: TurnLock, path: list[PathNode], new_items: list[it.Item],
-          **options) -> Turn:
+def _turn(conversation: Conversation, lock: TurnLock, path: list[PathNode], new_items: list[it.Item], *,
+          models: list[str] = (), **options) -> Turn | SiblingTurns:
     """A turn whose first node hangs below the last node of `path`; refused while a call waits for a person.
-    `options`: the call's own instructions and tools (`Turn`)."""
+    `models`: several are asked at once, one sibling branch each (issue 33), the first moving the head.
+    `options`: the call's own model, instructions and tools (`Turn`)."""
     if calls.undecided(path[-1] if path else None):
         raise ApprovalPending("A tool call is waiting for approval: approve or refuse it first.")
-    model = options.get("model") or conversation.effective_model
-    sent = itertools.chain((item for node in path for item in node.sent), new_items)  # X1: every image it sends
-    if any(ref["kind"] == "image" for item in sent if item.get("type") == "user" for ref in item.get("files", ())) \
-            and not llm.supports_vision(model):
-        raise BadInput(f"The model {model} cannot see images, and this call would send some: choose one that can, "
-                       "or go on from before the images.")
-    return Turn(conversation=conversation, lock=lock, path=path, new_items=new_items, **options)
+    asked = list(models) or [options.pop("model", None) or conversation.effective_model]
+    # X1: checked for every model before any branch takes the lock over
+    if (blind := [model for model in asked if not llm.supports_vision(model)]) and _sends_images(path, new_items):
+        raise BadInput(f"The model {blind[0]} cannot see images, and this call would send some: choose one that "
+                       "can, or go on from before the images.")
+    turns = [Turn(conversation=conversation, lock=lock, path=path, new_items=copy.deepcopy(new_items), model=model,
+                  **options) for model in asked]
+    return turns[0] if len(turns) == 1 else SiblingTurns(turns)
 
 
-def turn_ask(*, user, conversation_id: int, content: str, files: list[int] = ()) -> Turn:
-    """A new question from the head, with the person's `files` (X1) if any."""
+def _sends_images(path: list[PathNode], new_items: list[it.Item]) -> bool:
+    sent = itertools.chain((item for node in path for item in node.sent), new_items)
+    return any(ref["kind"] == "image" for item in sent if item.get("type") == "user" for ref in item.get("files", ()))
+
+
+def turn_ask(*, user, conversation_id: int, content: str, files: list[int] = (), models: list[str] = ()
+             ) -> Turn | SiblingTurns:
+    """A new question from the head, with the person's `files` (X1) if any, asked of `models` (issue 33; default:
+    the conversation's)."""
     content = check_content(content)
     attached = files_to_send(user=user, file_ids=list(files)) if files else None
 
-    def begin(conversation: Conversation, lock: TurnLock) -> Turn:
-        return _turn(conversation, lock, node_path(conversation.head_id), [it.user(content, attached)])
+    def begin(conversation: Conversation, lock: TurnLock) -> Turn | SiblingTurns:
+        return _turn(conversation, lock, node_path(conversation.head_id), [it.user(content, attached)],
+                     models=models)
 
-    return _under_lock(user, conversation_id, begin)
+    return _under_lock(user, conversation_id, begin, weight=len(models))
 
 
 MAX_SUPPLIED_TURNS = 100  # calls a client made elsewhere, recorded in one request (under the turn lock)
@@ -143,13 +156,16 @@ def _check_results(open_calls: list[it.Item], items: list[it.Item]) -> None:
         raise BadInput(f"The output(s) for {extra} answer no function call of the previous response.")
 
 
-def turn_edit(*, user, conversation_id: int, node_id: int, content: str, files: list[int] | None = None) -> Turn:
+def turn_edit(*, user, conversation_id: int, node_id: int, content: str, files: list[int] | None = None,
+              models: list[str] = ()) -> Turn | SiblingTurns:
     """T7: the edited question as a new branch below the end of the turn before it, with the person's `files`
-    (X1): the question's own when none are named (a typo fixed keeps its screenshot), none for an empty list."""
+    (X1): the question's own when none are named (a typo fixed keeps its screenshot), none for an empty list;
+    asked of `models` (issue 33; default: the conversation's)."""
     content = check_content(content)
     edited = it.user(content, files_to_send(user=user, file_ids=list(files)) if files else None)
     return _under_lock(user, conversation_id, lambda c, lock: _reposition(c, lock, node_id, edited,
-                                                                         keep_files=files is None))
+                                                                         keep_files=files is None, models=models),
+                       weight=len(models))
 
 
 def turn_regenerate(*, user, conversation_id: int, node_id: int | None = None) -> Turn:
@@ -158,7 +174,7 @@ def turn_regenerate(*, user, conversation_id: int, node_id: int | None = None) -
 
 
 def _reposition(conversation: Conversation, lock: TurnLock, node_id: int | None, edited: it.Item | None, *,
-                keep_files: bool = True) -> Turn:
+                keep_files: bool = True, models: list[str] = ()) -> Turn | SiblingTurns:
     """T7: a normal turn whose parent is the end of the turn before the question.
 
     The head itself moves when that turn ends, like any turn's: a turn that never runs moves nothing.
@@ -175,7 +191,7 @@ def _reposition(conversation: Conversation, lock: TurnLock, node_id: int | None,
     asked = it.question_item(path[index].sent)  # regenerated, or edited keeping its files: the question's files too
     question = edited or asked
     files = asked.get("files") if keep_files and edited is not None else question.get("files")
-    return _turn(conversation, lock, path[:index], [it.user(question["text"], files)])
+    return _turn(conversation, lock, path[:index], [it.user(question["text"], files)], models=models)
 
 
 def _question_index(conversation: Conversation, path: list[PathNode], node_id: int) -> int:

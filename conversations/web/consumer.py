@@ -33,6 +33,7 @@ from conversations.selectors import conversation_for_user
 from conversations.turns import detached
 from conversations.turns.events import ENDINGS, EventType
 from conversations.turns.runner import Turn
+from conversations.turns.siblings import SiblingTurns
 from conversations.turns.start import turn_ask, turn_decide, turn_edit, turn_regenerate, turn_retry
 from conversations.turns.streaming import follow_log
 from conversations.web import run_watch
@@ -41,12 +42,13 @@ TOKEN_BATCH_SECONDS = 0.05  # tokens go out in small batches, not one frame each
 STOP_WAIT_SECONDS = 10
 
 
-def _ask(*, content: str, files: list[int] = (), **common) -> Turn:
-    return turn_ask(content=content, files=files, **common)
+def _ask(*, content: str, files: list[int] = (), models: list[str] = (), **common) -> Turn | SiblingTurns:
+    return turn_ask(content=content, files=files, models=models, **common)
 
 
-def _edit(*, node: int, content: str, files: list[int] | None = None, **common) -> Turn:
-    return turn_edit(node_id=node, content=content, files=files, **common)
+def _edit(*, node: int, content: str, files: list[int] | None = None, models: list[str] = (), **common
+          ) -> Turn | SiblingTurns:
+    return turn_edit(node_id=node, content=content, files=files, models=models, **common)
 
 
 def _regenerate(*, node: int | None = None, **common) -> Turn:
@@ -275,7 +277,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         """Send a turn's numbered events on, tokens in small batches: a token waits at most
         TOKEN_BATCH_SECONDS (a timer sends the batch; it never waits for the next token)."""
         pending: list[str] = []
-        node = None
+        node = model = None  # a token's node, and its model when several are asked at once (issue 33)
         timer: asyncio.TimerHandle | None = None
         loop = asyncio.get_running_loop()
         sending = asyncio.Lock()  # the timer's batch and the loop's events go out one at a time, in order
@@ -289,7 +291,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 if pending:
                     text = "".join(pending)
                     pending.clear()
-                    await self.send_json({"type": "token", "text": text, "node": node})
+                    await self.send_json({"type": "token", "text": text, "node": node,
+                                          **({"model": model} if model else {})})
 
         def due():
             nonlocal timer
@@ -304,7 +307,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     if pending and event.data["node"] != node:
                         await flush()
                     pending.append(event.data["text"])
-                    node = event.data["node"]
+                    node, model = event.data["node"], event.data.get("model")
                     if timer is None:
                         timer = loop.call_later(TOKEN_BATCH_SECONDS, due)
                     continue

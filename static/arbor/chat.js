@@ -211,22 +211,27 @@
       globalThis.arborAttachments?.clear();
       saveDraft();
     }
+    if (event.answers?.length > 1) endedSideBySide = event;  // shown again once the list is redrawn
     switch (event.type) {
       case "joined":
         // A turn that runs elsewhere (another tab, before a reload): its answer so far, then live.
-        for (const stale of list().querySelectorAll(".msg.streaming")) stale.remove();
+        for (const stale of list().querySelectorAll(".msg.streaming, .side-by-side")) stale.remove();
         streaming = null;
+        sides = null;
         setRunning(true);
         say("Answering…");
         break;
-      case "token":
+      case "token": {
         if (!running) setRunning(true);
-        if (!streaming) streaming = appendBubble("assistant streaming", "");
-        grow(streaming, event.text);
-        streaming.dataset.frames = String(Number(streaming.dataset.frames || 0) + 1);
+        // Several models asked at once (issue 33): each token names its model, and goes to that model's column.
+        if (!event.model && !streaming) streaming = appendBubble("assistant streaming", "");
+        const bubble = event.model ? sideBubble(event) : streaming;
+        grow(bubble, event.text);
+        bubble.dataset.frames = String(Number(bubble.dataset.frames || 0) + 1);
         follow();
         say("Answering…");
         break;
+      }
       case "tool_call":
         say(`Calling ${event.name}…`);
         streaming = null;  // the next round's tokens get a bubble of their own
@@ -270,17 +275,98 @@
     return true;
   }
 
-  function appendBubble(kind, text) {
+  function bubbleElement(kind, text) {
     const article = document.createElement("article");
     article.className = `msg ${kind}`;
     const body = document.createElement("div");
     body.className = "body plain";
     body.textContent = text;  // text, never HTML: the server sends the rendered version at the end
     article.append(body);
+    return article;
+  }
+
+  function appendBubble(kind, text) {
+    const article = bubbleElement(kind, text);
     list().querySelector(".empty-chat")?.remove();
     list().append(article);
     follow();  // a new round's bubble: followed only if the person is at the bottom
     return article;
+  }
+
+  // --- several models at once (issue 33) ---------------------------------------------------------------------
+  // Each model's branch streams into a column of its own; once the turn has ended, the columns stay under the
+  // redrawn list with a way to go on from any of the answers (a switch, T8: the answers are sibling nodes).
+
+  const alsoAsk = document.getElementById("also-ask");
+  let sides = null;  // while a turn of several models streams: {panel, columns: model -> {column, bubble, node}}
+  let endedSideBySide = null;  // the ending of such a turn, until its answers are shown
+
+  function chosenModels() {
+    // Two or more ticked: this conversation's model (when ticked) first, since the first goes on by default.
+    const ticked = [...(alsoAsk?.querySelectorAll("input[type=checkbox]:checked") ?? [])];
+    ticked.sort((a, b) => Number(b.hasAttribute("data-default")) - Number(a.hasAttribute("data-default")));
+    return ticked.length > 1 ? ticked.map((box) => box.value) : [];
+  }
+
+  function sidePanel(label) {
+    const panel = document.createElement("div");
+    panel.className = "side-by-side";
+    panel.setAttribute("role", "group");
+    panel.setAttribute("aria-label", label);
+    list().append(panel);
+    return panel;
+  }
+
+  function sideColumn(panel, model) {
+    const column = document.createElement("section");
+    column.className = "side";
+    column.dataset.model = model;
+    const title = document.createElement("h3");
+    title.textContent = model;
+    column.append(title);
+    panel.append(column);
+    return column;
+  }
+
+  function sideBubble(event) {
+    if (!sides) {
+      streaming?.remove();  // the one answer's placeholder: this turn answers in columns
+      streaming = null;
+      sides = { panel: sidePanel("Answers side by side, as they come"), columns: new Map() };
+    }
+    let side = sides.columns.get(event.model);
+    if (!side) {
+      side = { column: sideColumn(sides.panel, event.model), bubble: null, node: null };
+      sides.columns.set(event.model, side);
+    }
+    if (side.node !== event.node) {  // a model's next round (after its tools ran) is a bubble of its own
+      side.bubble = bubbleElement("side-answer streaming", "");  // not an `assistant`: the list's answers are those
+      side.column.append(side.bubble);
+      side.node = event.node;
+    }
+    return side.bubble;
+  }
+
+  function showAnswers(ending) {
+    const panel = sidePanel("The models' answers side by side");
+    for (const answer of ending.answers) {
+      const column = sideColumn(panel, answer.model);
+      const text = answer.answer ?? (answer.error ? `Failed: ${answer.error.message}` : "A tool call waits for approval.");
+      column.append(bubbleElement(answer.answer == null ? "side-answer failed" : "side-answer", text));
+      if (answer.node == null) continue;
+      const chosen = answer.node === ending.head;
+      column.classList.toggle("chosen", chosen);
+      const use = document.createElement("button");
+      use.type = "button";
+      use.dataset.turnControl = "";
+      use.textContent = chosen ? "Going on from this answer" : "Go on from this answer";
+      use.setAttribute("aria-pressed", String(chosen));
+      use.addEventListener("click", async () => {
+        if (!chosen && await switchBranch(answer.node)) say(`Going on from ${answer.model}'s answer.`);
+      });
+      column.append(use);
+    }
+    follow();
   }
 
   // --- an answer as it streams --------------------------------------------------------------------------------
@@ -437,6 +523,9 @@
 
   async function finish(message, detail = "") {
     streaming = null;
+    sides = null;
+    const sideBySide = endedSideBySide;
+    endedSideBySide = null;
     let stillRunning = false;
     try {
       stillRunning = await redraw();
@@ -445,6 +534,7 @@
     }
     if (gone) return;  // signed out or gone meanwhile: the page says so, and stays so
     setRunning(false);
+    if (sideBySide) showAnswers(sideBySide);
     if (stillRunning) waitForOtherTurn();
     say(message, detail);
     offerOverflowedQuestion();
@@ -525,7 +615,9 @@
       say("A file is still uploading; send when it is done.");
       return;
     }
-    if (startTurn(files.length ? { type: "ask", content, files } : { type: "ask", content }, content)) {
+    const models = chosenModels();
+    const message = { type: "ask", content, ...(files.length ? { files } : {}), ...(models.length ? { models } : {}) };
+    if (startTurn(message, content)) {
       askedHere = content;
       input.value = "";  // the draft stays stored until the server takes the question
     }
@@ -682,7 +774,8 @@
         submitEvent.preventDefault();
         const content = area.value;
         if (!content.trim() || running) return;
-        if (!send({ type: "edit", node: Number(button.dataset.node), content })) return;
+        const models = chosenModels();  // an edited question may be asked of several models too (issue 33)
+        if (!send({ type: "edit", node: Number(button.dataset.node), content, ...(models.length ? { models } : {}) })) return;
         unsent = content;  // a refused edit gives its text to the composer rather than losing it
         dropFrom(article);
         setRunning(true);

@@ -1,0 +1,115 @@
+"""One question asked of several models at once (issue 33): one sibling branch per model from the same parent.
+
+Each branch is a normal `Turn` (the one runner, R1) with its own model; they run concurrently, each in a thread
+of its own with its own database connection, under the one turn lock the group took (T9): nothing else moves
+the head until the last branch ends, and the group gives the lock back then. Only the first model's branch moves
+the head (its answer is the one the conversation goes on from, as for a single turn); choosing another is a
+switch (T8), which the tree already knows how to do: the siblings are ordinary nodes with the same parent.
+
+The group is run like a turn (`turns.detached`): its events are every branch's, each marked with its `model`,
+and one ending, the first model's, carrying `answers` (each branch's model, node and how it ended). A branch's
+own ending is not passed on: a reader of the run's log stops at the first ending it reads.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+
+from django.conf import settings
+from django.db import connections
+
+from conversations.turns.events import ENDINGS, EventType, TurnEvent
+from conversations.turns.runner import Turn
+
+_DONE = object()  # a branch's thread has ended
+
+
+class SiblingTurns:
+    """Several `Turn`s from one parent under one lock; run with `events()`, once."""
+
+    def __init__(self, turns: list[Turn]):
+        self.turns = turns
+        self.lead = turns[0]
+        self.lock = self.lead.lock
+        self.conversation = self.lead.conversation
+        self.model = self.lead.model
+        self.stop_requested: Callable[[], bool] = lambda: False  # `turns.detached` sets it, as for a turn
+        self._cancelled = threading.Event()
+        self._started = False
+        for turn in turns:
+            turn.gives_back_lock = False
+            turn.moves_head = turn is self.lead
+            turn.stop_requested = lambda: self._cancelled.is_set() or self.stop_requested()
+
+    @property
+    def nodes(self) -> list[int]:
+        return [node for turn in self.turns for node in turn.nodes]
+
+    def events(self) -> Iterator[TurnEvent]:
+        if self._started:
+            return
+        self._started = True
+        arrived: queue.Queue = queue.Queue()
+        with self.lock:  # renewed while any branch runs; given back when the last has ended
+            threads = [threading.Thread(target=_drive, args=(index, turn, arrived), daemon=True,
+                                        name=f"arbor-turn-{self.conversation.pk}-{index}")
+                       for index, turn in enumerate(self.turns)]
+            for thread in threads:
+                thread.start()
+            endings: dict[int, TurnEvent] = {}
+            running = len(threads)
+            try:
+                while running:
+                    index, event = arrived.get()
+                    if event is _DONE:
+                        running -= 1
+                    elif event.type in ENDINGS:
+                        endings[index] = event
+                    else:
+                        yield TurnEvent(event.type, {**event.data, "model": self.turns[index].model})
+            except BaseException:
+                # Closed (a stop that closes the run) or broken: every branch ends as stopped, and records
+                # itself so, before the lock goes back.
+                self._cancelled.set()
+                for thread in threads:
+                    thread.join(timeout=settings.ARBOR_TURN_LOCK_SECONDS)
+                raise
+        yield self._ending(endings)
+
+    def _ending(self, endings: dict[int, TurnEvent]) -> TurnEvent:
+        """The first model's ending, with every branch's outcome (`answers`) and every node written."""
+        answers = [_outcome(turn, endings.get(index)) for index, turn in enumerate(self.turns)]
+        lead = endings.get(0) or TurnEvent(EventType.ERROR, {"code": "server_error", "node": None,
+                                                             "message": "the first model's branch sent no ending"})
+        return TurnEvent(lead.type, {**lead.data, "model": self.lead.model, "nodes": self.nodes, "answers": answers})
+
+
+def _drive(index: int, turn: Turn, arrived: queue.Queue) -> None:
+    """Run branch `index` here, handing its events to the group; its connection is closed when it ends."""
+    try:
+        for event in turn.events():
+            arrived.put((index, event))
+    except Exception as error:  # the branch recorded itself failed (the runner does): the group says so
+        arrived.put((index, TurnEvent(EventType.ERROR, {"code": "server_error", "message": repr(error),
+                                                     "node": turn.nodes[-1] if turn.nodes else None})))
+    finally:
+        connections.close_all()
+        arrived.put((index, _DONE))
+
+
+def _outcome(turn: Turn, ending: TurnEvent | None) -> dict:
+    """One branch as the group's ending lists it."""
+    if ending is None:
+        return {"model": turn.model, "node": turn.nodes[-1] if turn.nodes else None, "ending": "error",
+                "answer": None, "error": {"code": "server_error", "message": "the branch sent no ending"}}
+    data = ending.data
+    outcome = {"model": turn.model, "ending": ending.type.value, "answer": None, "error": None}
+    if ending.type == EventType.DONE:
+        return {**outcome, "node": data["head"], "answer": data["answer"]}
+    if ending.type == EventType.APPROVAL_REQUIRED:
+        return {**outcome, "node": data["node"]}
+    return {**outcome, "node": data.get("node"), "error": {"code": data.get("code", "server_error"),
+                                                           "message": data.get("message", "")}}
+

@@ -1,0 +1,188 @@
+"""Issue 33, ask several models at once: `models` on a turn runs one sibling branch per model from the same parent,
+concurrently, under the one turn lock (T9); the first model's answer becomes the head, and choosing another is a
+switch (T8). Each branch is a normal turn of the one runner (R1), so each is recorded like any call (T3, F1).
+
+The second model is a real OpenAI-compatible server on a loopback socket (tests/support/openai_stub.py) reached
+through litellm; the first is the offline arbor/echo. Branches run in threads of their own with their own
+connections, so these tests commit (transactional database)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from conversations import services
+from conversations.models import Conversation, Node
+from conversations.turns.detached import launch, request_stop
+from conversations.turns.log import follow
+from conversations.turns.start import turn_ask
+from tests.conversations.helpers import ask, head
+from tests.support.openai_stub import Reply
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ECHO, STUB = "arbor/echo", "openai/stub-model"
+
+
+def _turn(api, conversation: Conversation, body: dict, **headers):
+    return api.post(f"/api/conversations/{conversation.pk}/turns/", body, format="json", **headers)
+
+
+def _sse(response) -> list[tuple[str, dict]]:
+    async def read() -> bytes:
+        return b"".join([chunk async for chunk in response.streaming_content])
+
+    events = []
+    for block in asyncio.run(read()).decode().strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "data" in fields:
+            events.append((fields.get("event", "message"), json.loads(fields["data"])))
+    return events
+
+
+def test_issue_33_t7_each_model_answers_as_a_sibling_and_the_first_becomes_the_head(api, conversation, stub):
+    ask(conversation, "before")
+    parent = head(conversation)
+    stub.script(Reply.text("The stub's own answer."))
+
+    response = _turn(api, conversation, {"content": "compare us", "models": [ECHO, STUB]})
+
+    assert response.status_code == 201, response.content
+    body = response.json()
+    answers = {a["model"]: a for a in body["answers"]}
+    assert [a["model"] for a in body["answers"]] == [ECHO, STUB], "in the order asked"
+    assert {a["ending"] for a in answers.values()} == {"done"}
+    assert answers[STUB]["answer"] == "The stub's own answer." and "compare us" in answers[ECHO]["answer"]
+    echo_node, stub_node = Node.objects.get(pk=answers[ECHO]["node"]), Node.objects.get(pk=answers[STUB]["node"])
+    assert echo_node.parent_id == stub_node.parent_id == parent.pk, "siblings from the same parent"
+    assert (echo_node.model, stub_node.model) == (ECHO, STUB)
+    assert echo_node.sent == stub_node.sent and echo_node.sent[-1]["text"] == "compare us", "the same question"
+    conversation.refresh_from_db()
+    assert body["head"] == conversation.head_id == echo_node.pk, "the first model's answer is the head"
+    assert conversation.turn_token is None, "the lock went back when both had ended"
+    assert sorted(n["id"] for n in body["nodes"]) == sorted([echo_node.pk, stub_node.pk])
+    assert stub.requests[-1]["messages"][-1]["content"] == "compare us", "the stub was asked the question"
+    assert "The stub's own answer." not in json.dumps(stub.requests[-1]), "and never saw its sibling's answer"
+
+    tree = api.get(f"/api/conversations/{conversation.pk}/tree/").json()
+    marks = {mark["id"]: mark for mark in tree["nodes"]}
+    assert marks[echo_node.pk]["parent"] == marks[stub_node.pk]["parent"] == parent.pk, "the map shows siblings"
+    assert marks[echo_node.pk]["on_path"] and not marks[stub_node.pk]["on_path"]
+
+    switched = api.post(f"/api/conversations/{conversation.pk}/switch/", {"node": stub_node.pk}, format="json")
+    assert switched.status_code == 200 and switched.json()["head"] == stub_node.pk, "choosing one is a switch"
+    follow_up = ask(conversation, "go on")[-1].data
+    assert Node.objects.get(pk=follow_up["head"]).parent_id == stub_node.pk
+    assert "The stub's own answer." in follow_up["answer"], "the next call goes on from the chosen answer"
+
+
+def test_issue_33_the_branches_run_at_once_and_stream_marked_with_their_model(api, conversation, stub, settings):
+    """The stub answers while the slow echo is still writing: its tokens arrive between the echo's, which one
+    call after the other could not give. One ending, carrying every branch."""
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.25
+    stub.script(Reply.text("quick stub words"))
+
+    response = _turn(api, conversation, {"content": "#slow one two three four five six seven eight nine ten",
+                                         "models": [ECHO, STUB]}, HTTP_ACCEPT="text/event-stream")
+
+    events = _sse(response)
+    tokens = [(data["model"], data["node"]) for kind, data in events if kind == "token"]
+    by_model = [model for model, _ in tokens]
+    assert STUB in by_model and ECHO in by_model
+    assert by_model.index(STUB) < len(by_model) - 1 - by_model[::-1].index(ECHO), "interleaved: run at once"
+    assert len({node for model, node in tokens if model == STUB}) == 1, "each branch's tokens name its node"
+    endings = [kind for kind, _ in events if kind in ("done", "error", "approval_required")]
+    assert endings == ["done"], "one ending for the group"
+    done = events[-1][1]
+    assert [a["model"] for a in done["answers"]] == [ECHO, STUB] and done["model"] == ECHO
+    assert done["answers"][1]["answer"] == "quick stub words"
+
+
+def test_issue_33_f1_a_failing_branch_is_recorded_and_the_others_answer(api, conversation, stub):
+    stub.script(Reply.server_error())
+    response = _turn(api, conversation, {"content": "try both", "models": [STUB, ECHO]})
+
+    body = response.json()
+    assert response.status_code == 502, body
+    answers = body["error"]["answers"]
+    assert [(a["model"], a["ending"]) for a in answers] == [(STUB, "error"), (ECHO, "done")]
+    failed, answered = Node.objects.get(pk=answers[0]["node"]), Node.objects.get(pk=answers[1]["node"])
+    assert failed.status == Node.Status.FAILED and answered.status == Node.Status.SUCCEEDED
+    assert failed.parent_id == answered.parent_id is None, "siblings: both the conversation's first calls"
+    conversation.refresh_from_db()
+    assert conversation.head_id == failed.pk, "F1: the first model's failed node is the head, with Retry"
+    assert conversation.turn_token is None
+
+
+def test_issue_33_t7_an_edit_asks_several_models_below_the_turn_before_the_question(api, conversation, stub):
+    ask(conversation, "first")
+    first = head(conversation)
+    ask(conversation, "second, with a typo")
+    question = head(conversation)
+    stub.script(Reply.text("edited, by the stub"))
+
+    response = api.post(f"/api/conversations/{conversation.pk}/edit/",
+                        {"node": question.pk, "content": "second, fixed", "models": [ECHO, STUB]}, format="json")
+
+    assert response.status_code == 201, response.content
+    nodes = [Node.objects.get(pk=a["node"]) for a in response.json()["answers"]]
+    assert [n.parent_id for n in nodes] == [first.pk, first.pk]
+    assert all(n.sent[-1]["text"] == "second, fixed" for n in nodes)
+    assert "second, with a typo" not in json.dumps(stub.requests[-1]), "T7: an edit never sees the old question"
+
+
+def test_issue_33_bad_models_are_refused_and_change_nothing(api, conversation, stub, settings):
+    settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER = 2
+    cases = [({"models": []}, "models"), ({"models": [ECHO, ECHO]}, "once"), ({"models": ["nope/none"]}, "nope"),
+             ({"models": ECHO}, "models"), ({"models": [ECHO, STUB, "hosted_vllm/stub-model"]}, "at most 2")]
+    for extra, said in cases:
+        response = _turn(api, conversation, {"content": "hi", **extra})
+        assert response.status_code == 400 and said in json.dumps(response.json()), (extra, response.content)
+    assert Node.objects.count() == 0 and not stub.requests
+    schema = api.get("/api/schema/?format=json").json()["components"]["schemas"]["TurnIn"]["properties"]["models"]
+    assert schema["uniqueItems"] is True and schema["maxItems"] == 2 and schema["minItems"] == 1
+
+
+def test_issue_33_t9_the_lock_and_the_persons_limit_count_every_model(api, conversation, user, stub, settings):
+    """Asking two models runs two turns: with a limit of two and one turn running elsewhere, it is refused (429,
+    nothing recorded) while asking one still runs; once the other ends, both run."""
+    settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER = 2
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.1
+    other = services.conversation_create(owner=user)
+    stub.script(Reply.text("a"), Reply.text("b"))
+    run = launch(turn_ask(user=user, conversation_id=other.pk, content="#slow " + "w " * 30))
+
+    refused = _turn(api, conversation, {"content": "both?", "models": [ECHO, STUB]})
+    assert refused.status_code == 429 and "2 models" in refused.json()["error"]["message"], refused.content
+    assert not Node.objects.filter(conversation=conversation).exists(), "nothing recorded"
+    assert _turn(api, conversation, {"content": "one is fine", "models": [STUB]}).status_code == 201
+
+    assert [event.type for _, event in follow(run)][-1] == "done"
+    both = _turn(api, conversation, {"content": "both now", "models": [ECHO, STUB]})
+    assert both.status_code == 201 and len(both.json()["answers"]) == 2
+
+
+def test_issue_33_f1_a_stop_ends_every_branch_and_keeps_what_each_had_written(user, conversation, settings):
+    """Stop (asked through the database, from any tab) reaches every model's branch: each is recorded stopped with
+    its text so far, the lock goes back, and the group's one ending lists both."""
+    settings.ARBOR_MODELS = ["arbor/echo", "arbor/echo-2"]
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.1
+    run = launch(turn_ask(user=user, conversation_id=conversation.pk, content="#slow " + "word " * 200,
+                          models=["arbor/echo", "arbor/echo-2"]))
+    seen: set[str] = set()
+    for _, event in follow(run):
+        if event.type == "token":
+            seen.add(event.data["model"])
+            if seen == {"arbor/echo", "arbor/echo-2"}:
+                assert request_stop(conversation.pk)
+        ending = event
+    assert ending.type == "error" and ending.data["code"] == "cancelled"
+    assert [(a["model"], a["ending"]) for a in ending.data["answers"]] == [("arbor/echo", "error"),
+                                                                          ("arbor/echo-2", "error")]
+    nodes = Node.objects.filter(conversation=conversation).order_by("pk")
+    assert [(n.status, n.failure_reason) for n in nodes] == [(Node.Status.FAILED, Node.FailureReason.CANCELLED)] * 2
+    assert all(n.received and "word" in json.dumps(n.received) for n in nodes), "what had arrived is kept"
+    conversation.refresh_from_db()
+    assert conversation.turn_token is None and conversation.head_id == ending.data["answers"][0]["node"]
