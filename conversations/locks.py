@@ -31,7 +31,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, connections
-from django.db.models import BooleanField, Count, ExpressionWrapper, F, OuterRef, Q, Subquery
+from django.db.models import BooleanField, ExpressionWrapper, F, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -97,16 +97,18 @@ def run_state(run_id: uuid.UUID) -> tuple[datetime | None, bool] | None:
 
 
 def _held_by_owner(at: datetime):
-    """How many locks the conversation's owner holds on other conversations at `at` (a subquery)."""
+    """How many turns the conversation's owner runs on other conversations at `at`: the locks held, each counted
+    by its weight (a subquery)."""
     return (Conversation.objects.filter(owner_id=OuterRef("owner_id"), turn_token__isnull=False,
                                         turn_expires_at__gte=at)
-            .exclude(pk=OuterRef("pk")).order_by().values("owner_id").annotate(n=Count("pk")).values("n"))
+            .exclude(pk=OuterRef("pk")).order_by().values("owner_id").annotate(n=Sum("turn_weight")).values("n"))
 
 
 def _held_count(conversation: Conversation) -> int:
-    """How many locks the conversation's owner holds on other conversations now."""
+    """How many turns the conversation's owner runs on other conversations now."""
     return (Conversation.objects.filter(owner_id=conversation.owner_id, turn_token__isnull=False,
-                                        turn_expires_at__gte=now()).exclude(pk=conversation.pk).count())
+                                        turn_expires_at__gte=now()).exclude(pk=conversation.pk)
+            .aggregate(n=Coalesce(Sum("turn_weight"), 0))["n"])
 
 
 _FIELDS = Conversation._meta.concrete_fields
@@ -133,8 +135,8 @@ def _adapted(slot: str, value: Any) -> Any:
     return Conversation._meta.get_field(_SLOT_FIELDS[slot]).get_db_prep_value(value, connection)
 
 
-@functools.lru_cache(maxsize=16)
-def _take_statement(by_owner: bool, limit: int, vendor: str) -> tuple[str, tuple[str | _Fixed, ...]]:
+@functools.lru_cache(maxsize=64)
+def _take_statement(by_owner: bool, limit: int, weight: int, vendor: str) -> tuple[str, tuple[str | _Fixed, ...]]:
     """The lock-taking UPDATE … RETURNING (the conversation, its owner's budget and instructions, its project's
     instructions), and for each of
     its parameters the slot it takes its value from, or the value it always has."""
@@ -142,9 +144,9 @@ def _take_statement(by_owner: bool, limit: int, vendor: str) -> tuple[str, tuple
     free = Conversation.objects.filter(is_free(at=v["now"]), pk=v["pk"])
     if by_owner:
         free = free.filter(owner_id=v["owner"])
-    if limit:  # fairness: in the same UPDATE, the owner's other held locks are counted
-        free = free.alias(held=Coalesce(Subquery(_held_by_owner(v["now"])), 0)).filter(held__lt=limit)
-    sql, params = update_sql(free, turn_token=v["token"], turn_expires_at=v["expires"],
+    if limit:  # fairness: in the same UPDATE, the owner's other running turns are counted
+        free = free.alias(held=Coalesce(Subquery(_held_by_owner(v["now"])), 0)).filter(held__lte=limit - weight)
+    sql, params = update_sql(free, turn_token=v["token"], turn_expires_at=v["expires"], turn_weight=weight,
                              turn_took_over=ExpressionWrapper(Q(turn_token__isnull=False), output_field=BooleanField()))
     stand_ins = {slot: _adapted(slot, value) for slot, value in v.items() if by_owner or slot != "owner"}
     slots = tuple(next((slot for slot, value in stand_ins.items() if type(value) is type(p) and value == p),
@@ -227,7 +229,7 @@ class TurnLock:
         limit = settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER
         if limit and weight > limit:
             return None
-        sql, slots = _take_statement(owner_id is not None, limit and limit - weight + 1, connection.vendor)
+        sql, slots = _take_statement(owner_id is not None, limit, weight, connection.vendor)
         values = {"pk": pk, "owner": owner_id, "token": token, "now": at, "expires": _expiry(at)}
         params = [_adapted(slot, values[slot]) if isinstance(slot, str) else slot.value for slot in slots]
         with connection.cursor() as cursor:

@@ -75,6 +75,9 @@ class Conversation(models.Model):
     # Whether the lock was last taken from a holder that let it run out (its process died): set by the
     # UPDATE that takes it, from the row as it was, so one statement tells (`locks.TurnLock.take`).
     turn_took_over = models.BooleanField(default=False)
+    # How many of its owner's turns the held lock counts for (issue 33: one per model asked at once), against
+    # ARBOR_MAX_CONCURRENT_TURNS_PER_USER; set by the UPDATE that takes the lock, read only while it is held.
+    turn_weight = models.PositiveSmallIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

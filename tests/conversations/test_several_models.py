@@ -163,6 +163,16 @@ def test_issue_33_t9_the_lock_and_the_persons_limit_count_every_model(api, conve
     both = _turn(api, conversation, {"content": "both now", "models": [ECHO, STUB]})
     assert both.status_code == 201 and len(both.json()["answers"]) == 2
 
+    # …and while two models answer, they hold both of the person's turns: a turn anywhere else waits.
+    settings.ARBOR_MODELS = [*settings.ARBOR_MODELS, "arbor/echo-2"]
+    group = launch(turn_ask(user=user, conversation_id=conversation.pk, content="#slow " + "w " * 30,
+                            models=[ECHO, "arbor/echo-2"]))
+    elsewhere = _turn(api, other, {"content": "and here?"})
+    assert elsewhere.status_code == 429 and "2 turns running" in elsewhere.json()["error"]["message"]
+    assert Node.objects.filter(conversation=other).count() == 1, "nothing recorded"
+    assert [event.type for _, event in follow(group)][-1] == "done"
+    assert _turn(api, other, {"content": "and now?"}).status_code == 201
+
 
 def test_issue_33_f1_a_stop_ends_every_branch_and_keeps_what_each_had_written(user, conversation, settings):
     """Stop (asked through the database, from any tab) reaches every model's branch: each is recorded stopped with
