@@ -14,6 +14,13 @@ from tests.support.browser import asgi_server, browser  # noqa: F401 - fixtures 
 from tests.support.openai_stub import OpenAIStub
 
 
+def pytest_configure(config):
+    """The tests' users are made with a quick hasher (tests/support/hashers.py): minutes of CPU a whole run."""
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = ["tests.support.hashers.OneIterationPBKDF2"]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _news_listener_stops(django_db_setup, django_db_blocker):
     """The news listener (config.news) holds a connection to the test database: end it before the database is
