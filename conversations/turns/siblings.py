@@ -2,9 +2,11 @@
 
 Each branch is a normal `Turn` (the one runner, R1) with its own model; they run concurrently, each in a thread
 of its own with its own database connection, under the one turn lock the group took (T9): nothing else moves
-the head until the last branch ends, and the group gives the lock back then. Only the first model's branch moves
-the head (its answer is the one the conversation goes on from, as for a single turn); choosing another is a
-switch (T8), which the tree already knows how to do: the siblings are ordinary nodes with the same parent.
+the head until the last branch ends. No branch moves the head itself: when the last has ended, the group moves
+it to where the first model's branch ended (its answer is the one the conversation goes on from, as for a single
+turn), in the UPDATE that gives the lock back. So a process killed mid-group leaves the head where the question
+was asked, as a single turn's would (`turns.recovery`). Choosing another answer is a switch (T8), which the tree
+already knows how to do: the siblings are ordinary nodes with the same parent.
 
 The group is run like a turn (`turns.detached`): its events are every branch's, each marked with its `model`,
 and one ending, the first model's, carrying `answers` (each branch's model, node and how it ended). A branch's
@@ -15,11 +17,15 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 from django.conf import settings
 from django.db import connections
 
+from config.db import release_connection
+from conversations import services
+from conversations.models import Node
 from conversations.turns.events import ENDINGS, EventType, TurnEvent
 from conversations.turns.runner import Turn
 
@@ -39,8 +45,7 @@ class SiblingTurns:
         self._cancelled = threading.Event()
         self._started = False
         for turn in turns:
-            turn.gives_back_lock = False
-            turn.moves_head = turn is self.lead
+            turn.gives_back_lock = turn.moves_head = False
             turn.stop_requested = lambda: self._cancelled.is_set() or self.stop_requested()
 
     @property
@@ -60,6 +65,7 @@ class SiblingTurns:
                 thread.start()
             endings: dict[int, TurnEvent] = {}
             running = len(threads)
+            release_connection()  # held by nobody while the branches run (a JSON request waits here)
             try:
                 while running:
                     index, event = arrived.get()
@@ -73,17 +79,40 @@ class SiblingTurns:
                 # Closed (a stop that closes the run) or broken: every branch ends as stopped, and records
                 # itself so, before the lock goes back.
                 self._cancelled.set()
+                deadline = time.monotonic() + settings.ARBOR_TURN_LOCK_SECONDS
                 for thread in threads:
-                    thread.join(timeout=settings.ARBOR_TURN_LOCK_SECONDS)
+                    thread.join(timeout=max(0.0, deadline - time.monotonic()))
                 raise
-        yield self._ending(endings)
+            ending = self._ending(endings)
+        yield ending
 
     def _ending(self, endings: dict[int, TurnEvent]) -> TurnEvent:
-        """The first model's ending, with every branch's outcome (`answers`) and every node written."""
+        """Move the head where the first model's branch ended, giving the lock back in the same UPDATE; return
+        that branch's ending, with every branch's outcome (`answers`) and every node written."""
         answers = [_outcome(turn, endings.get(index)) for index, turn in enumerate(self.turns)]
         lead = endings.get(0) or TurnEvent(EventType.ERROR, {"code": "server_error", "node": None,
                                                              "message": "the first model's branch sent no ending"})
-        return TurnEvent(lead.type, {**lead.data, "model": self.lead.model, "nodes": self.nodes, "answers": answers})
+        data = {**lead.data, "model": self.lead.model, "nodes": self.nodes, "answers": answers}
+        target = _head_after(lead)
+        if target is not None:
+            moved = services.head_move_held(conversation=self.conversation, to=target, lock=self.lock, release=True)
+            if not moved.count:  # it outlived its lock and another turn took over: every node is kept
+                return TurnEvent(EventType.ERROR, {**data, "code": "turn_superseded", "head": None,
+                                                   "message": "This turn ran past its lock and another took over; "
+                                                              "its answers are kept as branches."})
+        return TurnEvent(lead.type, {**data, "head": self.conversation.head_id} if lead.type == EventType.ERROR
+                         else data)
+
+
+def _head_after(ending: TurnEvent) -> int | None:
+    """Where a turn's head goes once it has ended so (`Turn`: answered, waiting, or failed unless it overflowed)."""
+    if ending.type == EventType.DONE:
+        return ending.data["head"]
+    if ending.type == EventType.APPROVAL_REQUIRED:
+        return ending.data["node"]
+    if ending.data.get("code") in (Node.FailureReason.CONTEXT_OVERFLOW, "turn_superseded"):
+        return None
+    return ending.data.get("node")
 
 
 def _drive(index: int, turn: Turn, arrived: queue.Queue) -> None:

@@ -84,8 +84,15 @@ def _turn(conversation: Conversation, lock: TurnLock, path: list[PathNode], new_
     if (blind := [model for model in asked if not llm.supports_vision(model)]) and _sends_images(path, new_items):
         raise BadInput(f"The model {blind[0]} cannot see images, and this call would send some: choose one that "
                        "can, or go on from before the images.")
-    turns = [Turn(conversation=conversation, lock=lock, path=path, new_items=copy.deepcopy(new_items), model=model,
-                  **options) for model in asked]
+    turns = []
+    try:
+        for model in asked:
+            turns.append(Turn(conversation=conversation, lock=lock, path=path, new_items=copy.deepcopy(new_items),
+                              model=model, **options))
+    except BaseException:
+        if turns:  # the first took the lock over, and none of them will run: it goes back here
+            lock.release()
+        raise
     return turns[0] if len(turns) == 1 else SiblingTurns(turns)
 
 
@@ -259,7 +266,9 @@ def turn_decide(*, user, conversation_id: int, call_id: str, approve: bool) -> T
                 records.decision_bubble(tip.id, call, approved=approve)
         if calls.undecided(tip):
             return None  # more calls to decide: the lock goes back
-        return Turn(conversation=conversation, lock=lock, path=path, new_items=[])
+        # The model that asked goes on (issue 33: a branch of several models' may not be the conversation's).
+        model = tip.model if tip.model in settings.ARBOR_MODELS else None
+        return Turn(conversation=conversation, lock=lock, path=path, new_items=[], model=model)
 
     return _under_lock(user, conversation_id, begin, budgeted=False)
 

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.http import HttpRequest
 from django.urls import reverse
 
+from conversations.apis.serializers import ModelsField
 from conversations.models import Conversation, Project
 from conversations.selectors import conversation_list, user_theme
 
@@ -56,4 +57,4 @@ def chat_shell(request: HttpRequest) -> dict[str, Any]:
 
     return {"sidebar": sidebar, "sidebar_groups": sidebar_groups, "projects_of_mine": projects,
             "sidebar_shows": shows, "sidebar_origins": Conversation.Origin.choices, "palette": palette,
-            "models": settings.ARBOR_MODELS, "theme": theme}
+            "models": settings.ARBOR_MODELS, "models_at_once": ModelsField.most, "theme": theme}

@@ -301,11 +301,34 @@
   let sides = null;  // while a turn of several models streams: {panel, columns: model -> {column, bubble, node}}
   let endedSideBySide = null;  // the ending of such a turn, until its answers are shown
 
+  function answering() {
+    return Boolean(streaming || sides);  // an answer (or several side by side) streams into the list
+  }
+
   function chosenModels() {
-    // Two or more ticked: this conversation's model (when ticked) first, since the first goes on by default.
+    // This conversation's model (when ticked) first, since the first goes on by default; none for it alone.
     const ticked = [...(alsoAsk?.querySelectorAll("input[type=checkbox]:checked") ?? [])];
     ticked.sort((a, b) => Number(b.hasAttribute("data-default")) - Number(a.hasAttribute("data-default")));
-    return ticked.length > 1 ? ticked.map((box) => box.value) : [];
+    return ticked.length === 1 && ticked[0].hasAttribute("data-default") ? [] : ticked.map((box) => box.value);
+  }
+
+  function tooManyModels(models) {
+    // The server's own limit, said before anything is sent (the typed text stays in the box).
+    const most = Number(alsoAsk?.dataset.most || 0);
+    if (!most || models.length <= most) return false;
+    say(`Ask at most ${most} models at once: untick ${models.length - most}.`);
+    return true;
+  }
+
+  function countTicked() {
+    // The ticks stay when the list is folded away: its title says how many will be asked.
+    const ticked = alsoAsk.querySelectorAll("input[type=checkbox]:checked").length;
+    alsoAsk.querySelector(".ticked").textContent = ticked > 1 ? ` (${ticked} ticked)` : "";
+  }
+
+  if (alsoAsk) {
+    alsoAsk.addEventListener("change", countTicked);
+    countTicked();
   }
 
   function sidePanel(label) {
@@ -354,7 +377,7 @@
       const text = answer.answer ?? (answer.error ? `Failed: ${answer.error.message}` : "A tool call waits for approval.");
       column.append(bubbleElement(answer.answer == null ? "side-answer failed" : "side-answer", text));
       if (answer.node == null) continue;
-      const chosen = answer.node === ending.head;
+      const chosen = answer.node === (ending.head ?? ending.node);  // waiting for an approval: its node
       column.classList.toggle("chosen", chosen);
       const use = document.createElement("button");
       use.type = "button";
@@ -446,7 +469,7 @@
     if (!response.ok || response.redirected) throw new Error(`${response.status}`);  // signed out: not a list
     const html = await response.text();
     if (mine !== redraws) return list().dataset.turnRunning === "1";
-    if (unlessStreaming && streaming) return true;  // a joined answer streams in meanwhile: keep it
+    if (unlessStreaming && answering()) return true;  // a joined answer streams in meanwhile: keep it
     showList(html);
     return list().dataset.turnRunning === "1";
   }
@@ -587,16 +610,16 @@
     // meanwhile shows too.
     setRunning(true);
     say("A turn is running on this conversation; its answer follows here.");
-    while (running && !streaming) {
+    while (running && !answering()) {
       await new Promise((resolve) => setTimeout(resolve, 2000));
-      if (streaming) return;
+      if (answering()) return;
       let stillRunning = false;
       try {
         stillRunning = await redraw({ unlessStreaming: true });
       } catch (error) {
         stillRunning = false;
       }
-      if (streaming) return;
+      if (answering()) return;
       if (!stillRunning) {
         setRunning(false);
         say("");
@@ -616,6 +639,7 @@
       return;
     }
     const models = chosenModels();
+    if (tooManyModels(models)) return;
     const message = { type: "ask", content, ...(files.length ? { files } : {}), ...(models.length ? { models } : {}) };
     if (startTurn(message, content)) {
       askedHere = content;
@@ -775,7 +799,7 @@
         const content = area.value;
         if (!content.trim() || running) return;
         const models = chosenModels();  // an edited question may be asked of several models too (issue 33)
-        if (!send({ type: "edit", node: Number(button.dataset.node), content, ...(models.length ? { models } : {}) })) return;
+        if (tooManyModels(models) || !send({ type: "edit", node: Number(button.dataset.node), content, ...(models.length ? { models } : {}) })) return;
         unsent = content;  // a refused edit gives its text to the composer rather than losing it
         dropFrom(article);
         setRunning(true);

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -196,3 +197,57 @@ def test_issue_33_f1_a_stop_ends_every_branch_and_keeps_what_each_had_written(us
     assert all(n.received and "word" in json.dumps(n.received) for n in nodes), "what had arrived is kept"
     conversation.refresh_from_db()
     assert conversation.turn_token is None and conversation.head_id == ending.data["answers"][0]["node"]
+
+
+def test_issue_33_t9_a_branch_that_cannot_start_gives_the_lock_back_and_records_nothing(api, conversation, stub,
+                                                                                     monkeypatch):
+    """The first branch has taken the lock over when the second fails to start (here its tool servers cannot be
+    read): the lock goes back at once, not a lease later, and nothing was written."""
+    from conversations.turns import runner
+
+    real, made = runner.tool_servers_of, []
+
+    def fails_second(conversation):
+        made.append(conversation)
+        if len(made) == 2:
+            raise RuntimeError("the tool servers could not be read")
+        return real(conversation)
+
+    monkeypatch.setattr(runner, "tool_servers_of", fails_second)
+    with pytest.raises(RuntimeError):
+        turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="hi", models=[ECHO, STUB])
+    conversation.refresh_from_db()
+    assert conversation.turn_token is None and not Node.objects.exists()
+    monkeypatch.setattr(runner, "tool_servers_of", real)
+    assert _turn(api, conversation, {"content": "again"}).status_code == 201, "free at once"
+
+
+def test_issue_33_t3_the_head_moves_once_every_branch_has_ended(conversation, stub):
+    """No branch moves the head on its own: while a slower model still answers, the head stays where the question
+    was asked (so a process killed then leaves it there, as a single turn's would); it moves to the first model's
+    answer with the lock's release."""
+    stub.script(Reply.hang(1.5, then=Reply.text("slow stub")))
+    run = launch(turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="quick one",
+                          models=[ECHO, STUB]))
+    while not Node.objects.filter(conversation=conversation, model=ECHO, status=Node.Status.SUCCEEDED).exists():
+        time.sleep(0.02)
+    conversation.refresh_from_db()
+    assert conversation.head_id is None and conversation.turn_token is not None, "the first has answered; not yet"
+    ending = [event for _, event in follow(run)][-1]
+    conversation.refresh_from_db()
+    assert ending.type == "done" and conversation.head_id == ending.data["head"] == \
+        Node.objects.get(conversation=conversation, model=ECHO).pk and conversation.turn_token is None
+
+
+def test_issue_33_f3_an_approved_call_goes_on_with_the_model_of_its_branch(api, conversation, settings):
+    settings.ARBOR_MODELS = [ECHO, "arbor/echo-2"]
+    call = '#tool send_email {"to": "a@example.com", "subject": "Hi", "body": "Hello"}'
+    waiting = _turn(api, conversation, {"content": call, "models": ["arbor/echo-2", ECHO]})
+    assert waiting.status_code == 202, waiting.content
+    tip = Node.objects.get(pk=waiting.json()["head"])
+    assert tip.model == "arbor/echo-2" and conversation.model == ECHO
+    call_id = tip.received[-1]["id"]
+    approved = api.post(f"/api/conversations/{conversation.pk}/approvals/", {"call_id": call_id, "approve": True},
+                        format="json")
+    assert approved.status_code == 201, approved.content
+    assert Node.objects.get(pk=approved.json()["head"]).model == "arbor/echo-2", "the model that asked goes on"

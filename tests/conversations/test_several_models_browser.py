@@ -31,6 +31,7 @@ def test_issue_33_ask_two_models_see_both_side_by_side_and_go_on_from_either(bro
     default = browser.find_element(By.CSS_SELECTOR, "#also-ask input[value='arbor/echo']")
     assert default.is_selected(), "the conversation's model is ticked already"
     browser.find_element(By.CSS_SELECTOR, "#also-ask input[value='arbor/echo-2']").click()
+    assert browser.find_element(By.CSS_SELECTOR, "#also-ask summary").text == "Ask several models (2 ticked)"
 
     _send(browser, "#slow which of you answers better")
     wait(browser).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".side-by-side .side")) == 2
@@ -47,8 +48,11 @@ def test_issue_33_ask_two_models_see_both_side_by_side_and_go_on_from_either(bro
     assert head(conversation).pk == answers[0].pk, "the ticked default goes on"
     chosen = browser.find_element(By.CSS_SELECTOR, f"{ENDED} .side.chosen")
     assert chosen.get_attribute("data-model") == "arbor/echo"
-    assert browser.find_element(By.CSS_SELECTOR, "#message-list article.msg.assistant .branch-index").text == "1/2", \
-        "the list's answer steps through both (T7)"
+    def index(node: Node) -> str:  # ◀ k/n ▶ orders the answers to a question as they were written
+        return f"{sorted(a.pk for a in answers).index(node.pk) + 1}/2"
+
+    assert browser.find_element(By.CSS_SELECTOR, "#message-list article.msg.assistant .branch-index").text == \
+        index(answers[0]), "the list's answer steps through both (T7)"
     browser.set_window_size(375, 800)
     screenshot(browser, "several-models-375")
     assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
@@ -58,7 +62,8 @@ def test_issue_33_ask_two_models_see_both_side_by_side_and_go_on_from_either(bro
     wait(browser).until(lambda d: "arbor/echo-2" in d.find_element(By.ID, "composer-status").text)
     conversation.refresh_from_db()
     assert conversation.head_id == answers[1].pk, "choosing an answer is a switch"
-    assert browser.find_element(By.CSS_SELECTOR, "#message-list article.msg.assistant .branch-index").text == "2/2"
+    assert browser.find_element(By.CSS_SELECTOR, "#message-list article.msg.assistant .branch-index").text == \
+        index(answers[1])
 
     browser.find_element(By.CSS_SELECTOR, "#also-ask input[value='arbor/echo-2']").click()  # back to one model
     _send(browser, "and on")

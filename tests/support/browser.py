@@ -72,6 +72,10 @@ def screenshot(driver: webdriver.Chrome, name: str) -> Path:
     return shot
 
 
+# What the live server offers: two offline models, so its pages offer asking several at once (issue 33)
+SERVER_MODELS = ["arbor/echo", "arbor/echo-2"]
+
+
 @dataclass(frozen=True)
 class AsgiServer:
     url: str
@@ -126,9 +130,8 @@ def asgi_server(django_db_setup) -> Iterator[AsgiServer]:
     files_dir = tempfile.mkdtemp(prefix="arbor-browser-files-")
     storages = {**settings.STORAGES, "default": {"BACKEND": "django.core.files.storage.FileSystemStorage",
                                                  "OPTIONS": {"location": files_dir}}}
-    # Two offline models, so the pages offer asking several at once (issue 33) in every browser test
     overrides = {"DATABASES": {"default": database}, "ALLOWED_HOSTS": ["127.0.0.1", "localhost"],
-                 "ARBOR_MODELS": ["arbor/echo", "arbor/echo-2"],
+                 "ARBOR_MODELS": SERVER_MODELS,
                  "STORAGES": storages}
     process = _SpawnedDaphne(host="127.0.0.1", get_application=functools.partial(_application, overrides))
     process.daemon = True

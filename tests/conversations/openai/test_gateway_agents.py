@@ -32,6 +32,7 @@ from conversations.turns.start import turn_compact
 from playbooks.models import Playbook
 from tests.conversations.helpers import ask, head
 from tests.conversations.openai.test_responses import MODEL, WEATHER, _client
+from tests.support.browser import SERVER_MODELS
 from tests.support.openai_stub import Reply
 
 pytestmark = pytest.mark.django_db
@@ -87,12 +88,12 @@ def _tree() -> list[tuple]:
 
 
 @live
-def test_issue_27_models_retrieve_answers_each_listed_model_and_404s_any_other(client, asgi_server, user, settings):
+def test_issue_27_models_retrieve_answers_each_listed_model_and_404s_any_other(client, asgi_server, user):
     """Issue 27: `GET /v1/models/{id}` takes ids with slashes (the SDK sends `arbor%2Fecho`; a plain slash works
     too) and answers OpenAI's model object for each model `GET /v1/models` lists; any other id is the SDK's
     NotFoundError in OpenAI's error shape (`model_not_found`, param `model`)."""
     listed = list(client.models.list())
-    assert [m.id for m in listed] == settings.ARBOR_MODELS
+    assert [m.id for m in listed] == SERVER_MODELS
     for model in listed:
         found = client.models.retrieve(model.id)
         assert found == model and found.object == "model"

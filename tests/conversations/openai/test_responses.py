@@ -12,7 +12,7 @@ import pytest
 from rest_framework.authtoken.models import Token
 
 from conversations.models import Conversation, Node
-from tests.support.browser import AsgiServer
+from tests.support.browser import SERVER_MODELS, AsgiServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -65,8 +65,8 @@ def test_issue_17_a_streamed_response_arrives_in_deltas_and_the_sdk_assembles_it
     assert client.responses.retrieve(final.id).output_text == final.output_text
 
 
-def test_issue_17_models_lists_what_this_server_offers(client, settings):
-    assert [m.id for m in client.models.list()] == settings.ARBOR_MODELS
+def test_issue_17_models_lists_what_this_server_offers(client):
+    assert [m.id for m in client.models.list()] == SERVER_MODELS
 
 
 def test_issue_17_errors_are_the_sdks_own_exceptions_and_change_nothing(client, asgi_server, other_user):
