@@ -276,6 +276,33 @@ def _providers(raw: str) -> dict[str, dict]:
 
 
 ARBOR_PROVIDERS = _providers(os.environ.get("ARBOR_PROVIDERS", ""))
+
+
+def _prices(raw: str) -> dict[str, dict[str, float]]:
+    """ARBOR_MODEL_PRICES (issue 31): US dollars per million tokens for models whose price litellm's list lacks or
+    has wrong (a negotiated rate, a local server's running cost): {"openai/gpt-4o": {"input": 2.5, "output": 10,
+    "cached_input": 1.25}}; `cached_input` defaults to `input`. They win over litellm's list."""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as error:
+        raise ImproperlyConfigured(f"ARBOR_MODEL_PRICES is not JSON: {error}") from None
+    shape = 'a JSON object such as {"openai/gpt-4o": {"input": 2.5, "output": 10, "cached_input": 1.25}}'
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(f"ARBOR_MODEL_PRICES must be {shape}")
+    for model, price in value.items():
+        if not isinstance(price, dict) or not {"input", "output"} <= set(price) <= {"input", "output",
+                                                                                   "cached_input"}:
+            raise ImproperlyConfigured(f"ARBOR_MODEL_PRICES[{model!r}] must hold `input` and `output` (and may hold "
+                                       f"`cached_input`): {shape}")
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in price.values()):
+            raise ImproperlyConfigured(f"ARBOR_MODEL_PRICES[{model!r}]: each price is a number of dollars per "
+                                       "million tokens, 0 or more")
+    return value
+
+
+ARBOR_MODEL_PRICES = _prices(os.environ.get("ARBOR_MODEL_PRICES", ""))
 ARBOR_MODELS = [m for m in os.environ.get("ARBOR_MODELS", "").split(",") if m] or [ARBOR_MODEL]
 ARBOR_LLM_TIMEOUT_SECONDS = float(os.environ.get("ARBOR_LLM_TIMEOUT_SECONDS", "120"))
 # A demo chat should feel like a real model (128k input), not compact every few turns; tests that need a

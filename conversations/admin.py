@@ -444,8 +444,8 @@ class UsageBudgetAdmin(admin.ModelAdmin):
 @admin.register(UsageEntry)
 class UsageEntryAdmin(admin.ModelAdmin):
     """Issue 31: the ledger, read-only: a row is written with its call's ending, never by hand."""
-    list_display = ["node_id", "owner", "day", "model", "input_tokens", "output_tokens", "cost_usd"]
-    list_filter = ["day", "model"]
+    list_display = ["node_id", "owner", "day", "model", "input_tokens", "output_tokens", "cost_usd", "estimated"]
+    list_filter = ["day", "model", "estimated"]
     search_fields = ["owner__username", "=node_id"]
     change_list_template = "admin/conversations/usageentry/change_list.html"
 

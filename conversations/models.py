@@ -459,6 +459,9 @@ class UsageEntry(models.Model):
     cached_tokens = models.PositiveIntegerField(default=0)
     cost_usd = models.FloatField(default=0.0)
     day = models.DateField()
+    # A call that failed or was stopped after output had arrived: the provider charges for it but reports no
+    # usage, so its figures are Arbor's own count of what was sent and received (`records.ledger_entry`).
+    estimated = models.BooleanField(default=False)
 
     class Meta:
         indexes = [models.Index(fields=["owner", "day"])]

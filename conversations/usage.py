@@ -8,6 +8,7 @@ recorded. The budget is read by the statement that takes the turn lock, so a per
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,11 @@ from django.utils import timezone
 
 from config.errors import ArborError, BadInput
 from conversations.models import Node, UsageBudget, UsageEntry
-from conversations.turns.records import CLIENT, ledger_entry  # the recorder makes the rows: one definition
+from conversations.turns.records import (  # the recorder makes the rows: one definition
+    CLIENT,
+    charged_partly,
+    ledger_entry,
+)
 
 GROUPS = {"day": "day", "model": "model", "conversation": "conversation_id", "project": "project_id"}
 
@@ -109,23 +114,27 @@ def summary(owner_id: int, query) -> dict[str, Any]:
 
 
 _FIGURES = ("owner_id", "conversation_id", "project_id", "model", "input_tokens", "output_tokens", "cached_tokens",
-            "cost_usd")
+            "cost_usd", "estimated")
 
 
 def disagreements() -> list[str]:
     """Every difference between the ledger and the nodes: a turn's call that reached a provider with no row
-    (a turn's call is known by the settings it sent, which an imported node or a compaction root never has),
-    a row whose figures are not its node's, a row of a node that reached no provider. Nodes deleted since are no
-    difference: rows outlive them."""
+    (a turn's call is known by the settings it sent, which an imported node or a compaction root never has; one
+    that failed counts when output had arrived), a row whose figures are not its node's, a row of a node that
+    reached no provider. Nodes deleted since are no difference: rows outlive them."""
     found: list[str] = []
     rows = {row.node_id: row for row in UsageEntry.objects.all()}
-    turns = Node.objects.filter(status=Node.Status.SUCCEEDED, kind=Node.Kind.TURN, call_settings__isnull=False
-                                ).exclude(provider=CLIENT).values_list("pk", flat=True)
-    found += [f"node {pk}: a call that reached a provider has no ledger row" for pk in turns.iterator()
-              if pk not in rows]
+    calls = Node.objects.filter(kind=Node.Kind.TURN, call_settings__isnull=False).exclude(provider=CLIENT)
+    answered = calls.filter(status=Node.Status.SUCCEEDED).values_list("pk", flat=True)
+    broken_off = (pk for pk, received in calls.filter(status=Node.Status.FAILED).values_list("pk", "received")
+                  .iterator() if charged_partly(received))
+    found += [f"node {pk}: a call that reached a provider has no ledger row"
+              for pk in itertools.chain(answered.iterator(), broken_off) if pk not in rows]
     for node in Node.objects.filter(pk__in=list(rows)).select_related("conversation").iterator(chunk_size=500):
         row = rows[node.pk]
-        if node.status != Node.Status.SUCCEEDED or node.provider == CLIENT:
+        charged = node.status == Node.Status.SUCCEEDED or (node.status == Node.Status.FAILED
+                                                            and charged_partly(node.received))
+        if not charged or node.provider == CLIENT:
             found.append(f"node {node.pk}: a ledger row for a call that reached no provider")
             continue
         expected = ledger_entry(node)

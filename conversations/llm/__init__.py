@@ -330,7 +330,7 @@ def stream_call(
     usage = dict(state.usage)
     if state.finish_reason == "length":  # cut at the output limit: the gateways say so (max_tokens, incomplete)
         usage["finish_reason"] = "length"
-    cost = _cost(model, usage)
+    cost = cost_of(model, usage)
     if cost is not None:
         usage["cost_usd"] = cost
     return CallResult(received=state.items(provider), usage=usage, provider=provider, model=model)
@@ -397,9 +397,26 @@ def _request(model: str, provider: str, messages: list[dict], *, tools: list[dic
     return kwargs
 
 
+def cost_of(model: str, usage: dict[str, Any]) -> float | None:
+    """Issue 31: a call's price in dollars from its usage (`prompt_tokens`, `completion_tokens`, cached prompt
+    tokens in `prompt_tokens_details`): ARBOR_MODEL_PRICES' price for the model, else litellm's bundled price
+    list; None for a model neither prices (arbor/echo, a local server)."""
+    if not usage:
+        return None
+    price = settings.ARBOR_MODEL_PRICES.get(model)
+    if price is not None:
+        details = usage.get("prompt_tokens_details")
+        cached = (details.get("cached_tokens") if isinstance(details, dict) else 0) or 0
+        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+        dollars = ((prompt - cached) * price["input"] + cached * price.get("cached_input", price["input"])
+                   + completion * price["output"]) / 1_000_000
+        return round(dollars, 10)
+    return _cost(model, usage)
+
+
 def _cost(model: str, usage: dict[str, Any]) -> float | None:
     """The call's price from litellm's bundled price list; None for a model it does not price (arbor/echo)."""
-    if not usage or provider_of(model) in _OWN_PROVIDERS:
+    if provider_of(model) in _OWN_PROVIDERS:
         return None
     try:
         prompt, completion = litellm_module().cost_per_token(

@@ -72,8 +72,11 @@ def succeed(node: Node, result: llm.CallResult, *, writes: Together | None = Non
 
 
 def ledger_entry(node: Node) -> UsageEntry:
-    """Issue 31: the call's row of the usage ledger, from what its node records (`usage_check` compares them)."""
-    usage = node.usage or {}
+    """Issue 31: the call's row of the usage ledger, from what its node records (`usage_check` compares them).
+    A call that failed after output had arrived (stopped, cut off, its process gone) is charged by the provider
+    but has no usage of its own: its row counts the context it was sent and what it received, marked estimated."""
+    estimated = node.status == Node.Status.FAILED
+    usage = _estimated_usage(node) if estimated else (node.usage or {})
     details = usage.get("prompt_tokens_details") or {}
     owner_id = node.conversation.owner_id if node.conversation_id else None
     project_id = node.conversation.project_id if node.conversation_id else None
@@ -82,7 +85,22 @@ def ledger_entry(node: Node) -> UsageEntry:
                       provider=node.provider, input_tokens=usage.get("prompt_tokens") or 0,
                       output_tokens=usage.get("completion_tokens") or 0,
                       cached_tokens=(details.get("cached_tokens") if isinstance(details, dict) else 0) or 0,
-                      cost_usd=usage.get("cost_usd") or 0.0, day=(node.finished_at or timezone.now()).date())
+                      cost_usd=usage.get("cost_usd") or 0.0, day=(node.finished_at or timezone.now()).date(),
+                      estimated=estimated)
+
+
+def charged_partly(received: list[it.Item]) -> bool:
+    """Whether a failed call had output: a provider charges for what it generated before a stop or a break."""
+    return bool(received)
+
+
+def _estimated_usage(node: Node) -> dict[str, Any]:
+    """A failed call's usage as Arbor counts it (C1's counts): the path it was sent, and what it received."""
+    provider = node.provider or llm.provider_of(node.model)
+    usage = {"prompt_tokens": node.path_tokens,
+             "completion_tokens": budget.items_tokens(node.received or [], model=node.model, provider=provider)}
+    cost = llm.cost_of(node.model, usage)
+    return {**usage, "cost_usd": cost} if cost is not None else usage
 
 
 def record_supplied(*, conversation: Conversation, parent: PathNode | None, sent: list[it.Item],
@@ -107,17 +125,25 @@ def save_partial(node: Node, text: str) -> None:
 
 
 def fail(node: Node, error: llm.LLMError, *, writes: Together | None = None) -> Written:
-    """The call failed: why, and whatever had arrived before it did (kept, never sent again: T5)."""
-    return _settle(node, writes, status=Node.Status.FAILED, failure_reason=error.reason,
-                   failure_message=error.message, received=error.partial, finished_at=timezone.now())
+    """The call failed: why, and whatever had arrived before it did (kept, never sent again: T5); with output,
+    its estimated ledger row (issue 31)."""
+    return _settle(node, writes, ledger=charged_partly(error.partial), status=Node.Status.FAILED,
+                   failure_reason=error.reason, failure_message=error.message, received=error.partial,
+                   finished_at=timezone.now())
 
 
 def interrupt(node: Node, error: llm.LLMError) -> bool:
-    """Fail a node still pending (its process is gone); False if it ended meanwhile (its process was only
-    late): then its own record stands, and nothing is written."""
-    return bool(Node.objects.filter(pk=node.pk, status=Node.Status.PENDING).update(
-        status=Node.Status.FAILED, failure_reason=error.reason, failure_message=error.message,
-        received=error.partial, finished_at=timezone.now()))
+    """Fail a node still pending (its process is gone), with its estimated ledger row if output had arrived;
+    False if it ended meanwhile (its process was only late): then its own record stands, and nothing is
+    written."""
+    fields = {"status": Node.Status.FAILED, "failure_reason": error.reason, "failure_message": error.message,
+              "received": error.partial, "finished_at": timezone.now()}
+    with transaction.atomic():
+        if not Node.objects.filter(pk=node.pk, status=Node.Status.PENDING).update(**fields):
+            return False
+        if charged_partly(error.partial):
+            ledger_entry(_ended(node, fields)).save(force_insert=True)
+    return True
 
 
 def _settle(node: Node, writes: Together | None, ledger: bool = False, **fields: Any) -> Written:

@@ -112,3 +112,15 @@ def test_issue_33_the_compare_page_shows_where_an_edited_questions_context_parts
     assert "both calls were sent the same 2 messages, then" in html
     left, right = html.split("call's own messages")[1:3]
     assert "<pre>original question</pre>" in left and "<pre>edited question</pre>" in right
+
+
+def test_issue_33_x2_a_fork_stays_in_its_sources_project(api, conversation):
+    project = api.post("/api/projects/", {"name": "Launch", "instructions": "We launch in June."},
+                       format="json").json()
+    assert api.patch(f"/api/conversations/{conversation.pk}/", {"project": project["id"]},
+                     format="json").status_code == 200
+    ask(conversation, "when?")
+    forked = api.post(f"/api/conversations/{conversation.pk}/fork/", {"node": head(conversation).pk}, format="json")
+    assert forked.status_code == 201 and forked.json()["project"] == project["id"]
+    answer = ask(Conversation.objects.get(pk=forked.json()["id"]), "and in the fork?")[-1].data
+    assert "June" in Node.objects.get(pk=answer["head"]).instructions, "the project's instructions go on"

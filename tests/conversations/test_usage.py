@@ -5,12 +5,16 @@ usage_check`. Rule D1: the ledger and the tree never disagree, through failures 
 from __future__ import annotations
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from conversations import services
+from config.settings import _prices
+from conversations import budget, llm, services
 from conversations.models import Node, UsageEntry
+from conversations.turns import records, recovery
+from conversations.turns.start import turn_ask
 from tests.conversations.helpers import ask, command_output
 
 pytestmark = pytest.mark.django_db
@@ -155,3 +159,70 @@ def test_issue_31_the_admins_usage_page_charts_tokens_per_day_and_per_model(conv
     charts = filtered.split('class="usage-charts"')[1].split("</section>")[0]
     assert len(re.findall(r"<rect ", charts)) == 2 and "<td>openai/other</td>" in charts
     assert "<td>arbor/echo</td>" not in charts, "the charts follow the page's filters"
+
+
+def test_issue_31_a_price_override_wins_and_is_what_the_ledger_and_the_usage_api_charge(api, conversation, settings):
+    """ARBOR_MODEL_PRICES: dollars per million tokens, over litellm's list (here for the offline model, which that
+    list does not price); cached input at its own price."""
+    settings.ARBOR_MODEL_PRICES = {"arbor/echo": {"input": 3.0, "output": 15.0, "cached_input": 0.3}}
+    ask(conversation, "what does this cost?")
+    node = Node.objects.get(status=Node.Status.SUCCEEDED)
+    expected = round((node.usage["prompt_tokens"] * 3.0 + node.usage["completion_tokens"] * 15.0) / 1e6, 10)
+    assert node.usage["cost_usd"] == expected > 0
+    assert UsageEntry.objects.get(node_id=node.pk).cost_usd == expected
+    assert api.get("/api/usage/").json()["cost_usd"] == round(expected, 6)
+    assert llm.cost_of("arbor/echo", {"prompt_tokens": 1000, "completion_tokens": 0,
+                                      "prompt_tokens_details": {"cached_tokens": 600}}) == (400 * 3.0 + 600 * 0.3) / 1e6
+    assert "agree" in command_output("usage_check")
+
+
+@pytest.mark.parametrize(("raw", "said"), [
+    ("{", "not JSON"), ('["x"]', "must be a JSON object"), ('{"m": {"input": 1}}', "must hold `input` and `output`"),
+    ('{"m": {"input": 1, "output": -2}}', "0 or more"), ('{"m": {"input": 1, "output": 2, "extra": 1}}', "may hold"),
+    ('{"m": {"input": true, "output": 2}}', "a number")])
+def test_issue_31_a_wrong_price_override_stops_the_start_and_says_what_is_wrong(raw, said):
+    with pytest.raises(ImproperlyConfigured, match=said):
+        _prices(raw)
+    assert _prices("") == {} and _prices('{"m": {"input": 0, "output": 2.5}}') == {"m": {"input": 0, "output": 2.5}}
+
+
+def test_issue_31_d1_a_call_stopped_after_output_arrived_has_an_estimated_row(conversation, settings):
+    """The provider charges for what it generated before a stop; it reports no usage then, so the row counts the
+    context sent and the text received, marked estimated. A call that failed with nothing received has none."""
+    settings.ARBOR_MODEL_PRICES = {"arbor/echo": {"input": 1.0, "output": 2.0}}
+    settings.ARBOR_ECHO_WORD_SECONDS = 0
+    ask(conversation, "#fail nothing arrives")
+    turn = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="#slow " + "word " * 50)
+    events = turn.events()
+    for event in events:
+        if event.type == "token" and "word" in event.data["text"]:
+            break
+    events.close()  # a stop mid-answer (the page's Stop closes the turn's events)
+    stopped = Node.objects.get(failure_reason=Node.FailureReason.CANCELLED)
+    assert stopped.received, "what had arrived is kept"
+    row = UsageEntry.objects.get(node_id=stopped.pk)
+    assert row.estimated and row.input_tokens == stopped.path_tokens > 0
+    assert row.output_tokens == budget.items_tokens(stopped.received, model="arbor/echo", provider="arbor") > 0
+    assert row.cost_usd == round((row.input_tokens * 1.0 + row.output_tokens * 2.0) / 1e6, 10)
+    failed = Node.objects.get(failure_reason=Node.FailureReason.PROVIDER_ERROR)
+    assert not failed.received and not UsageEntry.objects.filter(node_id=failed.pk).exists()
+    assert "agree" in command_output("usage_check")
+
+    row.delete()
+    with pytest.raises(CommandError, match="1 difference"):
+        call_command("usage_check")
+
+
+def test_issue_31_d1_a_call_its_process_left_pending_gets_its_row_when_it_is_failed(conversation):
+    """A process killed mid-answer leaves the node pending with the text saved so far; whoever fails it
+    (`turns.recovery`) writes its estimated row in the same transaction."""
+    node = records.start(conversation=conversation, parent=None, kind=Node.Kind.TURN,
+                         sent=[{"type": "user", "text": "hello"}], model="arbor/echo", call_settings={"model": "x"})
+    records.save_partial(node, "half an answ")
+    node.refresh_from_db()
+    assert records.interrupt(node, recovery._interrupted(node))
+    row = UsageEntry.objects.get(node_id=node.pk)
+    assert row.estimated and row.output_tokens > 0 and row.input_tokens == node.path_tokens
+    assert not records.interrupt(node, recovery._interrupted(node)), "once"
+    assert UsageEntry.objects.filter(node_id=node.pk).count() == 1
+    assert "agree" in command_output("usage_check")
