@@ -138,11 +138,13 @@ def interrupt(node: Node, error: llm.LLMError) -> bool:
     written."""
     fields = {"status": Node.Status.FAILED, "failure_reason": error.reason, "failure_message": error.message,
               "received": error.partial, "finished_at": timezone.now()}
+    ended = _ended(node, fields)
     with transaction.atomic():
         if not Node.objects.filter(pk=node.pk, status=Node.Status.PENDING).update(**fields):
             return False
         if charged_partly(error.partial):
-            ledger_entry(_ended(node, fields)).save(force_insert=True)
+            ledger_entry(ended).save(force_insert=True)
+        transaction.on_commit(lambda: tracing.node_ended(ended))  # its span too, as a failure in its turn has
     return True
 
 

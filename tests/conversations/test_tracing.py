@@ -10,6 +10,7 @@ import pytest
 
 from conversations import tracing
 from conversations.models import Node
+from conversations.turns import records, recovery
 from conversations.turns.detached import run_here
 from conversations.turns.start import turn_edit
 from tests.conversations.helpers import ask, head
@@ -94,3 +95,14 @@ def test_issue_31_wrong_opentelemetry_settings_never_cost_a_turn(settings, conve
     assert tracing.tracer() is None, "tracing is off, and says why in the log"
     events = ask(conversation, '#tool sql_query {"sql": "SELECT 1 AS one"}')
     assert events[-1].type == "done" and head(conversation).status == Node.Status.SUCCEEDED
+
+
+def test_issue_31_a_call_its_process_left_pending_gets_its_span_when_the_sweep_fails_it(receiver, conversation):
+    node = records.start(conversation=conversation, parent=None, kind=Node.Kind.TURN,
+                         sent=[{"type": "user", "text": "hello"}], model="arbor/echo")
+    records.save_partial(node, "half an answ")
+    node.refresh_from_db()
+    assert records.interrupt(node, recovery._interrupted(node))
+    span = _spans(receiver)[node.pk]
+    assert span["status"] == 2 and span["attributes"]["error.type"] == Node.FailureReason.INTERRUPTED
+    assert span["attributes"]["arbor.node.status"] == Node.Status.FAILED
