@@ -14,6 +14,7 @@ from pathlib import Path
 
 RISKY = [
     "conversations/turns/runner.py",  # the one turn runner
+    "conversations/turns/siblings.py",  # several models asked at once, under one lock (issue 33)
     "conversations/turns/start.py",  # where turns start: ask, edit, regenerate, retry, decide, compact
     "conversations/turns/records.py",  # the one node recorder
     "conversations/turns/calls.py",  # open calls and approvals (F3, D4)

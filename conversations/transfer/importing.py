@@ -26,6 +26,7 @@ from conversations.transfer import (
     chatgpt,
     claude,
     deepseek,
+    gemini,
     grok,
     librechat,
     openwebui,
@@ -124,9 +125,11 @@ _FORMATS: list[tuple[str, Callable[[Any], list | None], Callable[[Any, int], Pla
     ("ShareGPT", sharegpt.entries, sharegpt.plan),
     ("Grok", grok.entries, grok.plan),
     ("Google AI Studio", aistudio.entries, aistudio.plan),
+    ("Gemini", gemini.entries, gemini.plan),
 ]
 ACCEPTED = ("Arbor's tree export, or an export of ChatGPT, Open WebUI, LibreChat, Claude.ai or chatbot-ui, of "
-            "DeepSeek or Grok, a Google AI Studio prompt, a SillyTavern chat (.jsonl) or ShareGPT data")
+            "DeepSeek or Grok, Gemini's activity from Google Takeout (MyActivity.json), a Google AI Studio prompt, a "
+            "SillyTavern chat (.jsonl) or ShareGPT data")
 
 
 def import_any(*, owner, document: Any) -> Imported:

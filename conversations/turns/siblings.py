@@ -89,9 +89,9 @@ class SiblingTurns:
     def _ending(self, endings: dict[int, TurnEvent]) -> TurnEvent:
         """Move the head where the first model's branch ended, giving the lock back in the same UPDATE; return
         that branch's ending, with every branch's outcome (`answers`) and every node written."""
-        answers = [_outcome(turn, endings.get(index)) for index, turn in enumerate(self.turns)]
-        lead = endings.get(0) or TurnEvent(EventType.ERROR, {"code": "server_error", "node": None,
-                                                             "message": "the first model's branch sent no ending"})
+        # Every branch sent its ending: a `Turn` ends with one on every path, and `_drive` says when one broke.
+        answers = [_outcome(turn, endings[index]) for index, turn in enumerate(self.turns)]
+        lead = endings[0]
         data = {**lead.data, "model": self.lead.model, "nodes": self.nodes, "answers": answers}
         target = _head_after(lead)
         if target is not None:
@@ -128,11 +128,8 @@ def _drive(index: int, turn: Turn, arrived: queue.Queue) -> None:
         arrived.put((index, _DONE))
 
 
-def _outcome(turn: Turn, ending: TurnEvent | None) -> dict:
+def _outcome(turn: Turn, ending: TurnEvent) -> dict:
     """One branch as the group's ending lists it."""
-    if ending is None:
-        return {"model": turn.model, "node": turn.nodes[-1] if turn.nodes else None, "ending": "error",
-                "answer": None, "error": {"code": "server_error", "message": "the branch sent no ending"}}
     data = ending.data
     outcome = {"model": turn.model, "ending": ending.type.value, "answer": None, "error": None}
     if ending.type == EventType.DONE:

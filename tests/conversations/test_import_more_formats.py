@@ -349,3 +349,70 @@ def test_issue_28_ai_studio_empty_chunks_and_chunks_of_no_known_role_are_left_ou
     assert [t for _, t in _shown(conversation)] == ["Hi! just write hi!", "hi!", "Again?", "hi!"]
     every = json.dumps([n.sent + n.received for n in Node.objects.filter(conversation=conversation)])
     assert "A note of no role." not in every and "Function output?" not in every
+
+
+# --- Gemini (Google Takeout's activity log) ------------------------------------------------------------------------
+
+GEMINI = EXPORTS / "gemini" / "MyActivity-HANDMADE.json"
+
+
+def test_issue_28_gemini_takeout_questions_become_conversations_by_chat_and_by_time(api):
+    """Issue 28, T2: the log is newest first and names no conversation in older exports: a chat named in `details`
+    is one conversation, whatever came between its questions; unnamed questions go together until 30 minutes pass
+    without one. Each is a chain in time order, its last answer the head; what the app did (feedback, a chosen
+    draft, a canvas) and other products' records are not turns."""
+    conversations = _imported(_post(api, GEMINI.read_bytes()))
+    assert [c.title for c in conversations] == ["Hi Bard", "What is a tide?", "Hello, something else entirely",
+                                                "Best islands in Greece for a first visit?"]
+    bard, tides, hello, islands = conversations
+    assert _shown(bard) == [("user", "Hi Bard"), ("assistant", "Hi! I'm Bard.")]
+    assert _shown(tides) == [
+        ("user", "What is a tide?"), ("assistant", "Tides\n\nThe rise and fall of the sea, pulled by the Moon."),
+        ("user", "And what makes a spring tide?"),
+        ("assistant", "When the Sun and the Moon line up,\n\ntheir pulls add up: higher highs.\nTwice a month.")]
+    assert _nodes(tides) == 2 and _nodes(hello) == 1 and _nodes(islands) == 2
+    (first,) = Node.objects.filter(conversation=islands, parent=None)
+    assert head(islands).parent_id == first.pk and it.question_of(head(islands).sent) == \
+        "Which of those is best in spring?"
+    everything = json.dumps([_shown(c) for c in conversations])
+    assert "feedback" not in everything and "Canvas" not in everything and "ferry" not in everything
+
+
+def test_issue_28_gemini_answers_are_text_with_no_markup_and_files_are_placeholders(api):
+    """The answer's HTML is read as text, a line per block, entities decoded; a script's text is dropped, and no
+    markup is kept. An image and a file sent with the question are named in it."""
+    islands = _imported(_post(api, GEMINI.read_bytes()))[-1]
+    (question, answer), _ = _shown(islands)[:2], None
+    assert question == ("user", "Best islands in Greece for a first visit?\n[image: map-of-the-aegean.jpg]\n"
+                                "[file: itinerary.pdf]")
+    assert answer == ("assistant", "Three to start with:\n\n- Naxos & its beaches\n- Crete\n- Santorini")
+    assert "alert" not in json.dumps(_shown(islands)) and "<" not in answer[1]
+
+
+def test_issue_28_d5_a_gemini_log_without_questions_or_with_a_bad_time_is_refused_whole(api):
+    document = json.loads(GEMINI.read_text())
+    _refused(api, [r for r in document if not r["title"].startswith("Prompted ")], "holds no question")
+    broken = copy.deepcopy(document)
+    broken[1]["time"] = "yesterday"
+    _refused(api, broken, "A Gemini record's time is not a date: 'yesterday'")
+    assert _post(api, json.dumps([{"header": "Search", "title": "x", "time": "2025-01-01T00:00:00Z"}]).encode()
+                 ).status_code == 400, "another product's log is no Gemini file"
+
+
+def test_issue_28_d5_a_gemini_question_that_cannot_be_read_is_skipped_and_named(api):
+    """Fields of a shape no export has (`details` a number, a detail that is no object) name no chat; an answer
+    that is not a list of HTML parts skips its conversation, named, and the others import. A table's cells read
+    a word apart."""
+    document = json.loads(GEMINI.read_text())
+    document[0]["details"], document[1]["details"] = 7, ["not an object"]
+    document[9]["safeHtmlItem"] = "<p>not a list</p>"  # the Bard question: the oldest conversation
+    document[7]["safeHtmlItem"] = [{"html": "<table><tr><th>Sea</th><th>Tide</th></tr><tr><td>North</td>"
+                                            "<td>2 m</td></tr></table>"}]
+    response = _post(api, json.dumps(document).encode())
+    assert response.status_code == 201, response.json()
+    assert response.json()["skipped"] == [{"index": 0, "error": "conversation 0, question 0: `safeHtmlItem` is not "
+                                                                "a list."}]
+    titles = {c.title: c for c in _imported(response)}
+    assert list(titles) == ["What is a tide?", "Hello, something else entirely",
+                            "Best islands in Greece for a first visit?"]
+    assert _shown(titles["Hello, something else entirely"])[1] == ("assistant", "Sea Tide\nNorth 2 m")

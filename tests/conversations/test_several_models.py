@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 
 import pytest
 
@@ -251,3 +252,73 @@ def test_issue_33_f3_an_approved_call_goes_on_with_the_model_of_its_branch(api, 
                         format="json")
     assert approved.status_code == 201, approved.content
     assert Node.objects.get(pk=approved.json()["head"]).model == "arbor/echo-2", "the model that asked goes on"
+
+
+def test_issue_33_f1_closing_the_group_stops_every_branch_and_gives_the_lock_back(conversation, settings):
+    """A run closed mid-answer (a JSON request's turn whose reader is closed, as a stop closes one): every branch
+    is recorded stopped with what had arrived, and the lock goes back."""
+    settings.ARBOR_MODELS = [ECHO, "arbor/echo-2"]
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.05
+    group = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="#slow " + "word " * 100,
+                     models=[ECHO, "arbor/echo-2"])
+    events = group.events()
+    seen = set()
+    for event in events:
+        seen.add(event.data.get("model"))
+        if seen == {ECHO, "arbor/echo-2"}:
+            break
+    events.close()
+    nodes = list(Node.objects.filter(conversation=conversation))
+    assert len(nodes) == 2 and {(n.status, n.failure_reason) for n in nodes} == {
+        (Node.Status.FAILED, Node.FailureReason.CANCELLED)}
+    assert all(n.received for n in nodes), "what had arrived is kept"
+    conversation.refresh_from_db()
+    assert conversation.turn_token is None
+
+
+def test_issue_33_r3_a_group_that_outlived_its_lock_keeps_its_answers_and_moves_no_head(conversation, settings):
+    """Another turn took the conversation over (this group's lease ran out meanwhile): the answers are kept as
+    branches, the head is not moved, and the ending says so."""
+    settings.ARBOR_MODELS = [ECHO, "arbor/echo-2"]
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.05
+    run = launch(turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="#slow a b c d e f g",
+                          models=[ECHO, "arbor/echo-2"]))
+    Conversation.objects.filter(pk=conversation.pk).update(turn_token=uuid.uuid4())  # another holder now
+    ending = [event for _, event in follow(run)][-1]
+    assert ending.type == "error" and ending.data["code"] == "turn_superseded" and ending.data["head"] is None
+    assert [a["ending"] for a in ending.data["answers"]] == ["done", "done"]
+    conversation.refresh_from_db()
+    assert conversation.head_id is None and Node.objects.filter(status=Node.Status.SUCCEEDED).count() == 2
+
+
+def test_issue_33_f2_an_overflowing_question_moves_no_head_and_frees_the_conversation(api, conversation, settings):
+    settings.ARBOR_MODELS = [ECHO, "arbor/echo-2"]
+    response = _turn(api, conversation, {"content": "#overflow", "models": [ECHO, "arbor/echo-2"]})
+    assert response.status_code == 502, response.content
+    body = response.json()["error"]
+    assert body["code"] == "context_overflow" and [a["error"]["code"] for a in body["answers"]] == \
+        ["context_overflow"] * 2
+    conversation.refresh_from_db()
+    assert conversation.head_id is None and conversation.turn_token is None, "F2: kept off the path"
+    assert Node.objects.filter(failure_reason=Node.FailureReason.CONTEXT_OVERFLOW).count() == 2
+
+
+def test_issue_33_a_branch_that_breaks_is_recorded_and_named_while_the_others_answer(api, conversation, stub,
+                                                                                    monkeypatch):
+    from conversations.turns.runner import Turn
+
+    real = Turn._call_model
+
+    def breaks_for_the_stub(self, node, messages, tools):
+        if self.model == STUB:
+            raise RuntimeError("a bug in the stub's branch")
+        return (yield from real(self, node, messages, tools))
+
+    monkeypatch.setattr(Turn, "_call_model", breaks_for_the_stub)
+    response = _turn(api, conversation, {"content": "both?", "models": [ECHO, STUB]})
+    assert response.status_code == 201, response.content
+    echo, broken = response.json()["answers"]
+    assert echo["ending"] == "done" and broken["ending"] == "error"
+    assert broken["error"]["code"] == "server_error" and "a bug in the stub's branch" in broken["error"]["message"]
+    failed = Node.objects.get(pk=broken["node"])
+    assert (failed.status, failed.failure_reason) == (Node.Status.FAILED, Node.FailureReason.INTERRUPTED)
