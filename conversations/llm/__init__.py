@@ -450,6 +450,10 @@ def _absorb(state: _StreamState, chunk: Any) -> str:
             "completion_tokens": getattr(usage, "completion_tokens", 0) or 0,
             "total_tokens": getattr(usage, "total_tokens", 0) or 0,
         }
+        details = getattr(usage, "prompt_tokens_details", None)
+        cached = getattr(details, "cached_tokens", None) if details is not None else None
+        if isinstance(cached, int) and cached > 0:  # issue 31: priced apart (ARBOR_MODEL_PRICES' cached_input)
+            state.usage["prompt_tokens_details"] = {"cached_tokens": cached}
     if not chunk.choices:
         return ""
     state.finish_reason = getattr(chunk.choices[0], "finish_reason", None) or state.finish_reason

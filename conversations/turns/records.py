@@ -74,9 +74,9 @@ def succeed(node: Node, result: llm.CallResult, *, writes: Together | None = Non
 def ledger_entry(node: Node) -> UsageEntry:
     """Issue 31: the call's row of the usage ledger, from what its node records (`usage_check` compares them).
     A call that failed after output had arrived (stopped, cut off, its process gone) is charged by the provider
-    but has no usage of its own: its row counts the context it was sent and what it received, marked estimated."""
+    but reports no usage: its node records Arbor's estimate (`estimated_usage`), and its row is marked so."""
     estimated = node.status == Node.Status.FAILED
-    usage = _estimated_usage(node) if estimated else (node.usage or {})
+    usage = node.usage or (estimated_usage(node) if estimated else {})
     details = usage.get("prompt_tokens_details") or {}
     owner_id = node.conversation.owner_id if node.conversation_id else None
     project_id = node.conversation.project_id if node.conversation_id else None
@@ -94,13 +94,14 @@ def charged_partly(received: list[it.Item]) -> bool:
     return bool(received)
 
 
-def _estimated_usage(node: Node) -> dict[str, Any]:
-    """A failed call's usage as Arbor counts it (C1's counts): the path it was sent, and what it received."""
+def estimated_usage(node: Node) -> dict[str, Any]:
+    """A failed call's usage as Arbor counts it (C1's counts): the path it was sent, and what it received; its
+    cost at the prices of the day it ended (kept on the node, so a later price is no difference)."""
     provider = node.provider or llm.provider_of(node.model)
     usage = {"prompt_tokens": node.path_tokens,
              "completion_tokens": budget.items_tokens(node.received or [], model=node.model, provider=provider)}
     cost = llm.cost_of(node.model, usage)
-    return {**usage, "cost_usd": cost} if cost is not None else usage
+    return {**usage, "estimated": True, **({"cost_usd": cost} if cost is not None else {})}
 
 
 def record_supplied(*, conversation: Conversation, parent: PathNode | None, sent: list[it.Item],
@@ -126,18 +127,25 @@ def save_partial(node: Node, text: str) -> None:
 
 def fail(node: Node, error: llm.LLMError, *, writes: Together | None = None) -> Written:
     """The call failed: why, and whatever had arrived before it did (kept, never sent again: T5); with output,
-    its estimated ledger row (issue 31)."""
-    return _settle(node, writes, ledger=charged_partly(error.partial), status=Node.Status.FAILED,
-                   failure_reason=error.reason, failure_message=error.message, received=error.partial,
-                   finished_at=timezone.now())
+    its estimated usage and ledger row (issue 31)."""
+    fields = _failed(node, error)
+    return _settle(node, writes, ledger=charged_partly(error.partial), **fields)
+
+
+def _failed(node: Node, error: llm.LLMError) -> dict[str, Any]:
+    """The fields a failure writes; with output, the usage Arbor estimates for it."""
+    fields = {"status": Node.Status.FAILED, "failure_reason": error.reason, "failure_message": error.message,
+              "received": error.partial, "finished_at": timezone.now()}
+    if charged_partly(error.partial):
+        fields["usage"] = estimated_usage(_ended(node, fields))
+    return fields
 
 
 def interrupt(node: Node, error: llm.LLMError) -> bool:
     """Fail a node still pending (its process is gone), with its estimated ledger row if output had arrived;
     False if it ended meanwhile (its process was only late): then its own record stands, and nothing is
     written."""
-    fields = {"status": Node.Status.FAILED, "failure_reason": error.reason, "failure_message": error.message,
-              "received": error.partial, "finished_at": timezone.now()}
+    fields = _failed(node, error)
     ended = _ended(node, fields)
     with transaction.atomic():
         if not Node.objects.filter(pk=node.pk, status=Node.Status.PENDING).update(**fields):
@@ -165,11 +173,13 @@ def _settle(node: Node, writes: Together | None, ledger: bool = False, **fields:
             for name, value in fields.items():
                 setattr(node, name, value)
             if not settled.count:  # the sibling, written as it ended in one INSERT: no moment it is pending
-                node.pk, node._state.adding = None, True
+                swept, node.pk, node._state.adding = node.pk, None, True
                 with transaction.atomic():
                     node.save(force_insert=True)
                     if ledger:
                         ledger_entry(node).save(force_insert=True)
+                        # One provider call, one charge: the sweep's estimate gives way to what the call reports.
+                        UsageEntry.objects.filter(node_id=swept, estimated=True).delete()
 
         batch.after(in_memory)
         # Issue 31: its span, from what the node now records, once committed (tracing reads; never in the turn's

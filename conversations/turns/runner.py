@@ -146,7 +146,8 @@ class Turn:
             path, compacted = self._compact_if_needed(path, sent, tools)
         except compaction.SummaryFailed as stopped:  # a stop during the summary: the question is kept, stopped
             self._start_node(parent=path[-1] if path else None, sent=sent)
-            yield self._fail(stopped.error)
+            # The question's own call never began: the summary's text is the summary node's, not its answer.
+            yield self._fail(llm.LLMError(stopped.error.reason, stopped.error.message))
             return path, None, []
         messages = assemble(path, sent, instructions=self.instructions, provider=self.provider,
                             keep_ephemeral=self.conversation.keep_retrieved, attached=attached.contents(

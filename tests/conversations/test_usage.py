@@ -12,10 +12,12 @@ from rest_framework.test import APIClient
 
 from config.settings import _prices
 from conversations import budget, llm, services
+from conversations import items as it
 from conversations.models import Node, UsageEntry
-from conversations.turns import records, recovery
+from conversations.selectors import path_node
+from conversations.turns import compaction, records, recovery
 from conversations.turns.start import turn_ask
-from tests.conversations.helpers import ask, command_output
+from tests.conversations.helpers import ask, command_output, head
 
 pytestmark = pytest.mark.django_db
 
@@ -225,4 +227,106 @@ def test_issue_31_d1_a_call_its_process_left_pending_gets_its_row_when_it_is_fai
     assert row.estimated and row.output_tokens > 0 and row.input_tokens == node.path_tokens
     assert not records.interrupt(node, recovery._interrupted(node)), "once"
     assert UsageEntry.objects.filter(node_id=node.pk).count() == 1
+    assert "agree" in command_output("usage_check")
+
+
+def test_issue_31_d1_a_stop_during_the_summary_charges_the_summary_alone(conversation, monkeypatch):
+    """A stop while the summarising call streams (C2): the summary node keeps its text and its estimated row; the
+    question's own call never began, so its node receives nothing and is no bill."""
+    ask(conversation, "first question")
+    monkeypatch.setattr(compaction, "needed", lambda *args, **kwargs: True)
+
+    def stopped_summary(**kwargs):  # what side_calls.run_side_call records on a stop mid-summary
+        summary = records.start(conversation=conversation, parent=path_node(head(conversation)),
+                                kind=Node.Kind.COMPACTION, sent=[it.text("summarise")], model="arbor/echo",
+                                call_settings={"model": "arbor/echo"})
+        error = llm.LLMError(Node.FailureReason.CANCELLED, "stopped by the user",
+                             partial=[it.text("summary of 4 messages: user asked")])
+        records.fail(summary, error)
+        raise compaction.SummaryFailed(error, summary.pk)
+
+    monkeypatch.setattr(compaction, "compact", stopped_summary)
+    ask(conversation, "second question")
+    question = head(conversation)
+    assert it.question_of(question.sent) == "second question" and question.failure_reason == "cancelled"
+    assert question.received == [] and not UsageEntry.objects.filter(node_id=question.pk).exists()
+    summary = Node.objects.get(kind=Node.Kind.COMPACTION)
+    assert UsageEntry.objects.get(node_id=summary.pk).estimated
+    assert "agree" in command_output("usage_check")
+
+
+def test_issue_31_d1_a_late_answer_after_the_sweep_is_one_charge(conversation):
+    """The sweep failed a call whose process was only slow (an estimated row); its answer then arrives and goes on
+    a sibling (`records._settle`) with the usage the provider reported: that row replaces the estimate."""
+    node = records.start(conversation=conversation, parent=None, kind=Node.Kind.TURN,
+                         sent=[{"type": "user", "text": "hello"}], model="arbor/echo", call_settings={"model": "x"})
+    records.save_partial(node, "half an answ")
+    swept = Node.objects.get(pk=node.pk)
+    assert records.interrupt(swept, recovery._interrupted(swept))
+    assert UsageEntry.objects.get(node_id=node.pk).estimated
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    records.succeed(node, llm.CallResult(received=[it.text("half an answer, whole")], usage=usage,
+                                         provider="arbor", model="arbor/echo"))
+    (row,) = UsageEntry.objects.all()
+    assert row.node_id == node.pk != swept.pk and not row.estimated and (row.input_tokens, row.output_tokens) == \
+        (10, 5), "the call's own figures, once"
+    assert Node.objects.get(pk=swept.pk).status == Node.Status.FAILED, "the swept node keeps its record"
+    assert "agree" in command_output("usage_check")
+
+
+def test_issue_31_an_estimate_keeps_the_price_of_its_day(conversation, settings):
+    """An estimated row's cost is kept on its node: a later price is no difference to `usage_check`."""
+    settings.ARBOR_MODEL_PRICES = {"arbor/echo": {"input": 1.0, "output": 2.0}}
+    node = records.start(conversation=conversation, parent=None, kind=Node.Kind.TURN,
+                         sent=[{"type": "user", "text": "hello"}], model="arbor/echo", call_settings={"model": "x"})
+    records.fail(node, llm.LLMError("cancelled", "stopped by the user", partial=[it.text("some words")]))
+    node.refresh_from_db()
+    assert node.usage["estimated"] is True and node.usage["cost_usd"] == UsageEntry.objects.get().cost_usd > 0
+    settings.ARBOR_MODEL_PRICES = {"arbor/echo": {"input": 5.0, "output": 9.0}}
+    assert "agree" in command_output("usage_check")
+
+
+def test_issue_31_cached_prompt_tokens_are_kept_and_priced_apart(conversation, stub, settings):
+    """The provider's cached prompt tokens (`prompt_tokens_details.cached_tokens`) reach the node, the ledger, and
+    the cached price."""
+    from tests.support.openai_stub import Reply
+
+    settings.ARBOR_MODEL_PRICES = {"openai/stub-model": {"input": 2.0, "output": 8.0, "cached_input": 0.5}}
+    services.conversation_update(conversation=conversation, model="openai/stub-model")
+    stub.script(Reply.text("cached answer", prompt_tokens=1000, completion_tokens=10, cached_tokens=600))
+    ask(conversation, "again, with the same long prompt")
+    row = UsageEntry.objects.get()
+    assert (row.input_tokens, row.cached_tokens, row.output_tokens) == (1000, 600, 10)
+    assert row.cost_usd == round((400 * 2.0 + 600 * 0.5 + 10 * 8.0) / 1e6, 10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_issue_31_the_migration_gives_calls_broken_off_before_it_their_estimated_rows(user):
+    """Migration 0023: a call that failed after output had arrived, before estimated rows existed, gets its row,
+    so `usage_check` agrees from the start; one that failed with nothing received, or already has a row, does not."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = [("conversations", "0022_conversation_turn_weight")], [("conversations",
+                                                                            "0023_usage_entry_estimated")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    conversation = old.get_model("conversations", "Conversation").objects.create(owner_id=user.pk, title="old")
+    settings_row = old.get_model("conversations", "CallSettings").objects.create(digest="d" * 64, settings={})
+    nodes = old.get_model("conversations", "Node").objects
+    common = {"conversation_id": conversation.pk, "kind": "turn", "status": "failed", "model": "arbor/echo",
+              "provider": "arbor", "call_settings_id": settings_row.pk, "path_tokens": 12,
+              "sent": [{"type": "user", "text": "hi"}]}
+    broken = nodes.create(**common, received=[{"type": "text", "text": "half an answ"}], failure_reason="cancelled")
+    silent = nodes.create(**common, received=[], failure_reason="provider_error")
+    try:
+        executor = MigrationExecutor(connection)
+        executor.migrate(after)
+    finally:
+        MigrationExecutor(connection).migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+    row = UsageEntry.objects.get(node_id=broken.pk)
+    assert row.estimated and row.input_tokens == 12 and row.output_tokens > 0 and row.owner_id == user.pk
+    assert not UsageEntry.objects.filter(node_id=silent.pk).exists()
+    assert Node.objects.get(pk=broken.pk).usage["estimated"] is True
     assert "agree" in command_output("usage_check")

@@ -53,6 +53,7 @@ class Reply:
     then: Reply | None = None  # for "hang": what to send if the wait completes
     prompt_tokens: int | None = None  # usage overrides; computed from word counts when None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # reported as `prompt_tokens_details.cached_tokens` when set
     finish: str = "stop"  # a text reply's finish_reason ("length": cut at max_tokens)
 
     @classmethod
@@ -63,6 +64,7 @@ class Reply:
         *,
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
+        cached_tokens: int | None = None,
         finish: str = "stop",
     ) -> Reply:
         return cls(
@@ -71,6 +73,7 @@ class Reply:
             chunks=chunks,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
             finish=finish,
         )
 
@@ -347,7 +350,10 @@ def _usage(body: dict[str, Any], reply: Reply) -> dict[str, int]:
             completion = sum(_count_tokens(a) + 1 for _, _, a in reply.calls) or 1
         else:
             completion = _count_tokens(reply.content) + _count_tokens(reply.reasoning_content or "")
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if reply.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
+    return usage
 
 
 def _completion(cid: str, created: int, model: str, reply: Reply, usage: dict[str, int]) -> dict[str, Any]:
