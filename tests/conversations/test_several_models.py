@@ -16,6 +16,7 @@ import uuid
 import pytest
 
 from conversations import services
+from conversations.errors import TooManyTurns
 from conversations.models import Conversation, Node
 from conversations.turns.detached import launch, request_stop
 from conversations.turns.log import follow
@@ -322,3 +323,15 @@ def test_issue_33_a_branch_that_breaks_is_recorded_and_named_while_the_others_an
     assert broken["error"]["code"] == "server_error" and "a bug in the stub's branch" in broken["error"]["message"]
     failed = Node.objects.get(pk=broken["node"])
     assert (failed.status, failed.failure_reason) == (Node.Status.FAILED, Node.FailureReason.INTERRUPTED)
+
+
+def test_issue_33_t9_more_models_than_the_person_may_run_at_once_is_refused_before_the_lock(conversation, settings):
+    """The API caps `models` at the limit; a caller of the turn start itself (the socket, a playbook) is held to it
+    by the lock: nothing is taken, nothing recorded."""
+    settings.ARBOR_MODELS = [ECHO, "arbor/echo-2", "arbor/echo-3"]
+    settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER = 2
+    with pytest.raises(TooManyTurns, match="You may run 2 turns at once; asking 3 models at once runs 3"):
+        turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="all three?",
+                 models=[ECHO, "arbor/echo-2", "arbor/echo-3"])
+    conversation.refresh_from_db()
+    assert conversation.turn_token is None and not Node.objects.exists()
