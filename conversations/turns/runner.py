@@ -82,6 +82,39 @@ class Turn:
         self.moves_head = True
         lock.hand_over()  # from here this turn is the lock's one owner: its `events()` gives it back
 
+    # --- a group's one compaction (issue 33) ---------------------------------------------------------
+
+    def would_compact(self) -> bool:
+        """C1: whether this turn's first call would pass its model's threshold."""
+        return compaction.needed(context_path(self._path, self.provider), self.new_items, model=self.model,
+                                 provider=self.provider, instructions=self.instructions,
+                                 tools=self.tools.offered(last_round=False))
+
+    def compact_first(self) -> compaction.Compaction | None:
+        """C1, C2 before the turn begins, its starting point then being the new root (`siblings.py`: several
+        models asked at once compact once, so their answers stay siblings below one root); None when there was
+        nothing to compact, or the summary failed (recorded; no branch tries again)."""
+        path = context_path(self._path, self.provider)
+        try:
+            done = compaction.compact(conversation=self.conversation, path=path, model=self.model,
+                                      instructions=self.instructions, keep_ephemeral=self.conversation.keep_retrieved,
+                                      stop_requested=self.stop_requested)
+        except (compaction.NothingToCompact, compaction.CannotCompact):
+            return None
+        except compaction.SummaryFailed as failed:
+            self.nodes.extend(failed.written)
+            return None
+        self.nodes.extend(done.written)
+        return done
+
+    def starts_below(self, root: PathNode) -> None:
+        """Go on from a compaction root made before the turn began (`compact_first`); no later round compacts
+        again within the same turn unless its own call needs it."""
+        self._path = [root]
+
+    def skip_compaction(self) -> None:
+        self._summary_failed = True
+
     # --- running ---------------------------------------------------------------------------------------
 
     def events(self) -> Iterator[TurnEvent]:

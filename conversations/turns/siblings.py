@@ -58,6 +58,9 @@ class SiblingTurns:
         self._started = True
         arrived: queue.Queue = queue.Queue()
         with self.lock:  # renewed while any branch runs; given back when the last has ended
+            compacted = self._compact_once()
+            if compacted is not None:
+                yield compacted
             threads = [threading.Thread(target=_drive, args=(index, turn, arrived), daemon=True,
                                         name=f"arbor-turn-{self.conversation.pk}-{index}")
                        for index, turn in enumerate(self.turns)]
@@ -85,6 +88,27 @@ class SiblingTurns:
                 raise
             ending = self._ending(endings)
         yield ending
+
+    def _compact_once(self) -> TurnEvent | None:
+        """C1, C2 once for every branch, with the first model, when any branch's call would pass its threshold:
+        the answers then hang below one root, siblings still (each branch compacting on its own would hang each
+        below a root of its own). A summary that fails or is not needed leaves every branch where it was, and
+        none tries again."""
+        if not any(turn.would_compact() for turn in self.turns):
+            return None
+        done = self.lead.compact_first()
+        for turn in self.turns:
+            if done is None:
+                turn.skip_compaction()
+            else:
+                turn.starts_below(done.root)
+        if done is None:
+            return None
+        if done.root.compacted_from_id == self.conversation.head_id:  # as a single turn's: the head moves at once
+            services.head_move_held(conversation=self.conversation, to=done.root.id, lock=self.lock)
+        return TurnEvent(EventType.COMPACTION, {"node": done.root.id, "summary_call": done.summary_call,
+                                                "compacted_from": done.root.compacted_from_id,
+                                                "model": self.lead.model})
 
     def _ending(self, endings: dict[int, TurnEvent]) -> TurnEvent:
         """Move the head where the first model's branch ended, giving the lock back in the same UPDATE; return

@@ -15,10 +15,11 @@ import uuid
 
 import pytest
 
-from conversations import services
+from conversations import llm, services
 from conversations.errors import TooManyTurns
 from conversations.models import Conversation, Node
-from conversations.turns.detached import launch, request_stop
+from conversations.turns import compaction
+from conversations.turns.detached import launch, request_stop, run_here
 from conversations.turns.log import follow
 from conversations.turns.start import turn_ask
 from tests.conversations.helpers import ask, head
@@ -335,3 +336,51 @@ def test_issue_33_t9_more_models_than_the_person_may_run_at_once_is_refused_befo
                  models=[ECHO, "arbor/echo-2", "arbor/echo-3"])
     conversation.refresh_from_db()
     assert conversation.turn_token is None and not Node.objects.exists()
+
+
+def test_issue_33_c2_the_group_compacts_once_and_its_answers_stay_siblings(conversation, settings):
+    """C1, C2: when the question would pass the threshold, the group summarises once, with the first model, and
+    every model answers below that one root: siblings still, one summary call, the head on the first's answer."""
+    settings.ARBOR_MODELS = [ECHO, "arbor/echo-2"]
+    settings.ARBOR_ECHO_MAX_INPUT_TOKENS = 1200
+    settings.ARBOR_ANSWER_RESERVE_TOKENS = 300
+    settings.ARBOR_COMPACTION_THRESHOLD = 0.8
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    for i in range(2):
+        ask(conversation, f"question {i}: sales of region {i}?")
+    assert not Node.objects.filter(kind=Node.Kind.COMPACTION).exists()
+    long_question = "Compare every region's spring sales, one by one: " + "north south east west " * 60
+    events = run_here(turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=long_question,
+                               models=[ECHO, "arbor/echo-2"]))
+    assert [e.type for e in events].count("compaction") == 1 and events[-1].type == "done"
+    (root,) = Node.objects.filter(kind=Node.Kind.COMPACTION, parent=None)
+    answers = [Node.objects.get(pk=a["node"]) for a in events[-1].data["answers"]]
+    assert [a.parent_id for a in answers] == [root.pk, root.pk], "siblings below the one root"
+    assert [a.model for a in answers] == [ECHO, "arbor/echo-2"]
+    assert Node.objects.filter(kind=Node.Kind.COMPACTION, parent__isnull=False).count() == 1, "one summary call"
+    conversation.refresh_from_db()
+    assert conversation.head_id == answers[0].pk and conversation.turn_token is None
+
+
+@pytest.mark.parametrize("summary", ["nothing to compact", "the summary failed"])
+def test_issue_33_c2_a_group_whose_summary_is_not_made_answers_where_it_was(conversation, settings, monkeypatch,
+                                                                           summary):
+    """Nothing to compact, or a summarising call that failed (recorded): every branch answers below the question's
+    parent as it was, and none tries to compact again on its own."""
+    settings.ARBOR_MODELS = [ECHO, "arbor/echo-2"]
+    ask(conversation, "before")
+    parent = head(conversation)
+    tried = []
+
+    def not_made(**kwargs):
+        tried.append(kwargs["model"])
+        if summary == "nothing to compact":
+            raise compaction.NothingToCompact("nothing")
+        raise compaction.SummaryFailed(llm.LLMError("provider_error", "down"), parent.pk)
+
+    monkeypatch.setattr(compaction, "needed", lambda *args, **kwargs: True)
+    monkeypatch.setattr(compaction, "compact", not_made)
+    events = run_here(turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="now",
+                               models=[ECHO, "arbor/echo-2"]))
+    assert events[-1].type == "done" and tried == [ECHO], "tried once, with the first model"
+    assert [Node.objects.get(pk=a["node"]).parent_id for a in events[-1].data["answers"]] == [parent.pk] * 2
