@@ -86,7 +86,12 @@ def _inline(url: Any, name: Any, where: str, fallback: str) -> dict:
 
 
 def _by_id(value: Any, where: str) -> dict:
+    return {"pending": "id", "id": file_id(value, where)}
+
+
+def file_id(value: Any, where: str) -> int:
+    """The id in a `file_id` (`file-<id>` of /api/files/, or the bare number)."""
     text = str(value).removeprefix("file-")
     if not text.isdigit() or not 0 < int(text) < 2**63:
         raise BadInput(f"{where}.file_id: {value!r} names no file of this server (`file-<id>` of /api/files/).")
-    return {"pending": "id", "id": int(text)}
+    return int(text)

@@ -30,6 +30,7 @@ from conversations.models import Conversation, Node
 from conversations.openai import chat, conversations, deletion, errors, messages, shapes
 from conversations.openai.auth import ApiKeyAuthentication, BearerTokenAuthentication
 from conversations.openai.options import chat_options, metadata_of, responses_options
+from conversations.openai.parts import file_id
 from conversations.openai.shapes import (
     function_call_item,
     history_messages,
@@ -46,7 +47,7 @@ from conversations.turns import detached
 from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.start import turn_below
 from conversations.turns.streaming import follow_log_batches
-from files.services import IMAGE_TOKENS, drop_unsent, files_made_here, resolve_pending
+from files.services import IMAGE_TOKENS, drop_unsent, files_made_here, resolve_pending, tokens_of
 
 logger = logging.getLogger("arbor.openai")
 
@@ -279,24 +280,32 @@ class AnthropicCountTokens(GatewayView):
         chat.read_messages(listed, positions=positions)  # the same checks a create makes
         system = instructions_text(messages.system_text(body.get("system")), "system")
         tools = messages.tools_of(body.get("tools")) or []
-        listed, parts = _bytes_counted_apart(listed)
+        listed, parts = _bytes_counted_apart(listed, request.user)
         counted = [{"role": "system", "content": system}, {"tools": tools}, *listed]
         return Response({"input_tokens": llm.estimate_tokens(counted) + parts})
 
 
-def _bytes_counted_apart(listed: list[dict]) -> tuple[list[dict], int]:
+def _bytes_counted_apart(listed: list[dict], user) -> tuple[list[dict], int]:
     """The messages with their image and document parts taken out, and what those parts cost as a call costs
-    them (issue 29: an image its fixed cost, a document about a token for four bytes), not as base64 text."""
+    them (issue 29: an image its fixed cost, a document about a token for four bytes, one of the caller's files by
+    its id as its text is sent), not as base64 text."""
     kept, tokens = [], 0
     for message in listed:
         content = message.get("content")
         if isinstance(content, list):
             parts = [part for part in content if isinstance(part, dict) and part.get("type") in ("image_url", "file")]
-            tokens += sum(IMAGE_TOKENS if part["type"] == "image_url"
-                          else len(str(part["file"].get("file_data") or "")) * 3 // 16 for part in parts)
+            tokens += sum(_part_tokens(part, user) for part in parts)
             message = {**message, "content": [part for part in content if part not in parts]}
         kept.append(message)
     return kept, tokens
+
+
+def _part_tokens(part: dict, user) -> int:
+    if part["type"] == "image_url":
+        return IMAGE_TOKENS
+    if part["file"].get("file_id") is not None:
+        return tokens_of(user=user, file_id=file_id(part["file"]["file_id"], "document.source"))
+    return len(str(part["file"].get("file_data") or "")) * 3 // 16
 
 
 class _ChatChunks:

@@ -297,3 +297,30 @@ def test_x1_count_tokens_counts_an_image_as_a_call_does_not_as_its_base64(asgi_s
     plain = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "what is it?"}])
     assert counts[0] == counts[1] and IMAGE_TOKENS <= counts[0] - plain.input_tokens < IMAGE_TOKENS + 20
     assert not StoredFile.objects.exists()
+
+
+def test_x1_count_tokens_counts_a_document_named_by_its_file_id_as_a_call_sends_it(asgi_server, key, api,
+                                                                                   other_api):
+    """A document named by `file_id` counts its extracted text as a call sends it, the same as the same text sent
+    inline would; another person's file is a 404 in Anthropic's shape, and nothing is stored or recorded."""
+    from conversations.jobs import worker
+    from files.services import tokens_of
+
+    memo = b"Memo: call Ada about the venue, the budget and the date. " * 40
+    kept = api.post("/api/files/", {"file": _upload("memo.txt", memo)}, format="multipart").json()
+    theirs = other_api.post("/api/files/", {"file": _upload("theirs.txt", b"not yours")}, format="multipart").json()
+    worker.run_due()
+    client = anthropic.Anthropic(api_key=key, base_url=asgi_server.url, max_retries=0,
+                                 _strict_response_validation=True)
+
+    def counted(*blocks) -> int:
+        return client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": [
+            *blocks, {"type": "text", "text": "Read it"}]}]).input_tokens
+
+    plain = counted()
+    by_id = counted({"type": "document", "source": {"type": "file", "file_id": f"file-{kept['id']}"}})
+    assert by_id - plain == tokens_of(user=StoredFile.objects.get(pk=kept["id"]).owner, file_id=kept["id"]) > \
+        len(memo) // 8, "its text, as a call sends it"
+    with pytest.raises(anthropic.NotFoundError):
+        counted({"type": "document", "source": {"type": "file", "file_id": f"file-{theirs['id']}"}})
+    assert not Node.objects.exists() and StoredFile.objects.count() == 2
