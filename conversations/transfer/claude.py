@@ -1,7 +1,9 @@
 """Claude.ai's data export (`conversations.json`): a list of conversations, each with its `chat_messages` from
 `human` and `assistant`. A message's `content` blocks are read in order: text, `thinking` (reasoning), `tool_use`
 and the `tool_result` claude.ai's own tools gave back inside the same answer (the export gives neither an id:
-a result belongs to the call before it). Attachments and files are placeholders. The bulk export lists one
+a result belongs to the call before it). An attachment whose text the export holds (`extracted_content`: what
+claude.ai read of a pasted text or an uploaded document) becomes a file of the importer's, sent with its question
+again as it was (X1); files the export holds no bytes of (images) are placeholders. The bulk export lists one
 branch in order; a conversation as claude.ai's web app serves it also has `parent_message_uuid` and
 `current_leaf_message_uuid`, and then its branches are kept."""
 
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+from django.conf import settings
 
 from conversations import items as it
 from conversations.transfer.message_tree import (
@@ -49,12 +53,27 @@ def plan(entry: Any, index: int) -> Plan:
     children = children_by_parent({key: messages[key].get("parent_message_uuid") if linked else
                                    (keys[position - 1] if position else None) for position, key in enumerate(keys)})
 
-    def read(key: str, at: At) -> list[Read]:
-        return _read(key, messages[key], at)
+    attached: dict[str, dict[str, Any]] = {}  # the attachments' texts, by a key of this file's own
 
-    return tree_plan(children=children, read=read, total=len(messages), where=where,
+    def read(key: str, at: At) -> list[Read]:
+        return _read(key, messages[key], at, attached)
+
+    plan = tree_plan(children=children, read=read, total=len(messages), where=where,
                      current=entry.get("current_leaf_message_uuid") if linked else (keys[-1] if keys else None),
                      title=entry.get("name") or "")
+    plan.files.update(attached)
+    _bubbles_show_files(plan)
+    return plan
+
+
+def _bubbles_show_files(plan: Plan) -> None:
+    """A question's bubble shows its files, as a sent one's does."""
+    for node in plan.nodes.values():
+        refs = [ref for item in node.fields.get("sent") or [] if item.get("type") == "user"
+                for ref in item.get("files", ())]
+        for bubble in node.bubbles if refs else ():
+            if bubble.get("role") == "user":
+                bubble["data"] = {**(bubble.get("data") or {}), "files": refs}
 
 
 def _block_text(content: Any) -> str:
@@ -63,10 +82,10 @@ def _block_text(content: Any) -> str:
     return "\n".join(b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text")
 
 
-def _read(key: str, message: dict, at: At) -> list[Read]:
+def _read(key: str, message: dict, at: At, attached: dict[str, dict[str, Any]]) -> list[Read]:
     blocks = [b for b in message.get("content") or [] if isinstance(b, dict)]
     if message.get("sender") == "human":
-        return _question(message, blocks)
+        return _question(key, message, blocks, attached)
     if message.get("sender") != "assistant":
         return []
     if not blocks:
@@ -80,17 +99,38 @@ def _read(key: str, message: dict, at: At) -> list[Read]:
     return reads
 
 
-def _question(message: dict, blocks: list[dict]) -> list[Read]:
-    """A person's message: its text, and a placeholder for each attached file (named once)."""
+def _question(key: str, message: dict, blocks: list[dict], attached: dict[str, dict[str, Any]]) -> list[Read]:
+    """A person's message: its text, a placeholder for each attached file (named once, as the person saw it), and
+    the attachments whose text the export holds as files of the question (bounded as uploads are)."""
     text = _block_text(blocks) or (message.get("text") if isinstance(message.get("text"), str) else "")
+    named = [a for a in [*(message.get("attachments") or []), *(message.get("files") or [])]
+             if isinstance(a, dict) and isinstance(a.get("file_name"), str) and a["file_name"]]
     names = {}
-    for attached in [*(message.get("attachments") or []), *(message.get("files") or [])]:
-        if isinstance(attached, dict) and attached.get("file_name"):
-            kind = attached.get("file_type") or attached.get("file_kind") or ""
-            names.setdefault(attached["file_name"], kind)
+    for attachment in named:
+        names.setdefault(attachment["file_name"], attachment.get("file_type") or attachment.get("file_kind") or "")
+    refs = _attached_texts(key, named, attached)
     files = [placeholder("file", name, f"({kind})" if kind else "") for name, kind in names.items()]
     question = capped("\n".join(x for x in (text, *files) if x))
-    return [Read(SENT, (it.user(question),))] if question else []
+    return [Read(SENT, (it.user(question, refs or None),))] if question else []
+
+
+def _attached_texts(key: str, named: list[dict], attached: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The question's references to the attachments whose text the export holds, each put in `attached` (by a key
+    of this file's own), bounded as uploads are."""
+    refs = []
+    for index, attachment in enumerate(named):
+        content = attachment.get("extracted_content")
+        data = content.encode() if isinstance(content, str) and content.strip() else b""
+        if data and len(data) <= settings.ARBOR_FILE_MAX_BYTES and len(refs) < settings.ARBOR_FILES_PER_TURN:
+            name = _text_name(attachment["file_name"])
+            attached[f"{key}/{index}"] = {"name": name, "data": data}
+            refs.append({"id": f"{key}/{index}", "name": name, "kind": "document"})
+    return refs
+
+
+def _text_name(name: str) -> str:
+    """What claude.ai kept of a document is its text: a file of text, whatever it was uploaded as."""
+    return name if name.lower().endswith((".txt", ".md")) else f"{name}.txt"
 
 
 def _answer_block(key: str, index: int, block: dict, call: it.Item | None) -> tuple[Read | None, it.Item | None]:

@@ -143,7 +143,10 @@ def test_issue_15_c4_a_claude_answer_with_thinking_a_tool_and_its_result_is_a_to
     response = _post(api, document)
     conversation = Conversation.objects.get(pk=response.json()["conversations"][0]["id"])
     first, second = (Node.objects.get(pk=p.id) for p in node_path(head(conversation).pk))
-    assert first.sent == [{"type": "user", "text": "Summarise this.\n[file (pdf): paper.pdf]"}]
+    (question,) = first.sent
+    assert question["text"] == "Summarise this.\n[file (pdf): paper.pdf]", "the file named once"
+    assert [(f["name"], f["kind"]) for f in question["files"]] == [("paper.pdf.txt", "document")], \
+        "what claude.ai read of it, as the importer's file"
     reasoning, text, call = first.received
     assert (reasoning["type"], reasoning["provider"]) == ("reasoning", "claude.ai")
     assert text["text"] == "Here is the summary:"
@@ -189,3 +192,43 @@ def test_issue_15_t8_a_long_librechat_recursive_export_imports_though_it_nests_t
     assert response.status_code == 201, response.json()
     conversation = Conversation.objects.get(pk=response.json()["conversations"][0]["id"])
     assert [v.bubble.content for v in path_bubbles(conversation=conversation)] == [f"message {n}" for n in range(count)]
+
+
+def test_issue_28_x1_a_claude_attachments_text_becomes_the_importers_file_sent_with_its_question(api, other_api,
+                                                                                               user, settings):
+    """claude.ai keeps the text it read of a pasted text or an uploaded document (`attachments[].extracted_content`,
+    beside `file_name`, `file_size`, `file_type`: the shape claude.ai's web API serves and its export keeps; the
+    real conversation here holds only an image, so the test adds a document to its first question). That text
+    becomes a file of the importer's, on the question as the person sent it, and every later call sends it again
+    (X1); an attachment with no text, and the image whose bytes no export holds, stay placeholders."""
+    from files.models import StoredFile
+
+    document = _load(EXPORTS / "claude" / "osteele-claude-web-api-conversation-2024.json")
+    first = document["chat_messages"][0]
+    settings.ARBOR_FILE_MAX_BYTES = 100  # bounded as an upload is: a longer text stays a placeholder
+    first["attachments"] = [
+        {"file_name": "plan.pdf", "file_size": 120, "file_type": "pdf",
+         "extracted_content": "Budget: 40 euros. Venue: the old mill."},
+        {"file_name": "empty.txt", "file_size": 0, "file_type": "txt", "extracted_content": ""},
+        {"file_name": "long.txt", "file_size": 150, "file_type": "txt", "extracted_content": "x" * 150}]
+    response = _post(api, document)
+    assert response.status_code == 201, response.json()
+    conversation = Conversation.objects.get(pk=response.json()["conversations"][0]["id"])
+
+    (stored,) = StoredFile.objects.all()
+    assert (stored.owner, stored.name, stored.kind, stored.status) == (user, "plan.pdf.txt", "document", "ready")
+    assert stored.text == "Budget: 40 euros. Venue: the old mill."
+    opening = Node.objects.get(pk=node_path(head(conversation).pk)[0].id)
+    (question,) = [item for item in opening.sent if item["type"] == "user"]
+    assert [ref["id"] for ref in question["files"]] == [stored.pk]
+    assert "[file (pdf): plan.pdf]" in question["text"] and "[file (txt): empty.txt]" in question["text"]
+    assert "[file (txt): long.txt]" in question["text"]
+    assert "[file (image): image]" in question["text"], "an image the export holds no bytes of"
+    (bubble,) = [v.bubble for v in path_bubbles(conversation=conversation) if v.bubble.role == "user"][:1]
+    assert [f["id"] for f in bubble.data["files"]] == [stored.pk]
+    seen = json.dumps(api.get(f"/api/conversations/{conversation.pk}/context/").json())
+    assert "Budget: 40 euros. Venue: the old mill." in seen, "the next call sends the file's text"
+
+    other_api.post("/api/conversations/import/", data=json.dumps(document), content_type="application/json")
+    assert StoredFile.objects.count() == 2 and StoredFile.objects.exclude(owner=user).get().text == stored.text, \
+        "another importer's is their own"
