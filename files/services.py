@@ -252,12 +252,6 @@ def _kept(user, pending: dict[str, Any]) -> StoredFile:
 IMAGE_TOKENS = 1600
 
 
-def tokens_of(*, user, file_id: int) -> int:
-    """About what one of `user`'s files adds to a call (`/v1/messages/count_tokens`, issue 29); NotFound for anyone
-    else's."""
-    return _tokens(file_for_user(user=user, file_id=file_id))
-
-
 def _tokens(stored: StoredFile) -> int:
     """About what `stored` adds to a call (C1): an image's fixed cost, a document's text at four characters a
     token, with its label."""

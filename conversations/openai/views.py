@@ -47,7 +47,7 @@ from conversations.turns import detached
 from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.start import turn_below
 from conversations.turns.streaming import follow_log_batches
-from files.services import IMAGE_TOKENS, drop_unsent, files_made_here, resolve_pending, tokens_of
+from files.services import IMAGE_TOKENS, drop_unsent, files_made_here, files_to_send, resolve_pending
 
 logger = logging.getLogger("arbor.openai")
 
@@ -294,18 +294,15 @@ def _bytes_counted_apart(listed: list[dict], user) -> tuple[list[dict], int]:
         content = message.get("content")
         if isinstance(content, list):
             parts = [part for part in content if isinstance(part, dict) and part.get("type") in ("image_url", "file")]
-            tokens += sum(_part_tokens(part, user) for part in parts)
+            named = [file_id(part["file"]["file_id"], "document.source") for part in parts
+                     if part["type"] == "file" and part["file"].get("file_id") is not None]
+            tokens += sum(IMAGE_TOKENS if part["type"] == "image_url"
+                          else len(str(part["file"].get("file_data") or "")) * 3 // 16 for part in parts)
+            # Files named by id: checked and counted as the call would send them (each once, the caller's, read).
+            tokens += sum(ref["tokens"] for ref in files_to_send(user=user, file_ids=named)) if named else 0
             message = {**message, "content": [part for part in content if part not in parts]}
         kept.append(message)
     return kept, tokens
-
-
-def _part_tokens(part: dict, user) -> int:
-    if part["type"] == "image_url":
-        return IMAGE_TOKENS
-    if part["file"].get("file_id") is not None:
-        return tokens_of(user=user, file_id=file_id(part["file"]["file_id"], "document.source"))
-    return len(str(part["file"].get("file_data") or "")) * 3 // 16
 
 
 class _ChatChunks:

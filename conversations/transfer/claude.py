@@ -27,6 +27,7 @@ from conversations.transfer.message_tree import (
     tree_plan,
 )
 from conversations.transfer.plan import ImportRefused, Plan
+from files.sniff import UnsupportedFile, sniff
 
 PROVIDER = "claude.ai"  # thinking claude.ai showed: kept and shown, never sent to a model (C4)
 
@@ -121,11 +122,21 @@ def _attached_texts(key: str, named: list[dict], attached: dict[str, dict[str, A
     for index, attachment in enumerate(named):
         content = attachment.get("extracted_content")
         data = content.encode() if isinstance(content, str) and content.strip() else b""
-        if data and len(data) <= settings.ARBOR_FILE_MAX_BYTES and len(refs) < settings.ARBOR_FILES_PER_TURN:
-            name = _text_name(attachment["file_name"])
+        name = _text_name(attachment["file_name"])
+        if data and len(data) <= settings.ARBOR_FILE_MAX_BYTES and len(refs) < settings.ARBOR_FILES_PER_TURN \
+                and _reads_as_text(data, name):
             attached[f"{key}/{index}"] = {"name": name, "data": data}
             refs.append({"id": f"{key}/{index}", "name": name, "kind": "document"})
     return refs
+
+
+def _reads_as_text(data: bytes, name: str) -> bool:
+    """Whether the bytes are read as the text they are: text that begins like a picture or an archive would be
+    kept as one, so it stays a placeholder."""
+    try:
+        return sniff(data, name)[0].startswith("text/")
+    except UnsupportedFile:
+        return False
 
 
 def _text_name(name: str) -> str:

@@ -92,20 +92,38 @@ class Turn:
 
     def compact_first(self) -> compaction.Compaction | None:
         """C1, C2 before the turn begins, its starting point then being the new root (`siblings.py`: several
-        models asked at once compact once, so their answers stay siblings below one root); None when there was
-        nothing to compact, or the summary failed (recorded; no branch tries again)."""
+        models asked at once compact once, so their answers stay siblings below one root). None when there was
+        nothing to compact, or it could not be made (then `summary_failed`; a failed summary is recorded); a stop
+        during the summary raises its `SummaryFailed`."""
         path = context_path(self._path, self.provider)
         try:
             done = compaction.compact(conversation=self.conversation, path=path, model=self.model,
                                       instructions=self.instructions, keep_ephemeral=self.conversation.keep_retrieved,
                                       stop_requested=self.stop_requested)
-        except (compaction.NothingToCompact, compaction.CannotCompact):
+        except compaction.NothingToCompact:
+            return None
+        except compaction.CannotCompact:
+            self._summary_failed = True
             return None
         except compaction.SummaryFailed as failed:
             self.nodes.extend(failed.written)
+            if failed.error.reason == Node.FailureReason.CANCELLED:
+                raise
+            self._summary_failed = True
             return None
         self.nodes.extend(done.written)
         return done
+
+    @property
+    def summary_failed(self) -> bool:
+        return self._summary_failed
+
+    def stopped_before_call(self, error: llm.LLMError) -> TurnEvent:
+        """End the turn before its first call (a group's summary was stopped): its question is kept on a node of
+        its own, stopped (F1), as a single turn's is when its summary is."""
+        self._start_node(parent=self._path[-1] if self._path else None, sent=self.new_items)
+        self.new_items = []
+        return self._fail(llm.LLMError(error.reason, error.message))
 
     def starts_below(self, root: PathNode) -> None:
         """Go on from a compaction root made before the turn began (`compact_first`); no later round compacts

@@ -26,6 +26,7 @@ from django.db import connections
 from config.db import release_connection
 from conversations import services
 from conversations.models import Node
+from conversations.turns import compaction
 from conversations.turns.events import ENDINGS, EventType, TurnEvent
 from conversations.turns.runner import Turn
 
@@ -58,9 +59,13 @@ class SiblingTurns:
         self._started = True
         arrived: queue.Queue = queue.Queue()
         with self.lock:  # renewed while any branch runs; given back when the last has ended
-            compacted = self._compact_once()
-            if compacted is not None:
-                yield compacted
+            try:
+                compacted = self._compact_once()
+            except compaction.SummaryFailed as stopped:  # a stop during the summary: every question kept, stopped
+                ending = self._ending({index: turn.stopped_before_call(stopped.error)
+                                       for index, turn in enumerate(self.turns)})
+                yield ending  # the lock went back with the head's move
+                return
             threads = [threading.Thread(target=_drive, args=(index, turn, arrived), daemon=True,
                                         name=f"arbor-turn-{self.conversation.pk}-{index}")
                        for index, turn in enumerate(self.turns)]
@@ -70,6 +75,8 @@ class SiblingTurns:
             running = len(threads)
             release_connection()  # held by nobody while the branches run (a JSON request waits here)
             try:
+                if compacted is not None:  # once every branch is on its way: a close now stops them, each recorded
+                    yield compacted
                 while running:
                     index, event = arrived.get()
                     if event is _DONE:
@@ -92,16 +99,16 @@ class SiblingTurns:
     def _compact_once(self) -> TurnEvent | None:
         """C1, C2 once for every branch, with the first model, when any branch's call would pass its threshold:
         the answers then hang below one root, siblings still (each branch compacting on its own would hang each
-        below a root of its own). A summary that fails or is not needed leaves every branch where it was, and
-        none tries again."""
+        below a root of its own). A summary that failed, or could not be made, leaves every branch where it was,
+        and none tries again; a stop during it raises its `SummaryFailed`."""
         if not any(turn.would_compact() for turn in self.turns):
             return None
         done = self.lead.compact_first()
         for turn in self.turns:
-            if done is None:
-                turn.skip_compaction()
-            else:
+            if done is not None:
                 turn.starts_below(done.root)
+            elif self.lead.summary_failed:
+                turn.skip_compaction()
         if done is None:
             return None
         if done.root.compacted_from_id == self.conversation.head_id:  # as a single turn's: the head moves at once

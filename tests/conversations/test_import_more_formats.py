@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -416,3 +417,21 @@ def test_issue_28_d5_a_gemini_question_that_cannot_be_read_is_skipped_and_named(
     assert list(titles) == ["What is a tide?", "Hello, something else entirely",
                             "Best islands in Greece for a first visit?"]
     assert _shown(titles["Hello, something else entirely"])[1] == ("assistant", "Sea Tide\nNorth 2 m")
+
+
+def test_issue_28_d5_a_gemini_answers_html_is_read_in_linear_time_and_never_breaks_the_import(api):
+    """D5: what breaks Python's own HTML parser (`<![` then no name) or makes it take minutes (120 KB of unclosed
+    attribute quotes) is read as text here, bounded; a `pre` block keeps its lines; two questions of one moment
+    keep the order they were asked in."""
+    records = [
+        {"header": "Gemini Apps", "title": "Prompted second, same moment", "time": "2025-06-01T10:00:00.000Z",
+         "safeHtmlItem": [{"html": "<pre>def f():\n    return 1</pre><p>done</p>"}]},
+        {"header": "Gemini Apps", "title": "Prompted first, same moment", "time": "2025-06-01T10:00:00.000Z",
+         "safeHtmlItem": [{"html": "<p>a</p><![ x]>" + "<a b='" * 20000}]},
+    ]
+    started = time.monotonic()
+    (conversation,) = _imported(_post(api, json.dumps(records).encode()))
+    assert time.monotonic() - started < 10, "linear, where html.parser took a minute"
+    shown = _shown(conversation)
+    assert [text for role, text in shown if role == "user"] == ["first, same moment", "second, same moment"]
+    assert shown[1] == ("assistant", "a") and shown[3] == ("assistant", "def f():\n    return 1\n\ndone")

@@ -232,3 +232,21 @@ def test_issue_28_x1_a_claude_attachments_text_becomes_the_importers_file_sent_w
     other_api.post("/api/conversations/import/", data=json.dumps(document), content_type="application/json")
     assert StoredFile.objects.count() == 2 and StoredFile.objects.exclude(owner=user).get().text == stored.text, \
         "another importer's is their own"
+
+
+def test_issue_28_d5_a_claude_attachment_whose_text_begins_like_a_picture_stays_a_placeholder(api):
+    """Text is typed by its bytes on upload: text that begins like a GIF or a ZIP would be kept as one (or refuse
+    the whole import); it stays a placeholder, and the conversation imports."""
+    from files.models import StoredFile
+
+    document = _load(EXPORTS / "claude" / "osteele-claude-web-api-conversation-2024.json")
+    document["chat_messages"][0]["attachments"] = [
+        {"file_name": "odd.txt", "file_type": "txt", "extracted_content": "GIF89a then some words"},
+        {"file_name": "zip.txt", "file_type": "txt", "extracted_content": "PK\u0003\u0004 and more"}]
+    response = _post(api, document)
+    assert response.status_code == 201, response.json()
+    assert not StoredFile.objects.exists()
+    conversation = Conversation.objects.get(pk=response.json()["conversations"][0]["id"])
+    opening = Node.objects.get(pk=node_path(head(conversation).pk)[0].id)
+    (question,) = [item for item in opening.sent if item["type"] == "user"]
+    assert "files" not in question and "[file (txt): odd.txt]" in question["text"]

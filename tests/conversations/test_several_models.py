@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 
+from conversations import items as it
 from conversations import llm, services
 from conversations.errors import TooManyTurns
 from conversations.models import Conversation, Node
@@ -341,16 +342,9 @@ def test_issue_33_t9_more_models_than_the_person_may_run_at_once_is_refused_befo
 def test_issue_33_c2_the_group_compacts_once_and_its_answers_stay_siblings(conversation, settings):
     """C1, C2: when the question would pass the threshold, the group summarises once, with the first model, and
     every model answers below that one root: siblings still, one summary call, the head on the first's answer."""
-    settings.ARBOR_MODELS = [ECHO, "arbor/echo-2"]
-    settings.ARBOR_ECHO_MAX_INPUT_TOKENS = 1200
-    settings.ARBOR_ANSWER_RESERVE_TOKENS = 300
-    settings.ARBOR_COMPACTION_THRESHOLD = 0.8
-    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
-    for i in range(2):
-        ask(conversation, f"question {i}: sales of region {i}?")
+    _compacting_soon(conversation, settings)
     assert not Node.objects.filter(kind=Node.Kind.COMPACTION).exists()
-    long_question = "Compare every region's spring sales, one by one: " + "north south east west " * 60
-    events = run_here(turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=long_question,
+    events = run_here(turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=LONG,
                                models=[ECHO, "arbor/echo-2"]))
     assert [e.type for e in events].count("compaction") == 1 and events[-1].type == "done"
     (root,) = Node.objects.filter(kind=Node.Kind.COMPACTION, parent=None)
@@ -382,5 +376,59 @@ def test_issue_33_c2_a_group_whose_summary_is_not_made_answers_where_it_was(conv
     monkeypatch.setattr(compaction, "compact", not_made)
     events = run_here(turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="now",
                                models=[ECHO, "arbor/echo-2"]))
-    assert events[-1].type == "done" and tried == [ECHO], "tried once, with the first model"
+    assert events[-1].type == "done" and tried[0] == ECHO, "the group tries first, with the first model"
+    if summary == "the summary failed":
+        assert tried == [ECHO], "a failed summary is not tried again"
+    else:
+        assert sorted(tried[1:]) == [ECHO, "arbor/echo-2"], "with nothing to compact yet, each may later"
     assert [Node.objects.get(pk=a["node"]).parent_id for a in events[-1].data["answers"]] == [parent.pk] * 2
+
+
+def _compacting_soon(conversation, settings) -> None:
+    settings.ARBOR_MODELS = [ECHO, "arbor/echo-2"]
+    settings.ARBOR_ECHO_MAX_INPUT_TOKENS = 1200
+    settings.ARBOR_ANSWER_RESERVE_TOKENS = 300
+    settings.ARBOR_COMPACTION_THRESHOLD = 0.8
+    settings.ARBOR_COMPACTION_KEEP_TURNS = 1
+    for i in range(2):
+        ask(conversation, f"question {i}: sales of region {i}?")
+
+
+LONG = "Compare every region's spring sales, one by one: " + "north south east west " * 60
+
+
+def test_issue_33_f1_a_stop_during_the_groups_summary_keeps_every_question_stopped(conversation, settings,
+                                                                                    monkeypatch):
+    """C2, F1: stopped while the group's summary is made, no model is called: each branch keeps the question on a
+    node of its own, stopped, and the head rests on the first's, as a single turn's does."""
+    _compacting_soon(conversation, settings)
+    before = head(conversation)
+
+    def stopped(**kwargs):
+        error = llm.LLMError(Node.FailureReason.CANCELLED, "stopped by the user")
+        raise compaction.SummaryFailed(error, before.pk)
+
+    monkeypatch.setattr(compaction, "compact", stopped)
+    events = run_here(turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=LONG,
+                               models=[ECHO, "arbor/echo-2"]))
+    assert [e.type for e in events] == ["error"] and events[-1].data["code"] == "cancelled"
+    stopped_nodes = [Node.objects.get(pk=a["node"]) for a in events[-1].data["answers"]]
+    assert [(n.parent_id, n.status, n.failure_reason, n.received) for n in stopped_nodes] == \
+        [(before.pk, Node.Status.FAILED, Node.FailureReason.CANCELLED, [])] * 2, "no call was made"
+    assert all(it.question_of(n.sent) == LONG for n in stopped_nodes)
+    conversation.refresh_from_db()
+    assert conversation.head_id == stopped_nodes[0].pk and conversation.turn_token is None
+
+
+def test_issue_33_f1_a_group_closed_at_its_compaction_keeps_every_question(conversation, settings):
+    """Closed right after the summary (a reader that leaves): the branches were on their way, so each records its
+    question, stopped; nothing of the question is lost."""
+    _compacting_soon(conversation, settings)
+    events = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=LONG,
+                      models=[ECHO, "arbor/echo-2"]).events()
+    assert next(events).type == "compaction"
+    events.close()
+    asked = [n for n in Node.objects.filter(kind=Node.Kind.TURN) if it.question_of(n.sent) == LONG]
+    assert len(asked) == 2 and all(n.status == Node.Status.FAILED for n in asked)
+    conversation.refresh_from_db()
+    assert conversation.turn_token is None

@@ -304,7 +304,7 @@ def test_x1_count_tokens_counts_a_document_named_by_its_file_id_as_a_call_sends_
     """A document named by `file_id` counts its extracted text as a call sends it, the same as the same text sent
     inline would; another person's file is a 404 in Anthropic's shape, and nothing is stored or recorded."""
     from conversations.jobs import worker
-    from files.services import tokens_of
+    from files.services import reference
 
     memo = b"Memo: call Ada about the venue, the budget and the date. " * 40
     kept = api.post("/api/files/", {"file": _upload("memo.txt", memo)}, format="multipart").json()
@@ -319,8 +319,10 @@ def test_x1_count_tokens_counts_a_document_named_by_its_file_id_as_a_call_sends_
 
     plain = counted()
     by_id = counted({"type": "document", "source": {"type": "file", "file_id": f"file-{kept['id']}"}})
-    assert by_id - plain == tokens_of(user=StoredFile.objects.get(pk=kept["id"]).owner, file_id=kept["id"]) > \
-        len(memo) // 8, "its text, as a call sends it"
+    assert by_id - plain == reference(StoredFile.objects.get(pk=kept["id"]))["tokens"] > len(memo) // 8, \
+        "its text, as a call sends it"
+    twice = counted(*[{"type": "document", "source": {"type": "file", "file_id": f"file-{kept['id']}"}}] * 2)
+    assert twice == by_id, "named twice, sent once"
     with pytest.raises(anthropic.NotFoundError):
         counted({"type": "document", "source": {"type": "file", "file_id": f"file-{theirs['id']}"}})
     assert not Node.objects.exists() and StoredFile.objects.count() == 2
