@@ -8,10 +8,10 @@ one says so instead of sending nothing.
 from __future__ import annotations
 
 import io
-from html.parser import HTMLParser
 
 from django.conf import settings
 
+from files.html_text import html_text
 from files.office import OfficeUnreadable, office_text
 from files.sniff import decoded
 
@@ -25,7 +25,7 @@ def text_of(data: bytes, content_type: str) -> str:
     if content_type == "application/pdf":
         text = _pdf_text(data)
     elif content_type == "text/html":
-        text = _html_text(decoded(data) or "")
+        text = html_text(decoded(data) or "")
     elif content_type.startswith("text/") or content_type == "application/json":
         text = decoded(data) or ""
     elif content_type.startswith("application/vnd.openxmlformats-officedocument."):
@@ -60,26 +60,3 @@ def _pdf_text(data: bytes) -> str:
     return "\n\n".join(pages)
 
 
-class _Text(HTMLParser):
-    _SKIPPED = {"script", "style", "head", "template"}
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.parts: list[str] = []
-        self.skipping = 0
-
-    def handle_starttag(self, tag, attrs):
-        self.skipping += tag in self._SKIPPED
-
-    def handle_endtag(self, tag):
-        self.skipping -= tag in self._SKIPPED and self.skipping > 0
-
-    def handle_data(self, data):
-        if not self.skipping and data.strip():
-            self.parts.append(data.strip())
-
-
-def _html_text(html: str) -> str:
-    parser = _Text()
-    parser.feed(html)
-    return "\n".join(parser.parts)

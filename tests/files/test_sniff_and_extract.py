@@ -4,6 +4,7 @@ The PDFs are pypdf's own test files (see test_files.py)."""
 from __future__ import annotations
 
 import io
+import time
 import zipfile
 
 import pytest
@@ -124,3 +125,12 @@ def test_x1_the_service_refuses_bytes_past_the_limit_too(user, settings):
     settings.ARBOR_FILE_MAX_BYTES = 3
     with pytest.raises(TooLarge):
         file_upload(user=user, name="a.txt", data=b"abcd")
+
+
+def test_d5_hostile_html_is_read_in_linear_time(settings):
+    """An uploaded page that makes Python's html.parser rescan (unclosed attribute quotes, comment openers; 120 KB
+    took it a minute, so a 25 MB upload hours of the worker) or raise (`<![ `) is read in a blink, as its text."""
+    started = time.monotonic()
+    for hostile in ("<p>kept</p>" + "<a b='" * 200_000, "<p>kept</p>" + "<!--" * 300_000, "<p>kept</p><![ x]>"):
+        assert extract.text_of(hostile.encode(), "text/html").startswith("kept")
+    assert time.monotonic() - started < 5
