@@ -3,6 +3,7 @@
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -260,15 +261,20 @@ ARBOR_MODEL = os.environ.get("ARBOR_MODEL", "arbor/echo")
 ARBOR_API_BASE = os.environ.get("ARBOR_API_BASE") or None
 
 
-def _providers(raw: str) -> dict[str, dict]:
-    """ARBOR_PROVIDERS: a JSON object of litellm options per provider or per model (README "Models and
-    providers"), e.g. {"anthropic": {"api_key": "…"}, "azure/my-gpt": {"api_base": "…", "api_version": "…"}}."""
+def _json_setting(name: str, raw: str) -> Any:
+    """A setting given as JSON: {} when it is unset or blank; a start that says so when it is no JSON."""
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw)
+        return json.loads(raw)
     except ValueError as error:
-        raise ImproperlyConfigured(f"ARBOR_PROVIDERS is not JSON: {error}") from None
+        raise ImproperlyConfigured(f"{name} is not JSON: {error}") from None
+
+
+def _providers(raw: str) -> dict[str, dict]:
+    """ARBOR_PROVIDERS: a JSON object of litellm options per provider or per model (README "Models and
+    providers"), e.g. {"anthropic": {"api_key": "…"}, "azure/my-gpt": {"api_base": "…", "api_version": "…"}}."""
+    value = _json_setting("ARBOR_PROVIDERS", raw)
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in value.items()):
         raise ImproperlyConfigured('ARBOR_PROVIDERS must be a JSON object of objects: {"anthropic": {"api_key": '
                                    '"…"}, "openai/gpt-4o": {"api_base": "…"}}')
@@ -282,12 +288,7 @@ def _prices(raw: str) -> dict[str, dict[str, float]]:
     """ARBOR_MODEL_PRICES (issue 31): US dollars per million tokens for models whose price litellm's list lacks or
     has wrong (a negotiated rate, a local server's running cost): {"openai/gpt-4o": {"input": 2.5, "output": 10,
     "cached_input": 1.25}}; `cached_input` defaults to `input`. They win over litellm's list."""
-    if not raw.strip():
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError as error:
-        raise ImproperlyConfigured(f"ARBOR_MODEL_PRICES is not JSON: {error}") from None
+    value = _json_setting("ARBOR_MODEL_PRICES", raw)
     shape = 'a JSON object such as {"openai/gpt-4o": {"input": 2.5, "output": 10, "cached_input": 1.25}}'
     if not isinstance(value, dict):
         raise ImproperlyConfigured(f"ARBOR_MODEL_PRICES must be {shape}")

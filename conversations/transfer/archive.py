@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 
 from config.errors import TooLarge
-from conversations.transfer.plan import ImportRefused, Plan
+from conversations.transfer.plan import ImportRefused, Plan, show_files
 from files.sniff import UnsupportedFile, sniff
 
 MAGIC = b"PK\x03\x04"
@@ -131,9 +131,7 @@ def with_archive_files(plan: Plan, files: ArchiveFiles) -> Plan:
                     item, added = {**item, "files": refs}, refs
             sent.append(item)
         node.fields["sent"] = sent
-        for bubble in node.bubbles if added else ():
-            if bubble.get("role") == "user":
-                bubble["data"] = {**(bubble.get("data") or {}), "files": added}
+        show_files(node, added)
     return plan
 
 

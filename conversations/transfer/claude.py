@@ -26,7 +26,7 @@ from conversations.transfer.message_tree import (
     placeholder,
     tree_plan,
 )
-from conversations.transfer.plan import ImportRefused, Plan
+from conversations.transfer.plan import ImportRefused, Plan, show_files
 from files.sniff import UnsupportedFile, sniff
 
 PROVIDER = "claude.ai"  # thinking claude.ai showed: kept and shown, never sent to a model (C4)
@@ -63,18 +63,10 @@ def plan(entry: Any, index: int) -> Plan:
                      current=entry.get("current_leaf_message_uuid") if linked else (keys[-1] if keys else None),
                      title=entry.get("name") or "")
     plan.files.update(attached)
-    _bubbles_show_files(plan)
-    return plan
-
-
-def _bubbles_show_files(plan: Plan) -> None:
-    """A question's bubble shows its files, as a sent one's does."""
     for node in plan.nodes.values():
-        refs = [ref for item in node.fields.get("sent") or [] if item.get("type") == "user"
-                for ref in item.get("files", ())]
-        for bubble in node.bubbles if refs else ():
-            if bubble.get("role") == "user":
-                bubble["data"] = {**(bubble.get("data") or {}), "files": refs}
+        show_files(node, [ref for item in node.fields.get("sent") or [] if item.get("type") == "user"
+                          for ref in item.get("files", ())])
+    return plan
 
 
 def _block_text(content: Any) -> str:

@@ -249,6 +249,13 @@ def _allocate_ids(count: int) -> Iterator[int]:
         return iter(range(start, start + count))
 
 
+def show_files(node: PlannedNode, refs: list[dict[str, Any]]) -> None:
+    """The question's bubble of `node` shows the files its question carries (X1), as a sent one's does."""
+    for bubble in node.bubbles if refs else ():
+        if bubble.get("role") == "user":
+            bubble["data"] = {**(bubble.get("data") or {}), "files": refs}
+
+
 def placeholder(kind: str, name: str, detail: str = "") -> str:
     """A file or an image a person saw, as text a person and a model can read: `[image 1024x768: name]`."""
     return f"[{kind}{f' {detail}' if detail else ''}: {name}]" if name else f"[{kind}]"
