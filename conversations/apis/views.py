@@ -490,14 +490,14 @@ class ProjectDetail(APIView):
                 project_files_set(user=request.user, project=project, file_ids=files)
         return Response(s.ProjectOut(project).data)
 
-    @extend_schema(parameters=[OpenApiParameter("confirm", {"type": "integer", "minimum": 0, "maximum": 10**9},
+    @extend_schema(parameters=[OpenApiParameter("confirm", {"type": "integer", "minimum": 0, "maximum": 999_999_999},
                                                 description="how many conversations it holds")],
                    responses={204: None, 409: OpenApiResponse(description="project_not_empty: send confirm=N")},
                    description="Delete the project and its conversations, once `confirm` names how many.")
     def delete(self, request: Request, project_id: int) -> Response:
         project = project_for_user(user=request.user, project_id=project_id)
         confirm = request.query_params.get("confirm")
-        if confirm is not None and not (confirm.isdigit() and len(confirm) <= 9):
+        if confirm is not None and not (confirm.isascii() and confirm.isdigit() and len(confirm) <= 9):
             raise BadInput("`confirm` must be the number of conversations the project holds.", param="confirm")
         services.project_delete(project=project, confirm=confirm)
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -83,6 +83,10 @@ def test_issue_30_t11_deleting_a_project_names_how_many_conversations_go_first(a
     refused = api.delete(f"/api/projects/{project}/")
     assert refused.status_code == 409 and "holds 2 conversations" in refused.json()["error"]["message"]
     assert api.delete(f"/api/projects/{project}/?confirm=1").status_code == 409
+    # the schema's largest confirm is a wrong count (409), one past it or a non-ASCII digit is bad input (400)
+    assert api.delete(f"/api/projects/{project}/?confirm=999999999").status_code == 409
+    assert api.delete(f"/api/projects/{project}/?confirm=1000000000").status_code == 400
+    assert api.delete(f"/api/projects/{project}/?confirm=\u00b2").status_code == 400
     assert Conversation.objects.count() == 3 and Project.objects.exists(), "nothing changed"
     assert api.delete(f"/api/projects/{project}/?confirm=2").status_code == 204
     assert list(Conversation.objects.values_list("title", flat=True)) == [outside.title]
