@@ -197,6 +197,10 @@ class Node(TreeNode):
                                       db_index=False)  # never looked up from this side
     # R2: whether this call's context kept earlier calls' retrieved items (the conversation's policy then).
     keep_ephemeral = models.BooleanField(default=False)
+    # R2 (issue 29): the parts of each large document this call was sent, by file id, as chosen for its question
+    # then (by words and, once the worker embedded the document, by meaning): "what the model saw" shows these,
+    # whatever an embedding call would answer now. None: the call sent no large document.
+    file_parts = models.JSONField(null=True, blank=True)
     # C3: a root that only carries one window's summary into the next window's summarising call, when a
     # history is summarised in windows; never a head, a tip or a branch (only the final root is).
     window_root = models.BooleanField(default=False)

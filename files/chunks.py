@@ -1,8 +1,10 @@
 """A large document's parts that bear on a question (X1, R2): a document longer than ARBOR_FILE_WHOLE_CHARS goes
 to a call as its best chunks for the call's question, in the document's order, as many as fit in that bound.
 
-Chunks are scored by the question's words (BM25 over the document's own chunks): deterministic, instant, and
-needing no embedding model at call time, so a call never waits on one.
+Chunks are scored by the question's words (BM25 over the document's own chunks) and, once the worker has
+embedded the document (`files.embedding`), by meaning too: the two fused as retrieval fuses them
+(`search.fusion`). Words alone choose while it has no vectors, or when the question's embedding call fails, so a
+call never waits on the worker.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+
+from search.fusion import fused
 
 CHUNK_CHARS = 2000
 _WORD = re.compile(r"\w{2,}", re.UNICODE)
@@ -29,12 +33,18 @@ def chunked(text: str, size: int = CHUNK_CHARS) -> list[str]:
     return pieces
 
 
-def best_chunks(text: str, question: str, budget_chars: int) -> tuple[list[int], list[str], int]:
+def best_chunks(text: str, question: str, budget_chars: int, closeness: list[float] | None = None
+                ) -> tuple[list[int], list[str], int]:
     """The indexes and text of the chunks of `text` that score best for `question`, as many as fit in
     `budget_chars`, in the document's order (the document's first chunks when the question shares no word with
-    it), and how many chunks it has."""
+    it and nothing is nearer in meaning), and how many chunks it has. `closeness`: each chunk's cosine similarity
+    to the question, when the document's vectors are at hand."""
     chunks = chunked(text)
     scores = scored(chunks, question)
+    if closeness is not None and len(closeness) == len(chunks):
+        keys = range(len(chunks))
+        score = fused(dict(enumerate(scores)), dict(enumerate(closeness)), keys)
+        scores = [score[index] for index in keys]
     chosen, used = [], 0
     for index in sorted(range(len(chunks)), key=lambda i: (-scores[i], i)):
         if used + len(chunks[index]) > budget_chars:

@@ -49,3 +49,22 @@ class SentFile(models.Model):
 
     def __str__(self) -> str:
         return f"file {self.file_id} sent by node {self.node_id}"
+
+
+class FileChunkVector(models.Model):
+    """One chunk of a large document (`chunks.chunked`) as an embedding model saw it (issue 29, R2): written by the
+    worker's `embed_file` job, read when a call chooses the document's parts for its question. `owner` is the
+    file's, the key a sharded database distributes it by (issue 34). A vector is float32, length 1
+    (`search.vectors.to_bytes`), compared only with vectors of its own `model`."""
+
+    file = models.ForeignKey(StoredFile, on_delete=models.CASCADE, related_name="vectors")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False)
+    model = models.CharField(max_length=200)
+    chunk = models.PositiveIntegerField()  # its place among the document's chunks
+    vector = models.BinaryField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["file", "model", "chunk"], name="file_chunk_vector_once")]
+
+    def __str__(self) -> str:
+        return f"{self.model} vector of file {self.file_id} chunk {self.chunk}"

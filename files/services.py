@@ -21,6 +21,7 @@ from config.errors import ArborError, NotFound, TooLarge
 from conversations import llm, outbox
 from conversations.models import OutboxJob, Project
 from files import extract
+from files.embedding import wants_vectors
 from files.models import StoredFile
 from files.sniff import sniff
 
@@ -172,7 +173,10 @@ def extract_job(payload: dict[str, Any]) -> None:
     except Exception as error:  # a reader's own failure on hostile bytes: said, never a file stuck in processing
         logger.exception("reading file %s failed", stored.pk)
         text, status, error = "", StoredFile.Status.FAILED, f"The file could not be read ({error.__class__.__name__})."
-    StoredFile.objects.filter(pk=stored.pk).update(text=text, status=status, error=error[:500])
+    with transaction.atomic():
+        StoredFile.objects.filter(pk=stored.pk).update(text=text, status=status, error=error[:500])
+        if status == StoredFile.Status.READY and wants_vectors(text):  # a call chooses its parts (`embedding`)
+            outbox.enqueue(kind="embed_file", payload={"file": stored.pk})
 
 
 def files_to_send(*, user, file_ids: list[int]) -> list[dict[str, Any]]:

@@ -44,7 +44,8 @@ def _pieces(bubbles: Work) -> list[tuple[int, int, int, int, str]]:
             for bubble, text, _, _ in bubbles for n, (start, end) in enumerate(chunk_spans(text))]
 
 
-def _vectors(model: str, texts: list[str]) -> list[list[float]]:
+def vectors_of(model: str, texts: list[str]) -> list[list[float]]:
+    """`texts` embedded with `model`, ARBOR_EMBEDDING_BATCH a call."""
     vectors: list[list[float]] = []
     for first in range(0, len(texts), settings.ARBOR_EMBEDDING_BATCH):
         vectors += llm.embed(model, texts[first:first + settings.ARBOR_EMBEDDING_BATCH])
@@ -60,7 +61,7 @@ def embed_bubbles(bubbles: Work, model: str) -> int:
     """
     pieces = _pieces(bubbles)
     try:
-        vectors = _vectors(model, [p[4] for p in pieces])
+        vectors = vectors_of(model, [p[4] for p in pieces])
     except llm.LLMError:
         if len(bubbles) == 1:
             raise

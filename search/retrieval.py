@@ -22,14 +22,12 @@ from django.conf import settings
 from conversations.models import Conversation
 from conversations.turns.retrieval import Hit
 from search import query as words
+from search.fusion import fused
 from search.similar import QUERY_TIMEOUT_SECONDS, nearest_bubbles, query_vector
 from search.vectors import similarities
 
 QUERY_WORDS = 30  # the question's first distinct words make the query: a long question stays one cheap search
 CANDIDATES = 20  # from each ranking, before fusion
-# Of the fused score; the words' is the rest. bench_retrieval's recall@5 is flat from 0.6 to 0.8 (two seeds,
-# PostgreSQL and SQLite).
-VECTOR_WEIGHT = 0.7
 
 logger = logging.getLogger("arbor.retrieval")
 
@@ -61,13 +59,6 @@ def vector_hits(*, user, question: str, limit: int, exclude_conversation: int | 
                            shown=False) if vector else []
 
 
-def _scaled(values: dict[int, float], keys: Sequence[int], missing: float) -> dict[int, float]:
-    """Each key's value scaled to 0..1 between the lowest and highest over `keys` (all 1 when they are equal)."""
-    full = {key: values.get(key, missing) for key in keys}
-    low, high = min(full.values()), max(full.values())
-    return {key: (value - low) / (high - low) if high > low else 1.0 for key, value in full.items()}
-
-
 def fuse(found_by_words: Sequence[words.Hit], found_by_vectors: Sequence[words.Hit],
          closeness: dict[int, float]) -> list[words.Hit]:
     """Relative score fusion over every candidate of either ranking, each scored by both signals: its words'
@@ -77,10 +68,8 @@ def fuse(found_by_words: Sequence[words.Hit], found_by_vectors: Sequence[words.H
     order = list(candidates)
     if not order:
         return []
-    text = _scaled({hit.bubble: hit.rank for hit in found_by_words}, order, missing=0.0)
     cosine = {**closeness, **{hit.bubble: hit.rank for hit in found_by_vectors}}
-    meaning = _scaled(cosine, order, missing=min(cosine.values(), default=0.0))
-    score = {key: VECTOR_WEIGHT * meaning[key] + (1.0 - VECTOR_WEIGHT) * text[key] for key in order}
+    score = fused({hit.bubble: hit.rank for hit in found_by_words}, cosine, order)
     return [candidates[key] for key in sorted(order, key=lambda key: (-score[key], -key))]
 
 

@@ -200,11 +200,11 @@ class Turn:
             # The question's own call never began: the summary's text is the summary node's, not its answer.
             yield self._fail(llm.LLMError(stopped.error.reason, stopped.error.message))
             return path, None, []
+        files = attached.contents(self.conversation.owner_id, path, sent)
         messages = assemble(path, sent, instructions=self.instructions, provider=self.provider,
-                            keep_ephemeral=self.conversation.keep_retrieved, attached=attached.contents(
-                                self.conversation.owner_id, path, sent))
+                            keep_ephemeral=self.conversation.keep_retrieved, attached=files)
         node = self._start_node(parent=path[-1] if path else None, sent=sent, call_settings=llm.wire_settings(
-            self.model, messages, tools=tools, options=self.call_options))
+            self.model, messages, tools=tools, options=self.call_options), file_parts=attached.parts_chosen(files))
         if compacted:
             yield TurnEvent(EventType.COMPACTION, {"node": compacted.root.id, "summary_call": compacted.summary_call,
                                                    "compacted_from": compacted.root.compacted_from_id})
@@ -304,14 +304,15 @@ class Turn:
 
     # --- what is written -------------------------------------------------------------------------------
 
-    def _start_node(self, *, parent: PathNode | None, sent: list[it.Item], call_settings: dict | None = None
-                    ) -> Node:
+    def _start_node(self, *, parent: PathNode | None, sent: list[it.Item], call_settings: dict | None = None,
+                    file_parts: dict | None = None) -> Node:
         """T3: the node exists, pending, before its call; the question's bubble (or the tool results on the
         calls' bubbles) is written with it, in one round trip."""
         with together() as writes:
             node = records.start(conversation=self.conversation, parent=parent, kind=Node.Kind.TURN, sent=sent,
                                  model=self.model, instructions=self.instructions, call_settings=call_settings,
-                                 keep_ephemeral=self.conversation.keep_retrieved, writes=writes)
+                                 keep_ephemeral=self.conversation.keep_retrieved, file_parts=file_parts,
+                                 writes=writes)
             records.question_bubble(node, sent, writes=writes)
             results = [i for i in sent if i.get("type") == "tool_result"]
             if results and self._open is not None:

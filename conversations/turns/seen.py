@@ -43,7 +43,7 @@ def _attached(node: Node, path: list) -> dict[int, dict[str, Any]]:
     if not any(it.file_ids(p.sent) for p in [*path, node]):
         return {}
     owner_id = Conversation.objects.filter(pk=node.conversation_id).values_list("owner_id", flat=True).first()
-    return attached.contents(owner_id, path, node.sent, images_linked=True)
+    return attached.contents(owner_id, path, node.sent, images_linked=True, recorded=node.file_parts or {})
 
 
 def context_diff(a: Node, b: Node) -> dict[str, Any]:
