@@ -122,11 +122,12 @@ def items_of(conversation: Conversation) -> list[dict[str, Any]]:
     """Every item of the head's path (through its compactions, C3: what happened, not what the model is sent
     now), root first, then the items waiting for the next call."""
     listed: list[dict[str, Any]] = []
-    for step in history_path(conversation.head_id):
-        if step.kind != Node.Kind.TURN or step.status == Node.Status.PENDING:
-            continue
+    steps = [step for step in history_path(conversation.head_id)
+             if step.kind == Node.Kind.TURN and step.status != Node.Status.PENDING]
+    results = {item["call_id"]: item for step in steps for item in step.sent if item.get("type") == "tool_result"}
+    for step in steps:
         node = Node(pk=step.id, sent=step.sent, received=step.received)
-        listed += input_items_of(node) + output_of(node)
+        listed += input_items_of(node) + output_of(node, results)  # an MCP call with its result (issue 32)
     return listed + shown_waiting(conversation.pending_input)
 
 

@@ -1,4 +1,5 @@
-"""Deleting a response (issue 27, `DELETE /v1/responses/{id}`): one call's node, when nothing continues it.
+"""Deleting a response (issue 27, `DELETE /v1/responses/{id}`): one call's node (or each round's, when its calls ran
+here: issue 32), when nothing continues it.
 
 T11 and P3 say what may go: a conversation's delete keeps every node another path still needs, and this is the
 same rule for one node. A response is continued by a call below it (of any conversation, P3), by another
@@ -21,7 +22,7 @@ from django.db.models import ProtectedError
 from config.errors import ArborError
 from conversations import services
 from conversations.models import Conversation, Node
-from conversations.openai.shapes import response_id
+from conversations.openai.shapes import response_id, rounds_of
 
 
 class ResponseContinued(ArborError):
@@ -49,7 +50,8 @@ def response_delete(*, node: Node) -> None:
     or TurnInProgress (409) otherwise, with nothing changed."""
     try:
         with transaction.atomic():
-            _delete(node)
+            for step in reversed(rounds_of(node)):  # a response of several rounds (issue 32) goes whole
+                _delete(step, named=node)
     except ProtectedError as error:
         kept_by = sorted({str(type(record)._meta.verbose_name) for record in error.protected_objects})
         raise ResponseContinued(f"{response_id(node.pk)} cannot be deleted: a {' and a '.join(kept_by)} keeps it."
@@ -59,13 +61,13 @@ def response_delete(*, node: Node) -> None:
                                 ) from error
 
 
-def _delete(node: Node) -> None:
+def _delete(node: Node, *, named: Node) -> None:
     conversation = Conversation.objects.select_for_update().get(pk=node.conversation_id)
     # Refused while a turn holds the conversation (T9); the UPDATE also holds its row until this commits.
     head = node.parent_id if conversation.head_id == node.pk else conversation.head_id
     services.head_move(conversation=conversation, to=head)
     if (reason := continued_by(node)) is not None:
-        raise ResponseContinued(f"{response_id(node.pk)} cannot be deleted: {reason}.")
+        raise ResponseContinued(f"{response_id(named.pk)} cannot be deleted: {reason}.")
     Node.objects.filter(parent=node, kind=Node.Kind.TITLE).update(parent=node.parent_id)
     Node.objects.filter(pk=node.pk).delete()
     if conversation.origin == Conversation.Origin.API and not Node.objects.filter(

@@ -10,11 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.db import models
 
 from config.errors import BadInput, NotFound, TooLarge
 from conversations import items as it
 from conversations.models import Node
 from conversations.openai.parts import user_content
+from conversations.tools import server_of
+from conversations.tools.mcp.tools import SEPARATOR
 
 RESPONSE_PREFIX = "resp_"
 
@@ -199,15 +202,20 @@ def history_messages(value: Any) -> tuple[list[dict[str, Any]], list[int]] | Non
 # --- what a response is ----------------------------------------------------------------------------------------
 
 
-def _usage(node: Node) -> dict[str, Any] | None:
-    usage = node.usage or {}
-    if not usage:
+def _usage(chain: list[Node]) -> dict[str, Any] | None:
+    """What a response's calls used, every round's together."""
+    used = [node.usage for node in chain if node.usage]
+    if not used:
         return None
-    return {"input_tokens": usage.get("prompt_tokens", 0),
+
+    def total(key: str) -> int:
+        return sum(usage.get(key, 0) for usage in used)
+
+    return {"input_tokens": total("prompt_tokens"),
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": usage.get("completion_tokens", 0),
+            "output_tokens": total("completion_tokens"),
             "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage.get("total_tokens", 0)}
+            "total_tokens": total("total_tokens")}
 
 
 def message_item(node: Node, text: str, *, status: str = "completed") -> dict[str, Any]:
@@ -220,11 +228,72 @@ def function_call_item(node: Node, call: it.Item) -> dict[str, Any]:
             "arguments": call["arguments"], "status": "completed"}
 
 
-def output_of(node: Node) -> list[dict[str, Any]]:
-    """The answer's text as one message, then each function call, in the order the model wrote them."""
+def mcp_call_item(node: Node, call: it.Item, result: it.Item | None) -> dict[str, Any]:
+    """Issue 32: a call this server ran in one of its MCP servers, with its result once the next round carried it
+    (an error result is the item's `error`, C4)."""
+    server, _, tool = call["name"].partition(SEPARATOR)
+    failed = result is not None and result.get("is_error")
+    return {"id": f"mcp_{node.pk}_{call['id']}", "type": "mcp_call", "server_label": server, "name": tool,
+            "arguments": call["arguments"], "approval_request_id": None,
+            "output": None if result is None or failed else result["content"],
+            "error": {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": result["content"]}]}
+            if failed else None,
+            "status": "in_progress" if result is None else "failed" if failed else "completed"}
+
+
+def output_of(node: Node, results: dict[str, it.Item] | None = None) -> list[dict[str, Any]]:
+    """The answer's text as one message, then each call, in the order the model wrote them: a function call (the
+    client's, or a tool of Arbor's own), or a call run in an MCP server with its result from `results` (by id)."""
     text = it.answer_text(node.received)
-    return [*([message_item(node, text)] if text else []),
-            *(function_call_item(node, call) for call in it.tool_calls(node.received))]
+    items = [message_item(node, text)] if text else []
+    for call in it.tool_calls(node.received):
+        ran_here = not call.get("client") and server_of(call["name"]) is not None
+        items.append(mcp_call_item(node, call, (results or {}).get(call["id"])) if ran_here
+                     else function_call_item(node, call))
+    return items
+
+
+# --- a response of several rounds (issue 32) ------------------------------------------------------------------
+
+
+def _calls_run_here(node: Node) -> set[str]:
+    return {call["id"] for call in it.tool_calls(node.received) if not call.get("client")}
+
+
+def _carries_results_of(node: Node, calls: set[str]) -> bool:
+    """Whether `node`'s call sent nothing but results of `calls`: the next round of the same turn."""
+    return bool(calls) and bool(node.sent) and all(
+        item.get("type") == "tool_result" and item.get("call_id") in calls for item in node.sent)
+
+
+def rounds_of(node: Node) -> list[Node]:
+    """The calls one response made: `node`, then each round that carried the results of the calls run here (an MCP
+    server's, or Arbor's own tools') to the model, below it or below the compaction made between them (C2).
+    One node for a response whose calls were the client's or that made none."""
+    chain = [node]
+    while calls := _calls_run_here(chain[-1]):
+        below = Node.objects.filter(models.Q(parent=chain[-1]) | models.Q(
+            parent__kind=Node.Kind.COMPACTION, parent__compacted_from=chain[-1]), kind=Node.Kind.TURN).order_by("-pk")
+        following = next((n for n in below[:ROUNDS_LOOKED_AT] if _carries_results_of(n, calls)), None)
+        if following is None:
+            break
+        chain.append(following)
+    return chain
+
+
+def first_round(node: Node) -> Node:
+    """The response `node` is a round of: up while a node only carried its parent's results."""
+    while node.parent_id is not None:
+        parent = Node.objects.get(pk=node.parent_id)
+        if parent.kind == Node.Kind.COMPACTION and parent.compacted_from_id is not None:
+            parent = Node.objects.get(pk=parent.compacted_from_id)
+        if not _carries_results_of(node, _calls_run_here(parent)):
+            break
+        node = parent
+    return node
+
+
+ROUNDS_LOOKED_AT = 20  # the newest nodes below a round that may be its next one (forks of it come after)
 
 
 # What a response says of a request that sent nothing else (OpenAI's own defaults); a create says back what it
@@ -244,23 +313,27 @@ def cut_short(node: Node) -> bool:
 
 
 def response_of(node: Node, *, status: str | None = None, sent: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The Responses object of the call `node` made. `sent`: the request's own fields, said back as sent (the
-    create's `echo`, with the `previous_response_id` it named: a compaction may stand between them, C2)."""
-    failed = node.status == Node.Status.FAILED
-    status = status or ("failed" if failed else "in_progress" if node.status == Node.Status.PENDING
-                        else "incomplete" if cut_short(node) else "completed")
-    output = output_of(node)
+    """The Responses object of the call `node` made, with the rounds that followed it (`rounds_of`): its output
+    is all of theirs, its status, usage and end the last one's. `sent`: the request's own fields, said back as
+    sent (the create's `echo`, with the `previous_response_id` it named: a compaction may stand between, C2)."""
+    chain = rounds_of(node) if status != "in_progress" else [node]
+    last = chain[-1]
+    failed = last.status == Node.Status.FAILED
+    status = status or ("failed" if failed else "in_progress" if last.status == Node.Status.PENDING
+                        else "incomplete" if cut_short(last) else "completed")
+    results = {item["call_id"]: item for step in chain[1:] for item in step.sent if item.get("type") == "tool_result"}
+    output = [item for step in chain for item in output_of(step, results)]
     sent = sent or {}
     previous = sent.get("previous_response_id", response_id(node.parent_id) if node.parent_id else None)
     return {
         **RESPONSE_DEFAULTS, **sent,
         "id": response_id(node.pk), "object": "response", "created_at": int(node.created_at.timestamp()),
-        "completed_at": int(node.finished_at.timestamp()) if status == "completed" and node.finished_at else None,
+        "completed_at": int(last.finished_at.timestamp()) if status == "completed" and last.finished_at else None,
         "model": node.model, "status": status, "output": output if status != "in_progress" else [],
-        "error": {"code": "server_error", "message": node.failure_message} if failed else None,
+        "error": {"code": "server_error", "message": last.failure_message} if failed else None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": node.instructions or None, "previous_response_id": previous,
-        "usage": _usage(node) if status in ("completed", "incomplete") else None,
+        "usage": _usage(chain) if status in ("completed", "incomplete") else None,
     }
 
 

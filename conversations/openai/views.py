@@ -7,6 +7,7 @@ compaction and log as any other; a stream follows the turn's log, so a client th
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -27,7 +28,7 @@ from conversations import items as it
 from conversations import llm, services
 from conversations.idempotency import IdempotentView
 from conversations.models import Conversation, Node
-from conversations.openai import chat, conversations, deletion, errors, messages, shapes
+from conversations.openai import chat, conversations, deletion, errors, mcp, messages, shapes
 from conversations.openai.auth import ApiKeyAuthentication, BearerTokenAuthentication
 from conversations.openai.options import chat_options, metadata_of, responses_options
 from conversations.openai.parts import file_id
@@ -43,10 +44,12 @@ from conversations.openai.shapes import (
     tools_of,
 )
 from conversations.selectors import node_for_user
+from conversations.tools.mcp.tools import SEPARATOR
 from conversations.turns import detached
 from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.start import turn_below
 from conversations.turns.streaming import follow_log_batches
+from conversations.turns.tool_policy import ServerTools
 from files.services import IMAGE_TOKENS, drop_unsent, files_made_here, files_to_send, resolve_pending
 
 logger = logging.getLogger("arbor.openai")
@@ -148,16 +151,26 @@ def _responses_sent(body: dict, options) -> dict:
             "conversation": {"id": said} if named is not None else None}
 
 
+def _response_tools(body: dict) -> tuple[list[dict] | ServerTools | None, list[dict] | None]:
+    """The call's tools, and the function specs its options are read against: the caller's function tools (it
+    runs them itself, T4), or the MCP servers of Arbor's it named (issue 32: run here); Arbor's own stay out."""
+    servers = mcp.servers_named(body.get("tools"))
+    if servers is not None:
+        return servers, [tool.spec() for tool in servers.tools()]
+    tools = tools_of(body.get("tools"))
+    return tools, tools
+
+
 class Responses(IdempotentView, GatewayView):
     def stream_run(self, request: Request, run_id) -> EventStream:
         body = request.data
-        sent = _responses_sent(body, responses_options(body, tools_of(body.get("tools"))))
+        sent = _responses_sent(body, responses_options(body, _response_tools(body)[1]))
         return _stream(_translated(run_id, _ResponsesEvents(sent), "responses"), run_id)
 
     def post(self, request: Request):
         body, model, stream = _call(request)
-        tools = tools_of(body.get("tools"))  # the caller's: it runs them itself (T4); Arbor's stay out
-        options = responses_options(body, tools)
+        tools, specs = _response_tools(body)
+        options = responses_options(body, specs)
         turn = _response_turn(request, body, model=model, tools=tools, call_options=options.model,
                               instructions=instructions_text(body.get("instructions")))  # never the account's
         if stream:
@@ -165,7 +178,8 @@ class Responses(IdempotentView, GatewayView):
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
-        return Response(response_of(Node.objects.get(pk=outcome.head), sent=_responses_sent(body, options)))
+        first = shapes.first_round(Node.objects.get(pk=outcome.head))
+        return Response(response_of(first, sent=_responses_sent(body, options)))
 
 
 def _response_turn(request: Request, body: dict, *, model: str, instructions: str, tools, call_options):
@@ -189,7 +203,8 @@ def _response_turn(request: Request, body: dict, *, model: str, instructions: st
         listed_instructions, turns = chat.read_messages(history[0], field="input", positions=history[1])
         return _turn_from_list(request, body, model, turns, tools=tools, call_options=call_options,
                                instructions="\n\n".join(filter(None, [instructions, listed_instructions])))
-    parent = None if previous is None else _response_node(request.user, previous, field="previous_response_id")
+    parent = None if previous is None else shapes.rounds_of(
+        _response_node(request.user, previous, field="previous_response_id"))[-1]  # below its last round
     open_calls = {call["id"]: call for call in it.tool_calls(parent.received)} if parent else {}
     items = input_items(body.get("input"), open_calls=open_calls)
     conversation = Conversation.objects.get(pk=parent.conversation_id) if parent else None
@@ -411,8 +426,8 @@ def _previous_of(node: Node) -> str | None:
     """The response a stored call continued: its parent, or the original a compaction root stands for (C2)."""
     parent = node.parent
     if parent is not None and parent.kind == Node.Kind.COMPACTION:
-        return parent.compacted_from_id and shapes.response_id(parent.compacted_from_id)
-    return parent and shapes.response_id(parent.pk)
+        parent = parent.compacted_from
+    return parent and shapes.response_id(shapes.first_round(parent).pk)  # a response of rounds: its first
 
 
 class ResponseDetail(GatewayView):
@@ -499,15 +514,19 @@ def _event(kind: str, number: int, **fields) -> bytes:
 
 
 class _ResponsesEvents:
-    """One turn's events as OpenAI's Responses events: `response.created` once the call's node exists, the message
-    item opened at the first token and its text deltas, each function call as an item with its arguments, then
+    """One turn's events as OpenAI's Responses events: `response.created` once the call's node exists; each round's
+    text as a message item, opened at its first token, with its deltas; each function call as an item with its
+    arguments; each call run in an MCP server (issue 32) as an `mcp_call` item, done when its result comes; then
     every item closed and `response.completed` with the response as stored (or `response.failed`)."""
 
     def __init__(self, sent: dict):
         self.number = 0
         self.sent = sent  # the request's own fields, said back (`response_of`)
-        self.node: Node | None = None
+        self.node: Node | None = None  # the response's first round: its id
         self.items: list[dict] = []  # the output items opened, in output_index order
+        self.open_message: dict | None = None  # the message item still taking text, with the text so far
+        self.running: dict[str, int] = {}  # MCP calls under way: their output_index by call id
+        self.servers = any(isinstance(tool, dict) and tool.get("type") == "mcp" for tool in sent.get("tools") or [])
         self.ended = False
 
     def _event(self, kind: str, **fields) -> bytes:
@@ -528,43 +547,91 @@ class _ResponsesEvents:
         return self._event("response.created", response=started) + self._event("response.in_progress",
                                                                                 response=started)
 
-    def _open_message(self) -> bytes:
-        if self.items and self.items[0]["type"] == "message":
+    def _message(self, node_id: int) -> bytes:
+        """The round's message item, opened at its first text (closing an earlier round's)."""
+        item_id = f"msg_{node_id}"
+        if self.open_message is not None and self.open_message["id"] == item_id:
             return b""
-        item = {**message_item(self.node, "", status="in_progress"), "content": []}
+        closed = self._close_message()
+        item = {**message_item(Node(pk=node_id), "", status="in_progress"), "content": []}
         self.items.append(item)
+        self.open_message = {"id": item_id, "index": len(self.items) - 1, "text": ""}
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        return (self._event("response.output_item.added", output_index=0, item=item)
-                + self._event("response.content_part.added", item_id=item["id"], output_index=0, content_index=0,
-                              part=part))
+        return closed + (self._event("response.output_item.added", output_index=len(self.items) - 1, item=item)
+                         + self._event("response.content_part.added", item_id=item_id,
+                                       output_index=len(self.items) - 1, content_index=0, part=part))
 
-    def _function_call(self, data: dict) -> bytes:
-        call = function_call_item(self.node, {"id": data["call_id"], "name": data["name"],
-                                              "arguments": data["arguments"]})
-        index = len(self.items)
-        self.items.append(call)
+    def _close_message(self, final: dict | None = None) -> bytes:
+        """Close the open message with its text (`final`: as stored, when the response has ended)."""
+        opened, self.open_message = self.open_message, None
+        if opened is None:
+            return b""
+        item = final or {**message_item(Node(pk=int(opened["id"][4:])), opened["text"])}
+        part, index = item["content"][0], opened["index"]
         return b"".join([
-            self._event("response.output_item.added", output_index=index,
-                        item={**call, "arguments": "", "status": "in_progress"}),
-            self._event("response.function_call_arguments.delta", item_id=call["id"], output_index=index,
-                        delta=call["arguments"]),
-            self._event("response.function_call_arguments.done", item_id=call["id"], output_index=index,
-                        name=call["name"], arguments=call["arguments"]),
-            self._event("response.output_item.done", output_index=index, item=call),
+            self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                        text=part["text"], logprobs=[]),
+            self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                        part=part),
+            self._event("response.output_item.done", output_index=index, item=item),
         ])
+
+    def _text(self, data: dict) -> bytes:
+        opened = self._message(data["node"])
+        self.open_message["text"] += data["text"]
+        return opened + self._event("response.output_text.delta", item_id=self.open_message["id"],
+                                    output_index=self.open_message["index"], content_index=0, delta=data["text"],
+                                    logprobs=[])
+
+    def _call(self, data: dict) -> bytes:
+        call = {"id": data["call_id"], "name": data["name"], "arguments": data["arguments"]}
+        node = Node(pk=data["node"])
+        ran_here = self.servers  # a request names MCP servers or sends function tools, never both (`mcp`)
+        item = shapes.mcp_call_item(node, call, None) if ran_here else function_call_item(node, call)
+        opened = self._close_message()
+        index = len(self.items)
+        self.items.append(item)
+        kind = "mcp_call" if ran_here else "function_call"
+        events = [
+            self._event("response.output_item.added", output_index=index, item={**item, "arguments": "",
+                                                                                "status": "in_progress"}),
+            self._event(f"response.{kind}_arguments.delta", item_id=item["id"], output_index=index,
+                        delta=item["arguments"]),
+            self._event(f"response.{kind}_arguments.done", item_id=item["id"], output_index=index,
+                        **({} if ran_here else {"name": item["name"]}), arguments=item["arguments"]),
+        ]
+        if ran_here:  # done when its result comes (`_result`)
+            self.running[call["id"]] = index
+            events.append(self._event("response.mcp_call.in_progress", item_id=item["id"], output_index=index))
+        else:
+            events.append(self._event("response.output_item.done", output_index=index, item=item))
+        return opened + b"".join(events)
+
+    def _result(self, data: dict) -> bytes:
+        index = self.running.pop(data["call_id"], None)
+        if index is None:
+            return b""
+        item = self.items[index]
+        call = {"id": data["call_id"], "name": f"{item['server_label']}{SEPARATOR}{item['name']}",
+                "arguments": item["arguments"]}
+        done = shapes.mcp_call_item(Node(pk=int(item["id"].split("_")[1])), call, it.tool_result(
+            data["call_id"], data["name"], data["content"], is_error=data["is_error"]))
+        self.items[index] = done
+        return (self._event(f"response.mcp_call.{done['status']}", item_id=done["id"], output_index=index)
+                + self._event("response.output_item.done", output_index=index, item=done))
 
     async def translate(self, event) -> bytes:
         if event.type == EventType.TOKEN:
-            opened = await self._open(event.data["node"]) + self._open_message()
-            return opened + self._event("response.output_text.delta", item_id=f"msg_{self.node.pk}", output_index=0,
-                                        content_index=0, delta=event.data["text"], logprobs=[])
+            return await self._open(event.data["node"]) + self._text(event.data)
         if event.type == EventType.TOOL_CALL:
-            return await self._open(event.data["node"]) + self._function_call(event.data)
+            return await self._open(event.data["node"]) + self._call(event.data)
+        if event.type == EventType.TOOL_RESULT:
+            return self._result(event.data)
         if event.type == EventType.DONE:
             self.ended = True
             opened = await self._open(event.data["head"])
             done = await in_pool_thread(_node, self.node.pk)  # written before DONE was logged
-            return opened + self._closed(done)
+            return opened + await in_pool_thread(self._closed, done)
         if event.type == EventType.ERROR:
             self.ended = True
             if event.data.get("node") is None:  # refused before a call was made: the SDK raises its APIError
@@ -572,22 +639,19 @@ class _ResponsesEvents:
                                    param=None, error=errors.openai_error_body(
                                        502, event.data.get("message", ""), event.data.get("code"))["error"])
             opened = await self._open(event.data["node"])
-            failed = await in_pool_thread(_node, event.data["node"])
-            return opened + self._event("response.failed", response=response_of(failed, sent=self.sent))
+            failed = await in_pool_thread(_node, self.node.pk)
+            final = await in_pool_thread(functools.partial(response_of, failed, sent=self.sent))
+            return opened + self._event("response.failed", response=final)
         return b""  # compaction and the like: not part of OpenAI's stream
 
     def _closed(self, done: Node) -> bytes:
+        """The open message closed with its stored text, any message that came in no token event opened and
+        closed, then `response.completed` (or `incomplete`) with the response as stored."""
         final = response_of(done, sent=self.sent)
-        parts = []
-        message = next((item for item in final["output"] if item["type"] == "message"), None)
-        if message is not None:
-            part = message["content"][0]
-            parts += [
-                self._open_message(),  # an answer whose text came in no token event is opened here
-                self._event("response.output_text.done", item_id=message["id"], output_index=0, content_index=0,
-                            text=part["text"], logprobs=[]),
-                self._event("response.content_part.done", item_id=message["id"], output_index=0, content_index=0,
-                            part=part),
-                self._event("response.output_item.done", output_index=0, item=message),
-            ]
+        stored = {item["id"]: item for item in final["output"] if item["type"] == "message"}
+        parts = [self._close_message(stored.get(self.open_message["id"])) if self.open_message else b""]
+        seen = {item["id"] for item in self.items}
+        for item in final["output"]:
+            if item["type"] == "message" and item["id"] not in seen:
+                parts += [self._message(int(item["id"][4:])), self._close_message(item)]
         return b"".join([*parts, self._event(f"response.{final['status']}", response=final)])

@@ -52,7 +52,8 @@ def undecided(tip: PathNode | None) -> list[it.Item]:
     return [c for c in calls if c["id"] not in decided]
 
 
-NOT_OFFERED = "error: this conversation does not have that tool's server on, so it was not run"
+NOT_OFFERED = ("error: this conversation does not have that tool's server on, or the call may not use that tool (on "
+               "/v1, only the tools of the MCP servers it named that need no person's approval), so it was not run")
 
 
 def resolve(node: PathNode, *, run: bool, note: str = "", owner_id: int | None = None,

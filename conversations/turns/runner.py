@@ -37,7 +37,7 @@ from conversations.turns import calls, compaction, records
 from conversations.turns.events import ENDINGS, EventType, TurnEvent
 from conversations.turns.model_call import ModelCall
 from conversations.turns.retrieval import retrieved_items
-from conversations.turns.tool_policy import ArborTools, CallerTools, RoundEnd
+from conversations.turns.tool_policy import ArborTools, CallerTools, RoundEnd, ServerTools
 from files import attached
 from files.knowledge import knowledge_items
 
@@ -46,7 +46,8 @@ class Turn:
     """A turn whose lock is held and whose starting point is decided. Run it with `events()`, once."""
 
     def __init__(self, *, conversation: Conversation, lock: TurnLock, path: list[PathNode],
-                 new_items: list[it.Item], instructions: str | None = None, tools: list[dict] | None = None,
+                 new_items: list[it.Item], instructions: str | None = None,
+                 tools: list[dict] | ServerTools | None = None,
                  model: str | None = None, call_options: dict | None = None):
         self.conversation = conversation
         self.lock = lock
@@ -54,12 +55,14 @@ class Turn:
         self.nodes: list[int] = []
         self.model = model or conversation.effective_model  # a gateway call names its own
         self.provider = llm.provider_of(self.model)
-        # A caller of the OpenAI-compatible surface sends its own instructions and tools with each call (and
-        # Arbor's own tools stay out of it); everyone else's turns use the conversation's and Arbor's.
+        # A caller of the OpenAI-compatible surface sends its own instructions and tools with each call, or names
+        # MCP servers of Arbor's (`ServerTools`), and Arbor's own tools stay out of it; everyone else's turns use
+        # the conversation's and Arbor's.
         self.instructions = (instructions if instructions is not None
                              else instructions_for(conversation, owner_instructions=lock.owner_instructions,
                                                    project_instructions=lock.project_instructions))
-        self.tools = CallerTools(tools) if tools is not None else ArborTools(servers=tool_servers_of(conversation))
+        self.tools = (ArborTools(servers=tool_servers_of(conversation)) if tools is None
+                      else CallerTools(tools) if isinstance(tools, list) else tools)
         self.call_options = call_options or {}  # a gateway call's own (temperature, tool_choice, …), every round
         question = it.question_of(new_items)
         if conversation.retrieval and question:  # R2: for this call; later ones drop them unless kept

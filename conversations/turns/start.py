@@ -143,7 +143,9 @@ def turn_below(*, user, conversation_id: int, parent_id: int | None, items: list
         if calls.undecided(path[-1] if path else None):
             raise ApprovalPending("A tool call is waiting for a person's approval on that response: decide it first.")
         follows = supplied[-1][1] if supplied else (path[-1].received if path else [])
-        _check_results(it.tool_calls(follows), items)
+        # Calls run here (issue 32: MCP servers a caller named) get their results from the turn, not the caller.
+        runs_here = getattr(options.get("tools"), "runs_calls", False)
+        _check_results([c for c in it.tool_calls(follows) if calls.is_clients(c) or not runs_here], items)
         for sent, received in supplied:
             node = records.record_supplied(conversation=conversation, parent=path[-1] if path else None, sent=sent,
                                            received=received, model=options.get("model") or conversation.model)

@@ -4,7 +4,8 @@ Arbor's own tools (the chat page, the API, playbooks) run here: a call to an act
 approval (F3, D4), the others run in the next round, and the last round offers none, so it must answer. A
 caller of the OpenAI-compatible surface offers its own tools: they are always offered, their calls are marked
 the client's (no later turn runs or approves them, whatever their names) and end the turn, for the client to
-run and send back (T4).
+run and send back (T4). Such a caller may also name MCP servers of Arbor's (issue 32): their tools that need no
+approval run here, round after round, as the chat page's do.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import enum
 from dataclasses import dataclass
 
 from conversations import items as it
-from conversations.tools import offered_tools, server_of
+from conversations.tools import get_tool, offered_tools, server_of
+from conversations.tools.mcp.tools import SEPARATOR
 from conversations.turns import calls
 
 
@@ -77,4 +79,39 @@ class CallerTools:
         return False  # nothing runs here: the caller runs its tools
 
 
-ToolPolicy = ArborTools | CallerTools
+@dataclass(frozen=True)
+class ServerTools:
+    """Issue 32: the MCP servers a caller of the OpenAI-compatible surface named (`{"type": "mcp", "server_label"}`),
+    run here. Only their tools that need no person's approval are offered or run (approval is a person's click on
+    the chat page, never a caller's word); `allowed`: the tool names a server may use (None: all of them)."""
+
+    allowed: dict[str, frozenset[str] | None]
+    runs_calls = True
+
+    def tools(self) -> list:
+        return [tool for tool in offered_tools(list(self.allowed)) if tool.server and not tool.needs_approval
+                and self._named(tool.server, tool.name)]
+
+    def _named(self, server: str, name: str) -> bool:
+        names = self.allowed.get(server)
+        return names is None or name.partition(SEPARATOR)[2] in names
+
+    def offered(self, *, last_round: bool) -> list[dict] | None:
+        return None if last_round else [tool.spec() for tool in self.tools()]
+
+    def allows(self, name: str) -> bool:
+        """Only a tool offered: of a server named, allowed, and needing no approval (whatever the model asked)."""
+        server = server_of(name)
+        if server not in self.allowed or not self._named(server, name):
+            return False
+        tool = get_tool(name)
+        return tool is not None and not tool.needs_approval
+
+    def received(self, received: list[it.Item]) -> list[it.Item]:
+        return received
+
+    def round_end(self, asked: list[it.Item], *, last_round: bool) -> tuple[RoundEnd, list[it.Item]]:
+        return (RoundEnd.RUN_CALLS if asked else RoundEnd.ANSWERED), []
+
+
+ToolPolicy = ArborTools | CallerTools | ServerTools

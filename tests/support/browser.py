@@ -7,6 +7,7 @@ Screenshots go to $ARBOR_SCREENSHOTS (default var/screenshots, outside git) for 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing
 import os
@@ -126,13 +127,21 @@ def asgi_server(django_db_setup) -> Iterator[AsgiServer]:
     Session-scoped: one server for every browser test. Tests that use it need `transaction=True`, so what
     they write is committed where the server can read it.
     """
+    with serving() as server:
+        yield server
+
+
+@contextlib.contextmanager
+def serving(**more: object) -> Iterator[AsgiServer]:
+    """A server as `asgi_server` starts it, with more settings of its own (a module's fixture: issue 32's MCP
+    servers, which the shared server must not offer to every other test)."""
     database = {**settings.DATABASES["default"]}
     files_dir = tempfile.mkdtemp(prefix="arbor-browser-files-")
     storages = {**settings.STORAGES, "default": {"BACKEND": "django.core.files.storage.FileSystemStorage",
                                                  "OPTIONS": {"location": files_dir}}}
     overrides = {"DATABASES": {"default": database}, "ALLOWED_HOSTS": ["127.0.0.1", "localhost"],
                  "ARBOR_MODELS": SERVER_MODELS,
-                 "STORAGES": storages}
+                 "STORAGES": storages, **more}
     process = _SpawnedDaphne(host="127.0.0.1", get_application=functools.partial(_application, overrides))
     process.daemon = True
     process.start()

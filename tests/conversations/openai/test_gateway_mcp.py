@@ -1,0 +1,118 @@
+"""Issue 32 on /v1: a Responses caller names an MCP server of Arbor's (`{"type": "mcp", "server_label": …}`, as
+OpenAI's hosted MCP tool) and its tools that need no approval run here, round after round, coming back as
+`mcp_call` items; a tool with effects never runs for a caller (F3, D4: only a person's click approves). Tested with
+the official `openai` SDK (strict validation) against a live Arbor whose ARBOR_MCP_SERVERS names the fixture server
+written with the official `mcp` SDK (tests/conversations/mcp/fixture_server.py), over stdio."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from rest_framework.authtoken.models import Token
+
+from conversations.models import Conversation, Node
+from tests.conversations.mcp.conftest import NOTES
+from tests.support.browser import serving
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MODEL = "arbor/echo"
+SERVER = {"type": "mcp", "server_label": "notes", "require_approval": "never"}
+
+
+@pytest.fixture(scope="module")
+def mcp_server(django_db_setup, django_db_blocker):
+    with django_db_blocker.unblock(), serving(ARBOR_MCP_SERVERS=json.dumps({"notes": NOTES})) as server:
+        yield server
+
+
+@pytest.fixture
+def client(mcp_server, user) -> openai.OpenAI:
+    return openai.OpenAI(api_key=Token.objects.create(user=user).key, base_url=f"{mcp_server.url}/v1",
+                         max_retries=0, _strict_response_validation=True)
+
+
+def _node(response) -> Node:
+    return Node.objects.get(pk=int(response.id.removeprefix("resp_")))
+
+
+def _offered(node: Node) -> set[str]:
+    return {tool["function"]["name"] for tool in node.call_settings.settings.get("tools", [])}
+
+
+def test_issue_32_t4_a_named_servers_read_only_tool_runs_here_and_comes_back_as_an_mcp_call(client, user):
+    response = client.responses.create(model=MODEL, input='#tool notes__lookup {"word": "oak"}', tools=[SERVER])
+    assert response.status == "completed" and [item.type for item in response.output] == ["mcp_call", "message"]
+    call = response.output[0]
+    assert (call.server_label, call.name, json.loads(call.arguments)) == ("notes", "lookup", {"word": "oak"})
+    assert call.output.startswith("oak: a word of 3 letters") and call.error is None and call.status == "completed"
+    assert "tool:oak: a word of 3 letters" in response.output_text, "the second round saw the result (T4)"
+    first = _node(response)
+    (second,) = Node.objects.filter(parent=first)
+    assert [i["type"] for i in second.sent] == ["tool_result"] and first.conversation.head_id == second.pk
+    assert _offered(first) == {"notes__lookup", "notes__count_notes", "notes__slow", "notes__crash", "notes__big",
+                               "notes__whoami", "notes__mixed", "notes__fail"}, "only tools that need no approval"
+    assert response.usage.total_tokens == first.usage["total_tokens"] + second.usage["total_tokens"]
+
+    again = client.responses.retrieve(response.id)
+    assert again.model_dump()["output"] == response.model_dump()["output"]
+    later = client.responses.create(model=MODEL, input="and then?", previous_response_id=response.id)
+    assert _node(later).parent_id == second.pk, "a response of rounds is continued below its last round"
+    assert client.responses.retrieve(later.id).previous_response_id == response.id
+    with pytest.raises(openai.ConflictError):
+        client.responses.delete(response.id)
+    client.responses.delete(later.id)
+    client.responses.delete(response.id)
+    assert not Node.objects.filter(pk__in=[first.pk, second.pk]).exists(), "every round of it went"
+
+
+def test_issue_32_a_streamed_response_says_each_mcp_call_as_openai_streams_it(client):
+    with client.responses.stream(model=MODEL, input='#tool notes__lookup {"word": "elm"}', tools=[SERVER]) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    called = kinds.index("response.mcp_call_arguments.delta")
+    assert kinds[called - 1:called + 5] == ["response.output_item.added", "response.mcp_call_arguments.delta",
+                                            "response.mcp_call_arguments.done", "response.mcp_call.in_progress",
+                                            "response.mcp_call.completed", "response.output_item.done"]
+    assert kinds.index("response.output_text.delta") > called, "the answer after the tool's result"
+    assert [item.type for item in final.output] == ["mcp_call", "message"]
+    assert final.output[0].output.startswith("elm: a word of 3 letters")
+    stored = client.responses.retrieve(final.id)  # the stream helper's items carry `parsed`: compared apart
+    assert stored.output[0].model_dump() == final.output[0].model_dump() and stored.output_text == final.output_text
+
+
+def test_issue_32_f3_d4_a_tool_with_effects_or_one_not_allowed_never_runs_for_a_caller(client):
+    wrote = client.responses.create(model=MODEL, input='#tool notes__write_note {"text": "sneaky"}', tools=[SERVER])
+    call = wrote.output[0]
+    assert call.type == "mcp_call" and call.status == "failed" and call.output is None
+    assert "need no person's approval" in call.error.content[0]["text"], "an error is the call's result (C4)"
+    narrowed = {**SERVER, "allowed_tools": ["count_notes"]}
+    counted = client.responses.create(model=MODEL, input="#tool notes__count_notes {}", tools=[narrowed])
+    assert counted.output[0].output.startswith("0 notes"), "the note was never written"
+    assert _offered(_node(counted)) == {"notes__count_notes"}
+    looked = client.responses.create(model=MODEL, input='#tool notes__lookup {"word": "x"}',
+                                     tools=[{**SERVER, "allowed_tools": {"tool_names": ["count_notes"]}}])
+    assert looked.output[0].status == "failed", "a tool the request did not allow is not run"
+
+
+@pytest.mark.parametrize(("tool", "says"), [
+    ({"type": "mcp", "server_label": "elsewhere"}, "no MCP server of this Arbor's"),
+    ({**SERVER, "server_url": "https://mcp.example.com/sse"}, "server_url"),
+    ({**SERVER, "headers": {"Authorization": "Bearer x"}}, "headers"),
+    ({**SERVER, "require_approval": "always"}, "person's click"),
+    ({**SERVER, "require_approval": {"always": {"tool_names": ["lookup"]}}}, "person's click"),
+    ({**SERVER, "allowed_tools": {"read_only": True}}, "read_only"),
+    ({**SERVER, "allowed_tools": "lookup"}, "list of tool names"),
+])
+def test_issue_32_a_request_for_what_this_server_will_not_run_is_refused_and_changes_nothing(client, tool, says):
+    with pytest.raises(openai.BadRequestError, match=says):
+        client.responses.create(model=MODEL, input="hi", tools=[tool])
+    mine = {"type": "function", "name": "mine", "parameters": {"type": "object", "properties": {}}}
+    with pytest.raises(openai.BadRequestError, match="cannot be sent together"):
+        client.responses.create(model=MODEL, input="hi", tools=[SERVER, mine])
+    with pytest.raises(openai.BadRequestError, match="named twice"):
+        client.responses.create(model=MODEL, input="hi", tools=[SERVER, SERVER])
+    assert not Conversation.objects.exists() and not Node.objects.exists()
