@@ -7,6 +7,7 @@ types/responses/), which the tests parse with strict validation.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.conf import settings
@@ -146,8 +147,43 @@ def input_items(value: Any, *, open_calls: dict[str, it.Item] | None = None) -> 
 
 
 def _is_earlier_turn(entry: Any) -> bool:
-    return isinstance(entry, dict) and (entry.get("type") == "function_call" or (
+    return isinstance(entry, dict) and (entry.get("type") in ("function_call", "mcp_call") or (
         entry.get("type", "message") == "message" and entry.get("role") == "assistant"))
+
+
+def _round_answer(messages: list[dict[str, Any]], node: str) -> dict[str, Any] | None:
+    """The answer a resent call of round `node` belongs to: the last message when it is an answer, or the answer of
+    that round's calls whose results follow it (a round's calls come before their results)."""
+    results = 0
+    while results < len(messages) and messages[-1 - results]["role"] == "tool":
+        results += 1
+    answer = messages[-1 - results] if results < len(messages) else None
+    if answer is None or answer["role"] != "assistant":
+        return None
+    return answer if results == 0 or answer.get("round") == node else None
+
+
+def _mcp_call_message(entry: dict, where: str, messages: list[dict[str, Any]]) -> None:
+    """A resent `mcp_call` (issue 32): the call this server ran, onto the answer it belongs to, then its result, as
+    they are stored (the call's own id is in the item's, `mcp_call_item`)."""
+    if not all(isinstance(entry.get(key), str) for key in ("id", "server_label", "name", "arguments")):
+        raise BadInput(f"{where}: an mcp_call has an id, a server_label, a name and its arguments as text.")
+    error = entry.get("error") if isinstance(entry.get("error"), dict) else {}
+    said = error.get("content") if isinstance(error.get("content"), list) else []
+    output = entry.get("output") if entry.get("output") is not None else "".join(
+        part["text"] for part in said if isinstance(part, dict) and isinstance(part.get("text"), str))
+    if not isinstance(output, str):
+        raise BadInput(f"{where}.output: expected text.")
+    ours = re.fullmatch(r"mcp_(\d+)_(.+)", entry["id"])  # `mcp_call_item`'s id: the round's node, the call's id
+    node, call_id = ours.groups() if ours else ("", entry["id"])
+    call = {"id": call_id, "type": "function", "function": {
+        "name": f"{entry['server_label']}{SEPARATOR}{entry['name']}", "arguments": entry["arguments"]}}
+    answer = _round_answer(messages, node)
+    if answer is None:
+        messages.append(answer := {"role": "assistant", "content": None})
+    answer.setdefault("tool_calls", []).append(call)
+    answer["round"] = node
+    messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
 
 
 def _history_message(entry: Any, where: str, messages: list[dict[str, Any]]) -> None:
@@ -155,7 +191,10 @@ def _history_message(entry: Any, where: str, messages: list[dict[str, Any]]) -> 
     kind = entry.get("type", "message") if isinstance(entry, dict) else type(entry).__name__
     role = entry.get("role") if isinstance(entry, dict) else None
     answer = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
-    if kind == "reasoning":
+    if kind in ("reasoning", "mcp_list_tools"):
+        return
+    if kind == "mcp_call":
+        _mcp_call_message(entry, where, messages)
         return
     if kind == "function_call":
         if not all(isinstance(entry.get(key), str) for key in ("call_id", "name", "arguments")):
@@ -194,7 +233,7 @@ def history_messages(value: Any) -> tuple[list[dict[str, Any]], list[int]] | Non
     positions: list[int] = []
     for index, entry in enumerate(value):
         _history_message(entry, f"input[{index}]", messages)
-        if len(positions) < len(messages):  # an item merged into the message before begins none of its own
+        while len(positions) < len(messages):  # an item merged into the message before begins none of its own
             positions.append(index)
     return messages, positions
 

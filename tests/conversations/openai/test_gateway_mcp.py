@@ -6,12 +6,14 @@ written with the official `mcp` SDK (tests/conversations/mcp/fixture_server.py),
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import openai
 import pytest
 from rest_framework.authtoken.models import Token
 
+from config.errors import BadInput
 from conversations.models import Conversation, Node
 from tests.conversations.mcp.conftest import NOTES
 from tests.support.browser import serving
@@ -116,3 +118,56 @@ def test_issue_32_a_request_for_what_this_server_will_not_run_is_refused_and_cha
     with pytest.raises(openai.BadRequestError, match="named twice"):
         client.responses.create(model=MODEL, input="hi", tools=[SERVER, SERVER])
     assert not Conversation.objects.exists() and not Node.objects.exists()
+
+
+def test_issue_32_an_agent_with_openais_hosted_mcp_tool_runs_it_here_and_its_resent_history_continues(
+        mcp_server, user):
+    """openai-agents' HostedMCPTool, unchanged, on its Responses model: the first run's mcp_call comes back as the
+    SDK's own item; the second run resends it in `input` (no previous_response_id), which matches the stored rounds,
+    so only the new question is recorded, below the first run's last round."""
+    from agents import Agent, HostedMCPTool, OpenAIResponsesModel, RunConfig, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)  # the SDK would export its traces to OpenAI: nothing leaves this machine
+    client = openai.AsyncOpenAI(api_key=Token.objects.create(user=user).key, base_url=f"{mcp_server.url}/v1",
+                                max_retries=0)
+    agent = Agent(name="librarian", instructions="Look words up.", model=OpenAIResponsesModel(
+        model=MODEL, openai_client=client), tools=[HostedMCPTool(tool_config=SERVER)])
+    config = RunConfig(tracing_disabled=True)
+
+    async def two_runs():
+        first = await Runner.run(agent, '#tool notes__lookup {"word": "ash"}', run_config=config)
+        second = await Runner.run(agent, [*first.to_input_list(), {"role": "user", "content": "And beech?"}],
+                                  run_config=config)
+        return first, second
+
+    first, second = asyncio.run(two_runs())
+    assert "tool:ash: a word of 3 letters" in first.final_output
+    assert [item.raw_item.type for item in first.new_items if hasattr(item.raw_item, "type")][0] == "mcp_call"
+    assert "And beech?" in second.final_output and second.final_output.count("tool:ash: a word") == 1
+    (conversation,) = Conversation.objects.filter(owner=user)
+    nodes = list(Node.objects.filter(conversation=conversation).order_by("pk"))
+    assert [n.parent_id for n in nodes] == [None, nodes[0].pk, nodes[1].pk], "one path: two rounds, then the next"
+    assert nodes[2].sent == [{"type": "user", "text": "And beech?"}], "only what was new was recorded"
+
+
+def test_issue_32_resent_mcp_calls_are_read_as_the_rounds_they_were():
+    """Two calls of one round, then a call of the next round: each round's calls are one answer, each followed by
+    its results (`shapes.history_messages`), and an error is the result's text (C4)."""
+    from conversations.openai.shapes import history_messages
+
+    def call(node, call_id, output=None, error=None):
+        return {"type": "mcp_call", "id": f"mcp_{node}_{call_id}", "server_label": "notes", "name": "lookup",
+                "arguments": "{}", "output": output, "error": error}
+
+    failed = {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": "error: no"}]}
+    messages, positions = history_messages([
+        {"role": "user", "content": "look twice"}, call(7, "call_a", "A"), call(7, "call_b", error=failed),
+        call(8, "call_c", "C"), {"type": "message", "role": "assistant", "content": "done"},
+        {"role": "user", "content": "next"}])
+    assert [(m["role"], [c["id"] for c in m.get("tool_calls", [])]) for m in messages] == [
+        ("user", []), ("assistant", ["call_a", "call_b"]), ("tool", []), ("tool", []), ("assistant", ["call_c"]),
+        ("tool", []), ("assistant", []), ("user", [])]
+    assert [m["content"] for m in messages if m["role"] == "tool"] == ["A", "error: no", "C"]
+    assert positions == [0, 1, 1, 2, 3, 3, 4, 5]
+    with pytest.raises(BadInput, match="server_label"):
+        history_messages([{"role": "user", "content": "q"}, {"type": "mcp_call", "id": "x"}])
