@@ -141,6 +141,13 @@ else:
     # A file, not memory: turn threads must see the test data. One per process: runs may overlap.
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "var" / f"test-arbor-{os.getpid()}.sqlite3")}
 
+# Issue 34: a PostgreSQL streaming replica for the reads that may lag (config/replica.py); the primary's pool
+# settings. In tests it is the primary itself (MIRROR): what a test writes, it reads.
+if os.environ.get("DATABASE_REPLICA_URL"):
+    DATABASES["replica"] = {**dj_database_url.parse(os.environ["DATABASE_REPLICA_URL"], conn_max_age=0),
+                            "OPTIONS": dict(DATABASES["default"].get("OPTIONS", {})), "TEST": {"MIRROR": "default"}}
+DATABASE_ROUTERS = ["config.replica.ReplicaRouter"]
+
 # No channel layer: nothing sends between consumers through one. A turn's events reach every tab and
 # process through its log (conversations/turns/log.py): Redis Streams when REDIS_URL is set, else the
 # database. With channels-redis, an idle socket's layer read hit redis's own read timeout and closed the

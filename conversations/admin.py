@@ -26,6 +26,7 @@ from django.urls import path, reverse
 from django.utils.safestring import mark_safe
 from rest_framework.authtoken.models import TokenProxy
 
+from config.replica import ListsMayLag
 from conversations import services, usage
 from conversations.errors import TurnInProgress
 from conversations.items import answer_text, question_of
@@ -98,7 +99,7 @@ def _node_url_maker() -> Callable[[int], str]:
     return lambda node_id: f"{head}{node_id}{tail}"
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(ListsMayLag, admin.ModelAdmin):
     """No adding, deleting or editing through the admin; viewing needs only the view permission."""
 
     def has_add_permission(self, request):
@@ -442,7 +443,7 @@ class UsageBudgetAdmin(admin.ModelAdmin):
 
 
 @admin.register(UsageEntry)
-class UsageEntryAdmin(admin.ModelAdmin):
+class UsageEntryAdmin(ListsMayLag, admin.ModelAdmin):
     """Issue 31: the ledger, read-only: a row is written with its call's ending, never by hand."""
     list_display = ["node_id", "owner", "day", "model", "input_tokens", "output_tokens", "cost_usd", "estimated"]
     list_filter = ["day", "model", "estimated"]

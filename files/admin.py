@@ -8,11 +8,12 @@ from django.template.defaultfilters import filesizeformat
 from django.urls import reverse
 from django.utils.html import format_html_join
 
+from config.replica import ListsMayLag
 from files.models import StoredFile
 
 
 @admin.register(StoredFile)
-class StoredFileAdmin(admin.ModelAdmin):
+class StoredFileAdmin(ListsMayLag, admin.ModelAdmin):
     list_display = ("id", "name", "owner", "kind", "content_type", "size_shown", "status", "created_at")
     list_filter = ("status", "kind")
     list_select_related = ("owner",)

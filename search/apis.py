@@ -8,6 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.errors import ArborError, BadInput
+from config.replica import reads_may_lag
 from conversations.llm import LLMError
 from conversations.models import Conversation
 from conversations.selectors import project_for_user
@@ -56,6 +57,7 @@ class Search(APIView):
                                                                "model failed, or none is set")},
                    description="Search over the caller's own conversations, every branch: word matches, or "
                                "similar messages.")
+    @reads_may_lag
     def get(self, request: Request) -> Response:
         mode = request.query_params.get("mode", "words")
         if mode not in MODES:

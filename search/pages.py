@@ -7,6 +7,7 @@ from django.shortcuts import render
 from django.urls import path
 from django.views.decorators.http import require_GET
 
+from config.replica import reads_may_lag
 from config.web import page
 from conversations.llm import LLMError
 from search.query import search_bubbles
@@ -19,6 +20,7 @@ logger = logging.getLogger("arbor.search")
 
 @require_GET
 @page
+@reads_may_lag
 def search(request: HttpRequest) -> HttpResponse:
     """Word matches, and beside them similar messages (nearest in meaning) the word matches did not show."""
     query = request.GET.get("q", "")

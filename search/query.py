@@ -24,6 +24,7 @@ from django.db import connection
 from django.utils.safestring import SafeString, mark_safe
 
 from config.errors import BadInput
+from config.replica import reading_connection
 from conversations.models import Conversation, Node
 from conversations.selectors import history_ids
 
@@ -183,7 +184,7 @@ def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False
     terms = _terms(query)
     if not terms:
         return []  # punctuation alone: no word to look for
-    with connection.cursor() as cursor:
+    with reading_connection().cursor() as cursor:  # the replica's in a search (issue 34)
         rows, used = [], terms
         # Retrieval asks by its distinctive words first; when they find nothing here (none, or only in the
         # excluded conversation), by all of them: a slower search beats none.
@@ -260,7 +261,7 @@ def on_current_paths(hits: Iterable[tuple[int, int]]) -> set[int]:
     if connection.vendor != "postgresql":
         paths = current_paths({conversation for conversation, _ in pairs})
         return {node for conversation, node in pairs if node in paths.get(conversation, ())}
-    with connection.cursor() as cursor:
+    with reading_connection().cursor() as cursor:  # the replica's in a search (issue 34)
         cursor.execute(_ON_PATHS, [[c for c, _ in pairs], [n for _, n in pairs], settings.ARBOR_PATH_DEPTH_LIMIT])
         return {row[0] for row in cursor.fetchall()}
 

@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 
 from config.api import error_body, paginated, valid_input
 from config.errors import ArborError, BadInput, NotFound
+from config.replica import reads_may_lag
 from config.schema import SSE, PaginatedList
 from config.streams import StreamSlotView
 from conversations import services, usage
@@ -52,6 +53,7 @@ logger = logging.getLogger("arbor.api")
 
 class ConversationListCreate(PaginatedList, APIView):
     @extend_schema(responses=s.ConversationOut(many=True))
+    @reads_may_lag
     def get(self, request: Request) -> Response:
         return paginated(self, request, conversation_list(user=request.user), s.ConversationOut)
 
@@ -392,8 +394,8 @@ class ConversationTree(APIView):
         "drafts and failed turns included; side calls (titles, summarising calls) left out. `head` is the entry "
         "holding the head; `on_path` marks the head's path."))
     def get(self, request: Request, conversation_id: int) -> Response:
-        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-        return Response(s.TreeOut(tree_map(conversation)).data)
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)  # the primary's
+        return Response(s.TreeOut(reads_may_lag(tree_map)(conversation)).data)
 
 
 # --- usage and budgets (issue 31) ------------------------------------------------------------------
