@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,8 +78,21 @@ TOKEN = """
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 user = get_user_model().objects.create_user("replica-reader", password="not used here")
+get_user_model().objects.create_superuser("replica-staff", password="staff-pass-1")
 print(Token.objects.create(user=user).key)
 """
+
+
+def _staff_session(server: Server) -> requests.Session:
+    """A signed-in staff member's browser session (the admin's sign-in form, with its CSRF token)."""
+    staff = requests.Session()
+    form = staff.get(server.url("/admin/login/"))
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
+    signed = staff.post(server.url("/admin/login/"), data={"username": "replica-staff", "password": "staff-pass-1",
+                                                           "csrfmiddlewaretoken": token, "next": "/admin/"},
+                        headers={"Referer": server.url("/admin/login/")})
+    assert signed.status_code == 200 and "/admin/login/" not in signed.url, signed.text[-500:]
+    return staff
 
 
 def _until(check, what: str, seconds: float = 20.0):
@@ -128,10 +142,16 @@ def test_issue_34_reads_that_may_lag_read_the_replica_and_a_turn_reads_the_prima
                 time.sleep(1)  # what would have reached a replica that replays
                 assert "beta" not in listed() and "alpha" in listed(), "the list reads the replica, which lags"
                 assert not found("chestnuts"), "the search reads the replica"
+                staff = _staff_session(server)
+                assert ">beta<" not in staff.get(server.url("/admin/conversations/conversation/")).text, \
+                    "the admin's list reads the replica"
+                own = staff.get(server.url(f"/admin/conversations/conversation/{beta}/change/"))
+                assert own.status_code == 200 and "beta" in own.text, "an object's own page reads the primary"
                 tree = api.get(server.url(f"/api/conversations/{beta}/tree/"))
                 assert tree.status_code == 200 and tree.json()["nodes"] == [], "the tree map reads the replica"
             finally:
                 paused.execute("SELECT pg_wal_replay_resume()")
         _until(lambda: "beta" in listed(), "the replica showing beta")
+        assert ">beta<" in _staff_session(server).get(server.url("/admin/conversations/conversation/")).text
         assert _until(lambda: found("chestnuts"), "the search finding beta's words")
         assert len(api.get(server.url(f"/api/conversations/{beta}/tree/")).json()["nodes"]) == 2
