@@ -197,6 +197,11 @@ class Node(TreeNode):
                                       db_index=False)  # never looked up from this side
     # R2: whether this call's context kept earlier calls' retrieved items (the conversation's policy then).
     keep_ephemeral = models.BooleanField(default=False)
+    # A turn's later rounds (issue 32): the node of the turn's first call, which names the turn as a /v1 response
+    # (`openai.shapes.rounds_of`). None on a turn's first call. Written by the runner only, so nothing sent from
+    # outside can make a call another response's round.
+    first_round = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="later_rounds", db_index=False)
     # R2 (issue 29): the parts of each large document this call was sent, by file id, as chosen for its question
     # then (by words and, once the worker embedded the document, by meaning): "what the model saw" shows these,
     # whatever an embedding call would answer now. None: the call sent no large document.
@@ -235,6 +240,8 @@ class Node(TreeNode):
             models.Index(fields=["conversation"], condition=Q(parent__isnull=True), name="node_conversation_roots"),
             # The few nodes a person named or starred: a chat page reads them on every load (issue 16).
             models.Index(fields=["conversation"], condition=Q(starred=True) | ~Q(label=""), name="node_marked"),
+            # A turn's later rounds, by its first call (only nodes that have one are indexed).
+            models.Index(fields=["first_round"], condition=Q(first_round__isnull=False), name="node_later_rounds"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(kind__in=NodeKind.values),

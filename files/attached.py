@@ -5,6 +5,7 @@ assembled, never copied per call."""
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -101,6 +102,13 @@ def parts_chosen(found: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     return chosen or None
 
 
+@functools.lru_cache(maxsize=64)
+def _question_vector(model: str, question: str) -> tuple[float, ...] | None:
+    """The question's vector, asked of the provider once for every round of a turn (a failure is not kept)."""
+    vector = query_vector(question, timeout=QUERY_TIMEOUT_SECONDS)
+    return None if vector is None else tuple(vector)
+
+
 def _closeness(large: dict[int, str], question: str) -> dict[int, list[float]]:
     """Each large document's chunks' cosine similarity to `question`, for those the worker has embedded whole with
     the current model; none when none is, or when the question's embedding call fails (words alone choose)."""
@@ -115,7 +123,7 @@ def _closeness(large: dict[int, str], question: str) -> dict[int, list[float]]:
     if not whole:
         return {}
     try:
-        asked = query_vector(question, timeout=QUERY_TIMEOUT_SECONDS)
+        asked = _question_vector(model, question)
     except llm.LLMError as error:
         logger.warning("choosing a document's parts by words alone: the question's embedding failed: %s", error)
         return {}

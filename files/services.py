@@ -116,6 +116,8 @@ def file_delete(*, user, file_id: int) -> None:
     stored = file_for_user(user=user, file_id=file_id)
     with transaction.atomic():
         _bytes_lock(stored.blob.name)  # an upload of the same bytes waits, then stores them again if they went
+        # The worker's `embed_file` holds this row while it writes the file's vectors: the delete sees them all.
+        StoredFile.objects.select_for_update().filter(pk=stored.pk).first()
         try:
             stored.delete()
         except ProtectedError:

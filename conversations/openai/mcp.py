@@ -43,14 +43,23 @@ def servers_named(value: Any) -> ServerTools | None:
             if tool.get(key) is not None:
                 raise BadInput(f"{where}.{key}: this server reaches only the MCP servers its staff configured, by "
                                "server_label, with their own credentials.", param="tools")
-        _check_approval(tool.get("require_approval"), where)
-        allowed[label] = _allowed_tools(tool.get("allowed_tools"), where)
+        allowed[label] = _narrowed(_allowed_tools(tool.get("allowed_tools"), where),
+                                   _never_asked(tool.get("require_approval"), where))
     return ServerTools(allowed=allowed)
 
 
-def _check_approval(value: Any, where: str) -> None:
-    if value is None or value == "never" or (isinstance(value, dict) and set(value) <= {"never"}):
-        return
+def _narrowed(allowed: frozenset[str] | None, never: frozenset[str] | None) -> frozenset[str] | None:
+    return never if allowed is None else allowed if never is None else allowed & never
+
+
+def _never_asked(value: Any, where: str) -> frozenset[str] | None:
+    """`require_approval`: "never" (or left out) for every tool, or `{"never": {"tool_names": […]}}` for those
+    alone (OpenAI's reading: any other would ask, and asking is refused here); None for every tool."""
+    if value is None or value == "never":
+        return None
+    if isinstance(value, dict) and set(value) == {"never"} and isinstance(value["never"], dict) and set(
+            value["never"]) <= {"tool_names"}:
+        return _allowed_tools(value["never"].get("tool_names"), f"{where}.require_approval.never")
     raise BadInput(f"{where}.require_approval: a tool that needs approval waits for a person's click on Arbor's "
                    "chat page, never for a caller's; on /v1 only tools that need none run. Send \"never\" or leave "
                    "it out.", param="tools")

@@ -11,13 +11,11 @@ import re
 from typing import Any
 
 from django.conf import settings
-from django.db import models
 
 from config.errors import BadInput, NotFound, TooLarge
 from conversations import items as it
 from conversations.models import Node
 from conversations.openai.parts import user_content
-from conversations.tools import server_of
 from conversations.tools.mcp.tools import SEPARATOR
 
 RESPONSE_PREFIX = "resp_"
@@ -163,15 +161,25 @@ def _round_answer(messages: list[dict[str, Any]], node: str) -> dict[str, Any] |
     return answer if results == 0 or answer.get("round") == node else None
 
 
+def _error_text(error: Any) -> str:
+    """A resent mcp_call's error as the result's text: as `mcp_call_item` wrote it (a tool's error content), a
+    protocol or HTTP error's message, or a text."""
+    if isinstance(error, str):
+        return error
+    if not isinstance(error, dict):
+        return ""
+    if isinstance(error.get("message"), str):
+        return error["message"]
+    said = error.get("content") if isinstance(error.get("content"), list) else []
+    return "".join(part["text"] for part in said if isinstance(part, dict) and isinstance(part.get("text"), str))
+
+
 def _mcp_call_message(entry: dict, where: str, messages: list[dict[str, Any]]) -> None:
     """A resent `mcp_call` (issue 32): the call this server ran, onto the answer it belongs to, then its result, as
     they are stored (the call's own id is in the item's, `mcp_call_item`)."""
     if not all(isinstance(entry.get(key), str) for key in ("id", "server_label", "name", "arguments")):
         raise BadInput(f"{where}: an mcp_call has an id, a server_label, a name and its arguments as text.")
-    error = entry.get("error") if isinstance(entry.get("error"), dict) else {}
-    said = error.get("content") if isinstance(error.get("content"), list) else []
-    output = entry.get("output") if entry.get("output") is not None else "".join(
-        part["text"] for part in said if isinstance(part, dict) and isinstance(part.get("text"), str))
+    output = entry.get("output") if entry.get("output") is not None else _error_text(entry.get("error"))
     if not isinstance(output, str):
         raise BadInput(f"{where}.output: expected text.")
     ours = re.fullmatch(r"mcp_(\d+)_(.+)", entry["id"])  # `mcp_call_item`'s id: the round's node, the call's id
@@ -270,7 +278,9 @@ def function_call_item(node: Node, call: it.Item) -> dict[str, Any]:
 def mcp_call_item(node: Node, call: it.Item, result: it.Item | None) -> dict[str, Any]:
     """Issue 32: a call this server ran in one of its MCP servers, with its result once the next round carried it
     (an error result is the item's `error`, C4)."""
-    server, _, tool = call["name"].partition(SEPARATOR)
+    server, separator, tool = call["name"].partition(SEPARATOR)
+    if not separator:  # a tool of Arbor's own, or a name no server has (its result says it was not run)
+        server, tool = "arbor", call["name"]
     failed = result is not None and result.get("is_error")
     return {"id": f"mcp_{node.pk}_{call['id']}", "type": "mcp_call", "server_label": server, "name": tool,
             "arguments": call["arguments"], "approval_request_id": None,
@@ -281,58 +291,33 @@ def mcp_call_item(node: Node, call: it.Item, result: it.Item | None) -> dict[str
 
 
 def output_of(node: Node, results: dict[str, it.Item] | None = None) -> list[dict[str, Any]]:
-    """The answer's text as one message, then each call, in the order the model wrote them: a function call (the
-    client's, or a tool of Arbor's own), or a call run in an MCP server with its result from `results` (by id)."""
+    """The answer's text as one message, then each call, in the order the model wrote them: the client's as a
+    function call, for it to run; one this server ran (or refused) as an `mcp_call` with its result from
+    `results` (by id), so no client takes it for one of its own."""
     text = it.answer_text(node.received)
     items = [message_item(node, text)] if text else []
     for call in it.tool_calls(node.received):
-        ran_here = not call.get("client") and server_of(call["name"]) is not None
-        items.append(mcp_call_item(node, call, (results or {}).get(call["id"])) if ran_here
-                     else function_call_item(node, call))
+        items.append(function_call_item(node, call) if call.get("client")
+                     else mcp_call_item(node, call, (results or {}).get(call["id"])))
     return items
 
 
 # --- a response of several rounds (issue 32) ------------------------------------------------------------------
 
 
-def _calls_run_here(node: Node) -> set[str]:
-    return {call["id"] for call in it.tool_calls(node.received) if not call.get("client")}
-
-
-def _carries_results_of(node: Node, calls: set[str]) -> bool:
-    """Whether `node`'s call sent nothing but results of `calls`: the next round of the same turn."""
-    return bool(calls) and bool(node.sent) and all(
-        item.get("type") == "tool_result" and item.get("call_id") in calls for item in node.sent)
-
-
 def rounds_of(node: Node) -> list[Node]:
-    """The calls one response made: `node`, then each round that carried the results of the calls run here (an MCP
-    server's, or Arbor's own tools') to the model, below it or below the compaction made between them (C2).
-    One node for a response whose calls were the client's or that made none."""
-    chain = [node]
-    while calls := _calls_run_here(chain[-1]):
-        below = Node.objects.filter(models.Q(parent=chain[-1]) | models.Q(
-            parent__kind=Node.Kind.COMPACTION, parent__compacted_from=chain[-1]), kind=Node.Kind.TURN).order_by("-pk")
-        following = next((n for n in below[:ROUNDS_LOOKED_AT] if _carries_results_of(n, calls)), None)
-        if following is None:
-            break
-        chain.append(following)
-    return chain
+    """The calls one response made: `node`, then the later rounds of its turn (`Node.first_round`), which carried
+    the results of the calls run here (an MCP server's, or Arbor's own tools') to the model. One node, and no
+    query, for a response whose calls were the client's or that made none."""
+    if all(call.get("client") for call in it.tool_calls(node.received)):
+        return [node]
+    first = node.first_round_id or node.pk
+    return [node, *Node.objects.filter(first_round_id=first, pk__gt=node.pk).order_by("pk")]
 
 
 def first_round(node: Node) -> Node:
-    """The response `node` is a round of: up while a node only carried its parent's results."""
-    while node.parent_id is not None:
-        parent = Node.objects.get(pk=node.parent_id)
-        if parent.kind == Node.Kind.COMPACTION and parent.compacted_from_id is not None:
-            parent = Node.objects.get(pk=parent.compacted_from_id)
-        if not _carries_results_of(node, _calls_run_here(parent)):
-            break
-        node = parent
-    return node
-
-
-ROUNDS_LOOKED_AT = 20  # the newest nodes below a round that may be its next one (forks of it come after)
+    """The response `node` is a round of (itself, with no query, when it is a turn's first call)."""
+    return node if node.first_round_id is None else Node.objects.get(pk=node.first_round_id)
 
 
 # What a response says of a request that sent nothing else (OpenAI's own defaults); a create says back what it

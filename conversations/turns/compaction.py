@@ -239,7 +239,8 @@ class _Summariser:
         a document said survives into the summary."""
         return assemble(path, sent, instructions=self.instructions, provider=self.provider,
                         keep_ephemeral=self.keep_ephemeral,
-                        attached=attached.contents(self.conversation.owner_id, path, sent))
+                        # A large document's parts by words, as "what the model saw" shows this call's (R2).
+                        attached=attached.contents(self.conversation.owner_id, path, sent, recorded={}))
 
     def _count(self, messages: list[dict]) -> int:
         return llm.count_tokens(self.model, messages)

@@ -32,12 +32,12 @@ CLIENT = "client"  # the provider of a call a client made elsewhere and sent as 
 
 def start(*, conversation: Conversation | None, parent: PathNode | None, kind: str, sent: list[it.Item],
           model: str, instructions: str = "", keep_ephemeral: bool = False, call_settings: dict | None = None,
-          file_parts: dict | None = None, writes: Together | None = None) -> Node:
+          file_parts: dict | None = None, first_round: int | None = None, writes: Together | None = None) -> Node:
     """T3: the node exists, pending, before its call; its token count and its path's are kept (C1). With
     `writes`, it is written with that batch (its key is known once the batch ran: `writes.pk_of`).
     `call_settings`: what the call sends beside its messages (`llm.wire_settings`), kept once for all calls that
     send the same (`CallSettings`), in the same batch. `file_parts`: the large documents' parts the call is sent
-    (`files.attached.parts_chosen`)."""
+    (`files.attached.parts_chosen`). `first_round`: the node of its turn's first call, for a later round."""
     provider = llm.provider_of(model)
     tokens = budget.items_tokens(sent, model=model, provider=provider)
     kept = _kept_settings(call_settings)
@@ -45,7 +45,7 @@ def start(*, conversation: Conversation | None, parent: PathNode | None, kind: s
         parent_id=parent.id if parent else None, conversation=conversation, kind=kind,
         status=Node.Status.PENDING, sent=sent, provider=provider, model=model, instructions=instructions,
         keep_ephemeral=keep_ephemeral, tokens=tokens, path_tokens=(parent.stored_path_tokens if parent else 0) + tokens,
-        call_settings_id=kept and kept.digest, file_parts=file_parts,
+        call_settings_id=kept and kept.digest, file_parts=file_parts, first_round_id=first_round,
     )
     with together(writes) as batch:
         if kept is not None:

@@ -190,10 +190,13 @@ class Turn:
                      ) -> Generator[TurnEvent, None, tuple[list[PathNode], Node | None, list[dict]]]:
         """The round's sent items (the open calls' results first), a compaction if the call needs one, and its
         pending node; None for the node when a stop ended the turn meanwhile."""
-        sent = [*(calls.resolve(self._open, run=True, stop_requested=self.stop_requested,
-                                owner_id=self.conversation.owner_id, allowed=self.tools.allows,
-                                conversation_id=self.conversation.pk)
-                  if self._open else []),
+        # A call the new items answer already (a caller's function call, before it names MCP servers: issue 32)
+        # gets no second result.
+        answered = {item["call_id"] for item in self.new_items if item.get("type") == "tool_result"}
+        sent = [*(result for result in (calls.resolve(self._open, run=True, stop_requested=self.stop_requested,
+                                                      owner_id=self.conversation.owner_id, allowed=self.tools.allows,
+                                                      conversation_id=self.conversation.pk) if self._open else [])
+                  if result["call_id"] not in answered),
                 *self.new_items]
         self.new_items = []
         try:
@@ -315,7 +318,7 @@ class Turn:
             node = records.start(conversation=self.conversation, parent=parent, kind=Node.Kind.TURN, sent=sent,
                                  model=self.model, instructions=self.instructions, call_settings=call_settings,
                                  keep_ephemeral=self.conversation.keep_retrieved, file_parts=file_parts,
-                                 writes=writes)
+                                 first_round=self.nodes[0] if self.nodes else None, writes=writes)
             records.question_bubble(node, sent, writes=writes)
             results = [i for i in sent if i.get("type") == "tool_result"]
             if results and self._open is not None:

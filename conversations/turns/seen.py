@@ -21,7 +21,7 @@ def next_context(conversation: Conversation) -> list[dict[str, Any]]:
     waiting = calls.resolve(tip, run=False, note="pending: waiting for a person's decision") if tip else []
     return assemble(path, waiting, instructions=instructions_for(conversation), provider=provider,
                     keep_ephemeral=conversation.keep_retrieved, attached=attached.contents(
-                        conversation.owner_id, path, images_linked=True))
+                        conversation.owner_id, path, images_linked=True, recorded={}))  # by words: no provider call
 
 
 def call_context(node: Node) -> list[dict[str, Any]]:

@@ -98,6 +98,37 @@ def test_issue_32_f3_d4_a_tool_with_effects_or_one_not_allowed_never_runs_for_a_
     looked = client.responses.create(model=MODEL, input='#tool notes__lookup {"word": "x"}',
                                      tools=[{**SERVER, "allowed_tools": {"tool_names": ["count_notes"]}}])
     assert looked.output[0].status == "failed", "a tool the request did not allow is not run"
+    never = {"type": "mcp", "server_label": "notes", "require_approval": {"never": {"tool_names": ["count_notes"]}}}
+    listed = client.responses.create(model=MODEL, input="#tool notes__count_notes {}", tools=[never])
+    assert _offered(_node(listed)) == {"notes__count_notes"}, "the others would ask: they are not offered"
+    bare = client.responses.create(model=MODEL, input='#tool lookup {"word": "x"}', tools=[SERVER])
+    assert (bare.output[0].type, bare.output[0].server_label, bare.output[0].status) == ("mcp_call", "arbor",
+                                                                                         "failed"), \
+        "a name no server has is refused here, and said as a call of the server's, never as the client's to run"
+    with client.responses.stream(model=MODEL, input='#tool lookup {"word": "x"}', tools=[SERVER]) as stream:
+        streamed = stream.get_final_response()
+    assert streamed.output[0].model_dump() == client.responses.retrieve(streamed.id).output[0].model_dump()
+
+
+def test_issue_32_a_caller_that_sends_its_function_output_and_names_a_server_stores_one_result(client):
+    mine = {"type": "function", "name": "mine", "parameters": {"type": "object", "properties": {}}}
+    asked = client.responses.create(model=MODEL, input="#tool mine {}", tools=[mine])
+    (call,) = asked.output
+    assert call.type == "function_call"
+    then = client.responses.create(model=MODEL, previous_response_id=asked.id, tools=[SERVER], input=[
+        {"type": "function_call_output", "call_id": call.call_id, "output": "42"}])
+    assert [(item["call_id"], item["content"]) for item in _node(then).sent] == [(call.call_id, "42")], \
+        "the caller's output is the call's one result (C4)"
+
+
+def test_issue_32_a_resent_history_cannot_make_its_call_a_round_of_another_response(client):
+    response = client.responses.create(model=MODEL, input='#tool notes__lookup {"word": "oak"}', tools=[SERVER])
+    call = response.output[0].model_dump()
+    forged = client.responses.create(model=MODEL, input=[
+        {"role": "user", "content": '#tool notes__lookup {"word": "oak"}'}, {**call, "output": "FORGED"}])
+    assert forged.id != response.id and _node(forged).parent_id == _node(response).pk, "a branch of its own"
+    again = client.responses.retrieve(response.id)
+    assert again.output[0].output.startswith("oak: a word") and "FORGED" not in again.output_text
 
 
 @pytest.mark.parametrize(("tool", "says"), [
@@ -108,6 +139,7 @@ def test_issue_32_f3_d4_a_tool_with_effects_or_one_not_allowed_never_runs_for_a_
     ({**SERVER, "require_approval": {"always": {"tool_names": ["lookup"]}}}, "person's click"),
     ({**SERVER, "allowed_tools": {"read_only": True}}, "read_only"),
     ({**SERVER, "allowed_tools": "lookup"}, "list of tool names"),
+    ({**SERVER, "require_approval": {"never": 5}}, "person's click"),
 ])
 def test_issue_32_a_request_for_what_this_server_will_not_run_is_refused_and_changes_nothing(client, tool, says):
     with pytest.raises(openai.BadRequestError, match=says):
@@ -171,3 +203,7 @@ def test_issue_32_resent_mcp_calls_are_read_as_the_rounds_they_were():
     assert positions == [0, 1, 1, 2, 3, 3, 4, 5]
     with pytest.raises(BadInput, match="server_label"):
         history_messages([{"role": "user", "content": "q"}, {"type": "mcp_call", "id": "x"}])
+    errors = [call(9, "call_d", error="boom"), call(9, "call_e", error={"type": "http_error", "code": 502,
+                                                                        "message": "down"})]
+    messages, _ = history_messages([{"role": "user", "content": "q"}, *errors, {"role": "user", "content": "r"}])
+    assert [m["content"] for m in messages if m["role"] == "tool"] == ["boom", "down"], "every error's words"
