@@ -16,6 +16,7 @@ from django.core.files.storage import default_storage
 
 from conversations import items as it
 from conversations import llm
+from files import embedding
 from files.chunks import best_chunks, chunked
 from files.models import FileChunkVector, StoredFile
 from search.similar import QUERY_TIMEOUT_SECONDS, query_vector
@@ -120,6 +121,8 @@ def _closeness(large: dict[int, str], question: str) -> dict[int, list[float]]:
     for file_id, vector in rows.values_list("file_id", "vector"):
         stored.setdefault(file_id, []).append(bytes(vector))
     whole = {file_id: vectors for file_id, vectors in stored.items() if len(vectors) == len(chunked(large[file_id]))}
+    if len(whole) < len(large):  # read while no model was set, its job given up, or another model's: embed it now
+        embedding.vectors_wanted([file_id for file_id in large if file_id not in whole])
     if not whole:
         return {}
     try:

@@ -4,7 +4,9 @@ meaning as well as by words (`chunks.best_chunks`).
 The `embed_file` job follows a document's reading (`services.extract_job`) when its text is longer than a call
 takes whole and an embedding model is set. It is idempotent (a file with the current model's vectors is left) and
 a failed embedding call fails the job, which the worker retries; meanwhile calls choose by words alone. After a
-change of embedding model the `embed-files` sweep embeds again what has only the old model's vectors.
+change of embedding model the `embed-files` sweep embeds again what has only the old model's vectors, and a call
+that chooses parts of a document with no vectors of the current model (read while no model was set, or its job
+given up) queues its job (`vectors_wanted`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from conversations import outbox
+from conversations.models import OutboxJob
 from files.chunks import chunked
 from files.models import FileChunkVector, StoredFile
 from search.embedding import vectors_of
@@ -55,6 +59,15 @@ def embed_file_job(payload: dict[str, Any]) -> None:
     model = settings.ARBOR_EMBEDDING_MODEL
     if model and not FileChunkVector.objects.filter(file_id=payload["file"], model=model).exists():
         embed_file(int(payload["file"]), model)
+
+
+def vectors_wanted(file_ids: list[int]) -> None:
+    """Queue `embed_file` for these documents a call chose parts of without their vectors, unless one waits."""
+    waiting = set(OutboxJob.objects.filter(kind="embed_file", status=OutboxJob.Status.PENDING,
+                                           payload__file__in=file_ids).values_list("payload__file", flat=True))
+    for file_id in file_ids:
+        if file_id not in waiting:
+            outbox.enqueue(kind="embed_file", payload={"file": file_id})
 
 
 def backfill() -> bool:

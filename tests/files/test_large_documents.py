@@ -158,3 +158,19 @@ def test_issue_29_a_file_deleted_while_its_parts_are_embedded_gets_no_vectors(ap
     monkeypatch.setattr(embedding, "vectors_of", deleted_meanwhile)
     assert embedding.embed_file(book["id"], "arbor/echo-embed") == 0
     assert not FileChunkVector.objects.exists() and not StoredFile.objects.exists()
+
+
+def test_issue_29_a_document_read_while_no_model_was_set_is_embedded_once_a_call_chooses_from_it(
+        api, conversation, user, settings):
+    settings.ARBOR_FILE_WHOLE_CHARS = 4500
+    settings.ARBOR_EMBEDDING_MODEL = ""
+    book = ready(api, "handbook.txt", handbook())
+    worker.run_due()
+    assert not OutboxJob.objects.filter(kind="embed_file").exists()
+    settings.ARBOR_EMBEDDING_MODEL = "arbor/echo-embed"
+    assert _ask(user, conversation, VOLCANIC, [book["id"]]).file_parts[str(book["id"])]["by"] == BY_WORDS
+    _ask(user, conversation, VOLCANIC + "?")
+    assert OutboxJob.objects.filter(kind="embed_file", status="pending").count() == 1, "one job, however many calls"
+    worker.run_due()
+    assert FileChunkVector.objects.filter(file_id=book["id"], model="arbor/echo-embed").count() == 8
+    assert _ask(user, conversation, VOLCANIC + "!").file_parts[str(book["id"])]["by"] == BY_MEANING
