@@ -1,9 +1,10 @@
 """Reads that may lag go to a PostgreSQL streaming replica (issue 34), when `DATABASE_REPLICA_URL` names one.
 
 A replica applies the primary's changes a moment later, so only reads a person would not miss for that moment
-go there: search, the conversation lists, the tree map, exports and the admin's lists. They run inside
-`reads_may_lag()` (or a view wrapped by it); everything else (a turn, its lock, the head, what a person just
-wrote and reads back, every write) stays on the primary. Without a replica every read is the primary's.
+go there: the word search, the conversation list and the admin's lists. They run inside `reads_may_lag` (or a
+view wrapped by it); everything else (a turn, its lock, the head, what a person just wrote and reads back, an
+ownership check, an export's one snapshot, the tree map a person marks, similar messages, whose vectors a turn's
+retrieval shares, every write) stays on the primary. Without a replica every read is the primary's.
 """
 
 from __future__ import annotations
@@ -38,26 +39,6 @@ def reads_may_lag(function: Callable[..., Any]) -> Callable[..., Any]:
         with _lagging():
             return function(*args, **kwargs)
     return lagging
-
-
-def lagging_parts(produce: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
-    """`produce()`'s parts, each made with its reads on the replica (a streamed body is made after its view
-    returned, in whatever thread sends it)."""
-    def parts() -> Iterator[Any]:
-        made = produce()
-        try:
-            while True:
-                with _lagging():
-                    try:
-                        part = next(made)
-                    except StopIteration:
-                        return
-                yield part
-        finally:
-            close = getattr(made, "close", None)
-            if close is not None:
-                close()
-    return parts
 
 
 class ReplicaRouter:

@@ -19,6 +19,7 @@ from conversations import llm
 from files import embedding
 from files.chunks import best_chunks, chunked
 from files.models import FileChunkVector, StoredFile
+from search.chunks import CHUNK_CHARS
 from search.similar import QUERY_TIMEOUT_SECONDS, query_vector
 from search.vectors import to_bytes
 
@@ -126,7 +127,7 @@ def _closeness(large: dict[int, str], question: str) -> dict[int, list[float]]:
     if not whole:
         return {}
     try:
-        asked = _question_vector(model, question)
+        asked = _question_vector(model, question[:CHUNK_CHARS])  # all an embedding of it reads
     except llm.LLMError as error:
         logger.warning("choosing a document's parts by words alone: the question's embedding failed: %s", error)
         return {}

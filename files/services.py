@@ -96,6 +96,7 @@ def drop_unsent_job(payload: dict[str, Any]) -> None:
     for file_id, path in payload["files"]:
         with transaction.atomic():
             _bytes_lock(path)
+            StoredFile.objects.select_for_update().filter(pk=file_id).first()  # its vectors written first (`embedding`)
             try:
                 StoredFile.objects.filter(pk=file_id).delete()
             except ProtectedError:

@@ -57,7 +57,6 @@ class Search(APIView):
                                                                "model failed, or none is set")},
                    description="Search over the caller's own conversations, every branch: word matches, or "
                                "similar messages.")
-    @reads_may_lag
     def get(self, request: Request) -> Response:
         mode = request.query_params.get("mode", "words")
         if mode not in MODES:
@@ -70,7 +69,8 @@ class Search(APIView):
         if project is not None:  # issue 30: the caller's own project (anyone else's is a 404)
             project = project_for_user(user=request.user, project_id=project).pk
         if mode == "words":
-            hits = search_bubbles(user=request.user, query=query, project=project or None)
+            # Issue 34: the word index may lag (a replica's); the project's ownership above was the primary's.
+            hits = reads_may_lag(search_bubbles)(user=request.user, query=query, project=project or None)
         else:
             if not settings.ARBOR_EMBEDDING_MODEL:
                 raise ArborError("no embedding model is set (ARBOR_EMBEDDING_MODEL): only word matches are found",

@@ -394,8 +394,8 @@ class ConversationTree(APIView):
         "drafts and failed turns included; side calls (titles, summarising calls) left out. `head` is the entry "
         "holding the head; `on_path` marks the head's path."))
     def get(self, request: Request, conversation_id: int) -> Response:
-        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)  # the primary's
-        return Response(s.TreeOut(reads_may_lag(tree_map)(conversation)).data)
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        return Response(s.TreeOut(tree_map(conversation)).data)
 
 
 # --- usage and budgets (issue 31) ------------------------------------------------------------------

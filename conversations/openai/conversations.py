@@ -125,9 +125,13 @@ def items_of(conversation: Conversation) -> list[dict[str, Any]]:
     steps = [step for step in history_path(conversation.head_id)
              if step.kind == Node.Kind.TURN and step.status != Node.Status.PENDING]
     results = {item["call_id"]: item for step in steps for item in step.sent if item.get("type") == "tool_result"}
+    ran_here = {call["id"] for step in steps for call in it.tool_calls(step.received) if not call.get("client")}
     for step in steps:
         node = Node(pk=step.id, sent=step.sent, received=step.received)
-        listed += input_items_of(node) + output_of(node, results)  # an MCP call with its result (issue 32)
+        # A call run here is one mcp_call item with its result (issue 32): its result is not listed again.
+        listed += [item for item in input_items_of(node)
+                   if item["type"] != "function_call_output" or item["call_id"] not in ran_here]
+        listed += output_of(node, results)
     return listed + shown_waiting(conversation.pending_input)
 
 

@@ -58,7 +58,7 @@ def _never_asked(value: Any, where: str) -> frozenset[str] | None:
     if value is None or value == "never":
         return None
     if isinstance(value, dict) and set(value) == {"never"} and isinstance(value["never"], dict) and set(
-            value["never"]) <= {"tool_names"}:
+            value["never"]) == {"tool_names"}:
         return _allowed_tools(value["never"].get("tool_names"), f"{where}.require_approval.never")
     raise BadInput(f"{where}.require_approval: a tool that needs approval waits for a person's click on Arbor's "
                    "chat page, never for a caller's; on /v1 only tools that need none run. Send \"never\" or leave "

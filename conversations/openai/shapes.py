@@ -16,6 +16,7 @@ from config.errors import BadInput, NotFound, TooLarge
 from conversations import items as it
 from conversations.models import Node
 from conversations.openai.parts import user_content
+from conversations.tools.mcp.servers import OWN_LABEL
 from conversations.tools.mcp.tools import SEPARATOR
 
 RESPONSE_PREFIX = "resp_"
@@ -184,8 +185,8 @@ def _mcp_call_message(entry: dict, where: str, messages: list[dict[str, Any]]) -
         raise BadInput(f"{where}.output: expected text.")
     ours = re.fullmatch(r"mcp_(\d+)_(.+)", entry["id"])  # `mcp_call_item`'s id: the round's node, the call's id
     node, call_id = ours.groups() if ours else ("", entry["id"])
-    call = {"id": call_id, "type": "function", "function": {
-        "name": f"{entry['server_label']}{SEPARATOR}{entry['name']}", "arguments": entry["arguments"]}}
+    name = entry["name"] if entry["server_label"] == OWN_LABEL else f"{entry['server_label']}{SEPARATOR}{entry['name']}"
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": entry["arguments"]}}
     answer = _round_answer(messages, node)
     if answer is None:
         messages.append(answer := {"role": "assistant", "content": None})
@@ -275,19 +276,20 @@ def function_call_item(node: Node, call: it.Item) -> dict[str, Any]:
             "arguments": call["arguments"], "status": "completed"}
 
 
-def mcp_call_item(node: Node, call: it.Item, result: it.Item | None) -> dict[str, Any]:
+def mcp_call_item(node: Node, call: it.Item, result: it.Item | None, status: str = "incomplete") -> dict[str, Any]:
     """Issue 32: a call this server ran in one of its MCP servers, with its result once the next round carried it
-    (an error result is the item's `error`, C4)."""
+    (an error result is the item's `error`, C4); with none, `status` (a call whose result no round carried, as a
+    turn stored before rounds were recorded, is `incomplete`)."""
     server, separator, tool = call["name"].partition(SEPARATOR)
     if not separator:  # a tool of Arbor's own, or a name no server has (its result says it was not run)
-        server, tool = "arbor", call["name"]
+        server, tool = OWN_LABEL, call["name"]
     failed = result is not None and result.get("is_error")
     return {"id": f"mcp_{node.pk}_{call['id']}", "type": "mcp_call", "server_label": server, "name": tool,
             "arguments": call["arguments"], "approval_request_id": None,
             "output": None if result is None or failed else result["content"],
             "error": {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": result["content"]}]}
             if failed else None,
-            "status": "in_progress" if result is None else "failed" if failed else "completed"}
+            "status": status if result is None else "failed" if failed else "completed"}
 
 
 def output_of(node: Node, results: dict[str, it.Item] | None = None) -> list[dict[str, Any]]:

@@ -44,7 +44,6 @@ from conversations.openai.shapes import (
     tools_of,
 )
 from conversations.selectors import node_for_user
-from conversations.tools.mcp.tools import SEPARATOR
 from conversations.turns import detached
 from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.start import turn_below
@@ -587,7 +586,7 @@ class _ResponsesEvents:
         call = {"id": data["call_id"], "name": data["name"], "arguments": data["arguments"]}
         node = Node(pk=data["node"])
         ran_here = self.servers  # a request names MCP servers or sends function tools, never both (`mcp`)
-        item = shapes.mcp_call_item(node, call, None) if ran_here else function_call_item(node, call)
+        item = shapes.mcp_call_item(node, call, None, "in_progress") if ran_here else function_call_item(node, call)
         opened = self._close_message()
         index = len(self.items)
         self.items.append(item)
@@ -612,8 +611,7 @@ class _ResponsesEvents:
         if index is None:
             return b""
         item = self.items[index]
-        call = {"id": data["call_id"], "name": f"{item['server_label']}{SEPARATOR}{item['name']}",
-                "arguments": item["arguments"]}
+        call = {"id": data["call_id"], "name": data["name"], "arguments": item["arguments"]}
         done = shapes.mcp_call_item(Node(pk=int(item["id"].split("_")[1])), call, it.tool_result(
             data["call_id"], data["name"], data["content"], is_error=data["is_error"]))
         self.items[index] = done

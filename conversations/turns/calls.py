@@ -58,13 +58,14 @@ NOT_OFFERED = ("error: this conversation does not have that tool's server on, or
 
 def resolve(node: PathNode, *, run: bool, note: str = "", owner_id: int | None = None,
             stop_requested: Callable[[], bool] = lambda: False,
-            allowed: Callable[[str], bool] = lambda name: True, conversation_id: int | None = None) -> list[it.Item]:
+            allowed: Callable[[str], bool] = lambda name: True, conversation_id: int | None = None,
+            answered: set[str] = frozenset()) -> list[it.Item]:
     """Results for `node`'s open calls (C4: every call gets one). Without `run`, nothing new executes:
     a call with no stored result gets an error result that says `note`; nor does a call to a tool `allowed`
     refuses (an MCP server the conversation has off). A stop asked while a tool runs leaves it with a result that
     says so. The model's own calls count against `owner_id`'s running tools
     (issue 26); an approved action does not: a person's click paces it, and a refusal would spend the approval."""
-    calls = open_calls(node)
+    calls = [call for call in open_calls(node) if call["id"] not in answered]  # results the caller sent: theirs
     # Read whatever the tool says of itself now: an MCP tool's annotations (or staff's override) may have changed
     # since the person decided, and a result stored must never be run again, nor a decision go unread (F3, D4).
     decisions = ({a.call_id: a for a in ToolApproval.objects.filter(node_id=node.id)}

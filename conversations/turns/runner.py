@@ -53,6 +53,7 @@ class Turn:
         self.lock = lock
         self.new_items = new_items
         self.nodes: list[int] = []
+        self._first_call: int | None = None  # this turn's first call's node: what its later rounds name
         self.model = model or conversation.effective_model  # a gateway call names its own
         self.provider = llm.provider_of(self.model)
         # A caller of the OpenAI-compatible surface sends its own instructions and tools with each call, or names
@@ -193,10 +194,9 @@ class Turn:
         # A call the new items answer already (a caller's function call, before it names MCP servers: issue 32)
         # gets no second result.
         answered = {item["call_id"] for item in self.new_items if item.get("type") == "tool_result"}
-        sent = [*(result for result in (calls.resolve(self._open, run=True, stop_requested=self.stop_requested,
-                                                      owner_id=self.conversation.owner_id, allowed=self.tools.allows,
-                                                      conversation_id=self.conversation.pk) if self._open else [])
-                  if result["call_id"] not in answered),
+        sent = [*(calls.resolve(self._open, run=True, stop_requested=self.stop_requested,
+                                owner_id=self.conversation.owner_id, allowed=self.tools.allows,
+                                conversation_id=self.conversation.pk, answered=answered) if self._open else []),
                 *self.new_items]
         self.new_items = []
         try:
@@ -318,7 +318,7 @@ class Turn:
             node = records.start(conversation=self.conversation, parent=parent, kind=Node.Kind.TURN, sent=sent,
                                  model=self.model, instructions=self.instructions, call_settings=call_settings,
                                  keep_ephemeral=self.conversation.keep_retrieved, file_parts=file_parts,
-                                 first_round=self.nodes[0] if self.nodes else None, writes=writes)
+                                 first_round=self._first_call, writes=writes)
             records.question_bubble(node, sent, writes=writes)
             results = [i for i in sent if i.get("type") == "tool_result"]
             if results and self._open is not None:
@@ -327,6 +327,7 @@ class Turn:
         self._pending = node
         self._open = None
         self.nodes.append(node.pk)
+        self._first_call = self._first_call or node.pk
         return node
 
     def _succeed(self, node: Node, result: llm.CallResult, *, head_moves: bool, waiting: bool) -> bool:

@@ -53,6 +53,9 @@ class ServerConfig:
         return min(self.timeout, limit) if self.timeout else limit
 
 
+OWN_LABEL = "arbor"  # the server_label /v1 gives a call of Arbor's own tools (issue 32): no server may take it
+
+
 class BadServer(ValueError):
     """A server's configuration, with what is wrong and where."""
 
@@ -62,6 +65,8 @@ def server_config(name: Any, spec: Any) -> ServerConfig:
     where = f"MCP server {name!r}"
     if not isinstance(name, str) or not NAME.match(name):
         raise BadServer(f"{where}: a name is 1 to 30 letters, digits, '-' or '_', without '__' and not ending in '_'")
+    if name == OWN_LABEL:
+        raise BadServer(f"{where}: {OWN_LABEL!r} names Arbor's own tools on /v1 (their mcp_call items); choose another")
     if not isinstance(spec, dict):
         raise BadServer(f"{where}: expected an object with `command` or `url`")
     unknown = set(spec) - {"command", "env", "url", "headers", "timeout", "approval"}

@@ -309,6 +309,7 @@ def test_issue_32_an_admin_row_that_breaks_the_rules_is_left_out(mcp_servers):
     ('{"a": {"url": "http://h/", "env": {"K": "v"}}}', "`env` is for"),
     ('{"a": {"command": ["x"], "headers": {"K": "v"}}}', "`headers` are for"),
     ('{"a": {"command": ["x"], "env": {"K": 1}}}', "object of strings"),
+    ('{"arbor": {"command": ["x"]}}', "names Arbor's own tools on /v1"),
 ])
 def test_issue_32_more_wrong_server_lists(raw, says):
     if says is None:

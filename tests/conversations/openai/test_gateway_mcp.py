@@ -140,6 +140,7 @@ def test_issue_32_a_resent_history_cannot_make_its_call_a_round_of_another_respo
     ({**SERVER, "allowed_tools": {"read_only": True}}, "read_only"),
     ({**SERVER, "allowed_tools": "lookup"}, "list of tool names"),
     ({**SERVER, "require_approval": {"never": 5}}, "person's click"),
+    ({**SERVER, "require_approval": {"never": {}}}, "person's click"),
 ])
 def test_issue_32_a_request_for_what_this_server_will_not_run_is_refused_and_changes_nothing(client, tool, says):
     with pytest.raises(openai.BadRequestError, match=says):
