@@ -26,6 +26,7 @@ from conversations.transfer.plan import (
     check_graph,
     choice_field,
     count_field,
+    file_parts_field,
     is_reference,
     item_field,
     items_field,
@@ -81,14 +82,19 @@ def export_tree(conversation: Conversation) -> dict[str, Any]:
     return json.loads("".join(tree_chunks(conversation)))
 
 
-_NODE_COLUMNS = ("id", "parent_id", "compacted_from_id", "summary_call_id", *NODE_FIELDS, "created_at", "finished_at")
+_NODE_COLUMNS = ("id", "parent_id", "compacted_from_id", "summary_call_id", "first_round_id", "file_parts",
+                 *NODE_FIELDS, "created_at", "finished_at")
 
 
 def _nodes(ids: array) -> Iterator[dict[str, Any]]:
     for chunk in id_chunks(ids):
         for n in Node.objects.filter(pk__in=chunk).order_by("id").values(*_NODE_COLUMNS):
+            # A turn's later round names its first call (issue 32); a call the large documents' parts it was sent
+            # (issue 29): said only where there is something to say.
+            said = {name: n[column] for name, column in (("first_round", "first_round_id"),
+                                                         ("file_parts", "file_parts")) if n[column] is not None}
             yield {"id": n["id"], "parent": n["parent_id"], "compacted_from": n["compacted_from_id"],
-                   "summary_call": n["summary_call_id"], **{f: n[f] for f in NODE_FIELDS},
+                   "summary_call": n["summary_call_id"], **said, **{f: n[f] for f in NODE_FIELDS},
                    "created_at": _iso(n["created_at"]), "finished_at": _iso(n["finished_at"])}
 
 
@@ -177,7 +183,7 @@ def _tree_node(raw: Any, where: str) -> PlannedNode:
     tokens = count_field(raw.get("tokens", 0), f"{where}.tokens")
     return PlannedNode(
         key=raw["id"], parent=raw.get("parent"), compacted_from=raw.get("compacted_from"),
-        summary_call=raw.get("summary_call"),
+        summary_call=raw.get("summary_call"), first_round=raw.get("first_round"),
         fields={
             "kind": choice_field(raw.get("kind"), Node.Kind.values, f"{where}.kind"),
             "status": status,
@@ -195,6 +201,7 @@ def _tree_node(raw: Any, where: str) -> PlannedNode:
             "starred": _starred(raw, where),
             "tokens": tokens,
             "finished_at": when_field(raw.get("finished_at"), f"{where}.finished_at"),
+            "file_parts": file_parts_field(raw.get("file_parts"), f"{where}.file_parts"),
         },
     )
 

@@ -43,6 +43,7 @@ class PlannedNode:
     fields: dict[str, Any]
     compacted_from: Any = None
     summary_call: Any = None
+    first_round: Any = None  # a turn's later round: the node of its first call (issue 32)
     bubbles: list[dict[str, Any]] = field(default_factory=list)
     approvals: list[dict[str, Any]] = field(default_factory=list)
 
@@ -130,6 +131,25 @@ def count_field(value: Any, where: str) -> int:
     return value
 
 
+MAX_FILE_PARTS = 100  # of one call's large documents (a call sends at most ARBOR_FILES_PER_TURN a question)
+
+
+def file_parts_field(value: Any, where: str) -> dict[str, Any] | None:
+    """The parts of each large document a call was sent (`Node.file_parts`, issue 29): by the file's key, its chunks'
+    places and how they were chosen."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > MAX_FILE_PARTS:
+        raise ImportRefused(f"{where}: expected an object of at most {MAX_FILE_PARTS} files.")
+    for key, chosen in value.items():
+        if not isinstance(chosen, dict) or set(chosen) != {"chunks", "by"} or not isinstance(chosen["by"], str) or len(
+                chosen["by"]) > 40 or not isinstance(chosen["chunks"], list) or len(chosen["chunks"]) > MAX_COUNT:
+            raise ImportRefused(f"{where}.{key}: expected its chunks and how they were chosen.")
+        for index, number in enumerate(chosen["chunks"]):
+            count_field(number, f"{where}.{key}.chunks[{index}]")
+    return value
+
+
 USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
@@ -190,8 +210,33 @@ def check_graph(plan: Plan) -> None:
             raise ImportRefused(f"node {node.key!r}: only a parentless compaction node points at an original.")
     order(plan)  # raises on a cycle of parents
     _check_acyclic(plan)  # and of parents, originals and summarising calls together (C3)
+    for node in nodes.values():
+        if node.first_round is not None:
+            _check_first_round(plan, node)
     if plan.head is not None and (not is_reference(plan.head) or plan.head not in nodes):
         raise ImportRefused(f"conversation.head {plan.head!r} is not in the file.")
+
+
+def _check_first_round(plan: Plan, node: PlannedNode) -> None:
+    """A later round (a call that carried only tool results) names a turn's first call above it, a turn's rounds
+    away at most (through a compaction made between them, C2): no file makes a call a round of a response it did
+    not follow."""
+    target, key = node.first_round, node.key
+    sent = node.fields["sent"]
+    carries_results = bool(sent) and all(item.get("type") == "tool_result" for item in sent)
+    if (not is_reference(target) or target not in plan.nodes or node.fields["kind"] != Node.Kind.TURN
+            or not carries_results or plan.nodes[target].first_round is not None):
+        raise ImportRefused(f"node {key!r}: its first_round {target!r} is not a call above it in the file.")
+    for _ in range(2 * settings.ARBOR_MAX_ROUNDS_PER_TURN + 2):
+        above = plan.nodes[key]
+        key = above.compacted_from if above.parent is None else above.parent
+        if key is None:
+            break
+        if key == target:
+            if plan.nodes[key].fields["kind"] == Node.Kind.TURN:
+                return
+            break
+    raise ImportRefused(f"node {node.key!r}: its first_round {target!r} is not a call above it in the file.")
 
 
 def is_reference(value: Any) -> bool:
@@ -261,6 +306,13 @@ def placeholder(kind: str, name: str, detail: str = "") -> str:
     return f"[{kind}{f' {detail}' if detail else ''}: {name}]" if name else f"[{kind}]"
 
 
+def _parts_of_files(parts: dict[str, Any] | None, kept: dict[Any, dict[str, Any]]) -> dict[str, Any] | None:
+    """A call's chosen parts (issue 29) by the importer's file ids; a file the import does not carry goes."""
+    by_key = {str(key): ref["id"] for key, ref in kept.items()}
+    moved = {str(by_key[key]): chosen for key, chosen in (parts or {}).items() if key in by_key}
+    return moved or None
+
+
 def _with_files(items: list[dict[str, Any]], kept: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
     """Items whose file references name the importer's files (`kept`, by the file's key); a reference to a file
     the import does not carry becomes its name in the question's text, a placeholder a person and a model read."""
@@ -303,13 +355,14 @@ def write(*, owner, plan: Plan) -> Conversation:
     model = conversation.effective_model
     for planned in ordered:  # parents first, so path_tokens is the parent's plus the node's own
         # C1: counted for the conversation's model, whatever the file says
-        fields = {**planned.fields, "sent": _with_files(planned.fields.get("sent") or [], kept)}
+        fields = {**planned.fields, "sent": _with_files(planned.fields.get("sent") or [], kept),
+                  "file_parts": _parts_of_files(planned.fields.get("file_parts"), kept)}
         fields["tokens"] = budget.node_tokens(fields["sent"], planned.fields.get("received") or [], model=model)
         path_tokens[planned.key] = fields["tokens"] + (path_tokens[planned.parent] if planned.parent is not None else 0)
         rows.append(Node(
             id=ids[planned.key], conversation=conversation, path_tokens=path_tokens[planned.key],
             parent_id=ids.get(planned.parent), compacted_from_id=ids.get(planned.compacted_from),
-            summary_call_id=ids.get(planned.summary_call), **fields,
+            summary_call_id=ids.get(planned.summary_call), first_round_id=ids.get(planned.first_round), **fields,
         ))
     Node.objects.bulk_create(rows, batch_size=_BATCH)
     SentFile.objects.bulk_create([SentFile(node_id=row.pk, file_id=file_id) for row in rows

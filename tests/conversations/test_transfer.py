@@ -50,6 +50,7 @@ def _normalised(document):
     renumber = position.get
     nodes = [{**n, "id": renumber(n["id"]), "parent": renumber(n["parent"]),
               "compacted_from": renumber(n["compacted_from"]), "summary_call": renumber(n["summary_call"]),
+              **({"first_round": renumber(n["first_round"])} if "first_round" in n else {}),  # issue 32
               "created_at": None} for n in document["nodes"]]
     bubbles = [{**b, "node": renumber(b["node"])} for b in document["bubbles"]]
     approvals = [{**a, "node": renumber(a["node"])} for a in document["approvals"]]
@@ -69,6 +70,7 @@ def test_the_tree_json_imports_back_losslessly(api, user, conversation, settings
     again = arbor_tree.export_tree(copy)
     assert _normalised(again) == _normalised(original)
     assert {n["kind"] for n in original["nodes"]} == {"turn", "compaction"}
+    assert any("first_round" in n for n in original["nodes"]), "a tool round names its turn's first call"
     assert {n["failure_reason"] for n in original["nodes"]} >= {"provider_error", "context_overflow"}
 
     old_nodes = Node.objects.filter(pk__in=[n["id"] for n in original["nodes"]]).order_by("id")
@@ -277,3 +279,22 @@ def test_a_decorator_around_a_long_view_still_runs_under_wsgi(page, conversation
     attributes) still refuses a GET, so a link cannot compact a conversation (a paid call) past CSRF."""
     response = page.get(f"/chat/{conversation.pk}/compact/")
     assert response.status_code == 405
+
+
+def test_issue_32_a_file_cannot_make_a_call_a_round_of_a_response_it_did_not_follow(api, user, conversation):
+    ask(conversation, '#tool sql_query {"sql": "select 1 as one"}')
+    ask(conversation, "unrelated")
+    document = arbor_tree.export_tree(conversation)
+    rounds = [n for n in document["nodes"] if "first_round" in n]
+    assert len(rounds) == 1
+    later, last = rounds[0], document["nodes"][-1]
+    forgeries = [(last, later["first_round"]),  # a question's call, not a later round
+                 (later, "nowhere"), (later, later["id"]), (later, last["id"]),  # no node, itself, a call below it
+                 (last, later["id"])]  # a later round, not a first call
+    for forged_node, wrong in forgeries:
+        forged = {**document, "nodes": [{**n, "first_round": wrong} if n is forged_node else n
+                                        for n in document["nodes"]]}
+        refused = _import(api, forged)
+        assert refused.status_code == 400 and "first_round" in refused.json()["error"]["message"], wrong
+    assert Conversation.objects.count() == 1, "a refused file creates nothing"
+    assert _import(api, document).status_code == 201

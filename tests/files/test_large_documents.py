@@ -6,6 +6,7 @@ meaning as well as by words: through arbor/echo-embed, and a loopback OpenAI-com
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -174,3 +175,21 @@ def test_issue_29_a_document_read_while_no_model_was_set_is_embedded_once_a_call
     worker.run_due()
     assert FileChunkVector.objects.filter(file_id=book["id"], model="arbor/echo-embed").count() == 8
     assert _ask(user, conversation, VOLCANIC + "!").file_parts[str(book["id"])]["by"] == BY_MEANING
+
+
+def test_issue_29_the_parts_a_call_got_travel_with_its_export_to_another_person(api, other_api, conversation, user,
+                                                                                   settings):
+    from conversations.transfer import arbor_tree
+
+    settings.ARBOR_FILE_WHOLE_CHARS = 4500
+    book = ready(api, "handbook.txt", handbook())
+    worker.run_due()
+    node = _ask(user, conversation, VOLCANIC, [book["id"]])
+    got = _document_part(node)
+    document = arbor_tree.export_tree(conversation)
+    imported = other_api.post("/api/conversations/import/", data=json.dumps(document), content_type="application/json")
+    assert imported.status_code == 201, imported.content
+    copy = Node.objects.get(conversation_id=imported.json()["conversations"][0]["id"], sent__0__text=VOLCANIC)
+    (theirs,) = copy.file_parts
+    assert theirs != str(book["id"]) and copy.file_parts[theirs] == node.file_parts[str(book["id"])]
+    assert _document_part(copy) == got, "what the model saw, in the importer's copy too"
