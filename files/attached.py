@@ -5,23 +5,17 @@ assembled, never copied per call."""
 from __future__ import annotations
 
 import base64
-import functools
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
 from django.conf import settings
 from django.core.files.storage import default_storage
 
 from conversations import items as it
-from conversations import llm
 from files import embedding
 from files.chunks import best_chunks, chunked
-from files.models import FileChunkVector, StoredFile
-from search.chunks import CHUNK_CHARS
-from search.similar import QUERY_TIMEOUT_SECONDS, query_vector
-from search.vectors import to_bytes
+from files.models import StoredFile
 
 logger = logging.getLogger("arbor.files")
 
@@ -51,7 +45,7 @@ def contents(owner_id: int, path: Sequence[Any], new_items: Iterable[it.Item] = 
                    key=lambda f: newest_first.get(f.pk, 0))
     large = {f.pk: f.text for f in files if f.kind == StoredFile.Kind.DOCUMENT
              and len(f.text) > settings.ARBOR_FILE_WHOLE_CHARS}
-    closeness = _closeness(large, question) if recorded is None else {}
+    closeness = embedding.closeness(large, question) if recorded is None else {}
     for stored in files:
         if stored.kind == StoredFile.Kind.IMAGE:
             if stored.size <= images_left and (image := _image(stored, linked=images_linked)) is not None:
@@ -102,35 +96,3 @@ def parts_chosen(found: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """What a call records of the large documents `contents` gave it (`Node.file_parts`); None for none."""
     chosen = {str(file_id): content["chosen"] for file_id, content in found.items() if "chosen" in content}
     return chosen or None
-
-
-@functools.lru_cache(maxsize=64)
-def _question_vector(model: str, question: str) -> tuple[float, ...] | None:
-    """The question's vector, asked of the provider once for every round of a turn (a failure is not kept)."""
-    vector = query_vector(question, timeout=QUERY_TIMEOUT_SECONDS)
-    return None if vector is None else tuple(vector)
-
-
-def _closeness(large: dict[int, str], question: str) -> dict[int, list[float]]:
-    """Each large document's chunks' cosine similarity to `question`, for those the worker has embedded whole with
-    the current model; none when none is, or when the question's embedding call fails (words alone choose)."""
-    model = settings.ARBOR_EMBEDDING_MODEL
-    if not model or not large or not question.strip():
-        return {}
-    stored: dict[int, list[bytes]] = {}
-    rows = FileChunkVector.objects.filter(file_id__in=large, model=model).order_by("file_id", "chunk")
-    for file_id, vector in rows.values_list("file_id", "vector"):
-        stored.setdefault(file_id, []).append(bytes(vector))
-    whole = {file_id: vectors for file_id, vectors in stored.items() if len(vectors) == len(chunked(large[file_id]))}
-    if len(whole) < len(large):  # read while no model was set, its job given up, or another model's: embed it now
-        embedding.vectors_wanted([file_id for file_id in large if file_id not in whole])
-    if not whole:
-        return {}
-    try:
-        asked = _question_vector(model, question[:CHUNK_CHARS])  # all an embedding of it reads
-    except llm.LLMError as error:
-        logger.warning("choosing a document's parts by words alone: the question's embedding failed: %s", error)
-        return {}
-    query = np.frombuffer(to_bytes(asked or []), dtype="<f4")
-    return {file_id: [float(np.frombuffer(vector, dtype="<f4") @ query) if len(vector) == query.nbytes else 0.0
-                      for vector in vectors] for file_id, vectors in whole.items()}

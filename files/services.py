@@ -21,8 +21,8 @@ from config.errors import ArborError, NotFound, TooLarge
 from conversations import llm, outbox
 from conversations.models import OutboxJob, Project
 from files import extract
-from files.embedding import wants_vectors
-from files.models import StoredFile
+from files.embedding import vectors_wanted, wants_vectors
+from files.models import FileChunkVector, StoredFile
 from files.sniff import sniff
 
 logger = logging.getLogger("arbor.files")
@@ -178,7 +178,8 @@ def extract_job(payload: dict[str, Any]) -> None:
         text, status, error = "", StoredFile.Status.FAILED, f"The file could not be read ({error.__class__.__name__})."
     with transaction.atomic():
         StoredFile.objects.filter(pk=stored.pk).update(text=text, status=status, error=error[:500])
-        if status == StoredFile.Status.READY and wants_vectors(text):  # a call chooses its parts (`embedding`)
+        # A call chooses its parts (`embedding`): a large document, or a project's knowledge
+        if status == StoredFile.Status.READY and wants_vectors(text, stored.project_id):
             outbox.enqueue(kind="embed_file", payload={"file": stored.pk})
 
 
@@ -278,3 +279,8 @@ def project_files_set(*, user, project: Project, file_ids: list[int]) -> None:
         raise NotFound(f"No file {min(wanted - found)} of yours.")
     StoredFile.objects.filter(project=project).exclude(pk__in=wanted).update(project=None)
     StoredFile.objects.filter(pk__in=wanted).update(project=project)
+    # A question in the project chooses among its passages by meaning too (`embedding.closeness`).
+    if settings.ARBOR_EMBEDDING_MODEL:
+        embedded = FileChunkVector.objects.filter(file_id__in=wanted, model=settings.ARBOR_EMBEDDING_MODEL)
+        ready = StoredFile.objects.filter(pk__in=wanted, kind=StoredFile.Kind.DOCUMENT, status=StoredFile.Status.READY)
+        vectors_wanted(list(ready.exclude(pk__in=embedded.values("file_id")).values_list("pk", flat=True)))

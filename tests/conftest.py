@@ -33,9 +33,9 @@ def _news_listener_stops(django_db_setup, django_db_blocker):
 @pytest.fixture(autouse=True)
 def _fresh_rate_counts():
     """Throttle counts (config/throttles.py) start at zero in each test: ids and addresses repeat; so does the
-    question vectors' cache (files/attached.py), whose stub providers differ between tests."""
+    question vectors' cache (files/embedding.py), whose stub providers differ between tests."""
     cache.clear()
-    from files.attached import _question_vector
+    from files.embedding import _question_vector
 
     _question_vector.cache_clear()
 

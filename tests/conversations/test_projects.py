@@ -183,3 +183,46 @@ def test_issue_30_d5_knowledge_is_read_newest_first_up_to_the_scan_bound(api, us
     project = api.post("/api/projects/", {"name": "P", "files": [old["id"], new["id"]]}, format="json").json()
     items = knowledge_items(project_id=project["id"], owner_id=user.pk, question="Oak plan cost?")
     assert [item["source"]["file"] for item in items] == [new["id"]], "the newest file, within the bound"
+
+
+def test_issue_30_x2_r4_knowledge_files_are_embedded_and_their_passages_chosen_by_meaning_too(api, user, settings):
+    """Once the worker has embedded a project's files (R4), a passage near the question in meaning goes with it
+    though it shares no word with it (arbor/echo-embed knows word forms: "cancel", "cancellations"), and the
+    passages nearer in meaning go first; a passage neither sharing a word nor near (ARBOR_RETRIEVAL_MIN_SIMILARITY)
+    stays out. Before the worker has run, words alone choose: a call never waits on it."""
+    from conversations.jobs import worker
+    from files.knowledge import knowledge_items
+    from files.models import FileChunkVector
+    from tests.files.test_files import ready
+
+    refunds = ready(api, "refunds.md", b"Cancellations are refunded within fourteen days.")
+    weather = ready(api, "weather.md", b"Sunny mornings, rainy afternoons.")
+    project = api.post("/api/projects/", {"name": "Support", "files": [refunds["id"], weather["id"]]},
+                       format="json").json()
+    question = "Can I cancel?"
+    assert knowledge_items(project_id=project["id"], owner_id=user.pk, question=question) == [], \
+        "no vectors yet: no word is shared, nothing is sent"
+    worker.run_due()  # joining the project queued each file's embedding
+    assert set(FileChunkVector.objects.values_list("file_id", flat=True)) == {refunds["id"], weather["id"]}
+    items = knowledge_items(project_id=project["id"], owner_id=user.pk, question=question)
+    assert [item["source"]["file"] for item in items] == [refunds["id"]], "near in meaning; the weather is not"
+    assert items[0]["ephemeral"] and "refunded within fourteen days" in items[0]["text"]
+
+    settings.ARBOR_EMBEDDING_MODEL = ""  # no model: words alone, as before
+    assert knowledge_items(project_id=project["id"], owner_id=user.pk, question=question) == []
+    assert knowledge_items(project_id=project["id"], owner_id=user.pk, question="Sunny?")[0]["source"] == \
+        {"file": weather["id"]}
+
+
+def test_issue_30_x2_a_file_uploaded_into_a_project_is_embedded_after_reading(api, user):
+    """`project` on an upload: the worker reads the file, then embeds it, however short."""
+    from conversations.jobs import worker
+    from files.models import FileChunkVector
+    from tests.files.test_files import upload
+
+    project = api.post("/api/projects/", {"name": "Support"}, format="json").json()
+    created = upload(api, "faq.md", b"Refunds take fourteen days.", project=project["id"])
+    assert created.status_code == 201, created.content
+    worker.run_due()
+    worker.run_due()
+    assert FileChunkVector.objects.filter(file_id=created.json()["id"]).count() == 1

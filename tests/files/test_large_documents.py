@@ -142,7 +142,7 @@ def test_issue_29_after_a_change_of_embedding_model_the_sweep_embeds_documents_a
     embedding.embed_file_job({"file": book["id"]})  # again: idempotent, no call
     assert FileChunkVector.objects.count() == 8
     settings.ARBOR_EMBEDDING_MODEL = ""
-    assert embedding.backfill() is False and not embedding.wants_vectors("x" * 5000)
+    assert embedding.backfill() is False and not embedding.wants_vectors("x" * 5000, 1)
 
 
 def test_issue_29_a_file_deleted_while_its_parts_are_embedded_gets_no_vectors(api, user, settings, monkeypatch):
