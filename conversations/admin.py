@@ -158,7 +158,7 @@ def tree_rows(conversation: Conversation) -> tuple[list[TreeRow], list[dict[str,
     Three queries whatever the tree's size: the path, the nodes, and the ids a head may rest on.
     Depth grows only where the tree forks, so a long chain stays flat; the walk is iterative.
     """
-    path = node_path(conversation.head_id)
+    path = node_path(conversation.head_id, owner=conversation.owner_id)
     path_ids = [p.id for p in path]
     on_path = set(path_ids)
     scope = tree_scope(conversation, path_ids)
@@ -329,7 +329,7 @@ class ConversationAdmin(ReadOnlyAdmin):
         except ValueError:
             self.message_user(request, "No node was given.", messages.ERROR)
             return HttpResponseRedirect(back)
-        path_ids = [p.id for p in node_path(conversation.head_id)]
+        path_ids = [p.id for p in node_path(conversation.head_id, owner=conversation.owner_id)]
         if not Node.objects.can_be_head().filter(tree_scope(conversation, path_ids), pk=node_id).exists():
             self.message_user(request, f"Node #{node_id} is not a node of this conversation the head may rest on "
                               "(a finished turn node).", messages.ERROR)
@@ -366,7 +366,7 @@ class NodeAdmin(ReadOnlyAdmin):
         if request.method != "GET":
             return HttpResponseNotAllowed(["GET"])
         node = self.viewable_object(request, object_id)
-        path = node_path(node.id)
+        path = node_path(node.id, owner=node.owner_id)
         conversation = node.conversation
         sent_context = call_context(node)
         children = list(Node.objects.filter(parent=node).order_by("id").values_list("id", "kind", "status"))

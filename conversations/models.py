@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import connection, models
 from django.db.models import F, Q
@@ -120,8 +122,30 @@ class CallSettings(models.Model):
         return self.digest[:12]
 
 
+def _owners_filled(rows: list, owners_of: Any, key: str) -> list:
+    """Issue 34: `rows` (nodes or bubbles written in bulk) each with its owner, read in one query (`owners_of`:
+    the owner of each `key` id) for those that do not name it."""
+    wanted = {getattr(row, key) for row in rows if row.owner_id is None}
+    if wanted:
+        owners = dict(owners_of(wanted))
+        for row in rows:
+            if row.owner_id is None:
+                row.owner_id = owners.get(getattr(row, key))
+    return rows
+
+
 class NodeQuerySet(TreeQuerySet):
-    def path_up(self, node_id: int | None, *, history: bool = False) -> list[tuple]:
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list:
+        def owners(ids: set) -> Any:
+            return Conversation.objects.filter(pk__in=ids).values_list("pk", "owner_id")
+
+        return super().bulk_create(_owners_filled(list(objs), owners, "conversation_id"), *args, **kwargs)
+
+    def of(self, conversation: Conversation) -> NodeQuerySet:
+        """The nodes `conversation` created, asked by its owner too (issue 34: one person's shard)."""
+        return self.filter(owner_id=conversation.owner_id, conversation=conversation)
+
+    def path_up(self, node_id: int | None, *, owner: int, history: bool = False) -> list[tuple]:
         """The path from the root down to `node_id` as rows of `PATH_COLUMNS`, in one upward recursive query.
         It stops at a compaction root (C2); with `history`, it goes on behind each root through the root's
         original (C3), for the screen and for T10.
@@ -129,7 +153,7 @@ class NodeQuerySet(TreeQuerySet):
         Not tree_queries' `ancestors()`: that builds the whole tree's table first and then filters it, so its cost
         follows the conversation's size; this walk follows the path's depth only (T5). Measured at a path of 400
         in a conversation of a few thousand nodes: 106 ms for `ancestors()`, 4 ms for this query."""
-        return walk_up(_HISTORY_SQL if history else _PATH_SQL, node_id)
+        return walk_up(_HISTORY_SQL if history else _PATH_SQL, node_id, owner)
 
     def can_be_head(self) -> NodeQuerySet:
         """Nodes a head may rest on: turn nodes and compaction roots (C2), never a call under way (or
@@ -179,6 +203,11 @@ class Node(TreeNode):
     conversation = models.ForeignKey(
         Conversation, null=True, blank=True, on_delete=models.SET_NULL, related_name="created_nodes"
     )
+    # Issue 34: the person whose node it is, its conversation's owner (a fork, P3, is the same person's: a path never
+    # crosses people), written with the node and never changed. Every hot query names it, so a database sharded by
+    # owner (Citus, README) finds a path on one shard. No constraint: a node outlives its conversation (T11).
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING,
+                              db_constraint=False, db_index=False, related_name="+")
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.TURN)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     failure_reason = models.CharField(max_length=32, choices=FailureReason.choices, blank=True)
@@ -287,6 +316,12 @@ class Node(TreeNode):
     def __str__(self) -> str:
         return f"{self.kind} node {self.pk} ({self.status})"
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # A node is its conversation's owner's (issue 34); the turn's own writes name it and skip this read.
+        if self.owner_id is None and self.conversation_id is not None:
+            self.owner_id = Conversation.objects.values_list("owner_id", flat=True).get(pk=self.conversation_id)
+        super().save(*args, **kwargs)
+
 
 class Preferences(models.Model):
     """A person's own settings: instructions that go before every conversation's own, and the pages' theme."""
@@ -323,6 +358,14 @@ class ToolStatus(models.TextChoices):
     ERROR = "error", "failed"
 
 
+class BubbleQuerySet(models.QuerySet):
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list:
+        def owners(ids: set) -> Any:
+            return Node.objects.filter(pk__in=ids).values_list("pk", "owner_id")
+
+        return super().bulk_create(_owners_filled(list(objs), owners, "node_id"), *args, **kwargs)
+
+
 class Bubble(models.Model):
     """What a person sees: display-only, each pointing at the node it came from."""
 
@@ -335,10 +378,15 @@ class Bubble(models.Model):
         Conversation, null=True, blank=True, on_delete=models.SET_NULL, related_name="bubbles"
     )
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="bubbles")
+    # Issue 34: its node's owner, so a screen's bubbles are read on the owner's shard (as `Node.owner`).
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING,
+                              db_constraint=False, db_index=False, related_name="+")
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True)
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = BubbleQuerySet.as_manager()
 
     class Meta:
         ordering = ["id"]
@@ -351,6 +399,11 @@ class Bubble(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role} bubble {self.pk}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.owner_id is None:  # its node's owner (issue 34); the turn's own writes name it
+            self.owner_id = Node.objects.values_list("owner_id", flat=True).get(pk=self.node_id)
+        super().save(*args, **kwargs)
 
 
 class ToolApproval(models.Model):
@@ -514,15 +567,16 @@ PATH_COLUMNS = "id, parent_id, kind, status, sent, received, provider, model, to
 
 def _up_sql(step: str) -> str:
     """One upward recursive query from a node: its cost follows the path's depth, never the table's
-    size (T5). The depth guard stops a corrupt loop instead of recursing for ever."""
+    size (T5). The depth guard stops a corrupt loop instead of recursing for ever. Each step names the owner
+    (issue 34: a path is one person's, so a database sharded by owner walks it on one shard)."""
     up_columns = ", ".join(f"n.{c.strip()}" for c in PATH_COLUMNS.split(","))
     return f"""
     WITH RECURSIVE path AS (
-        SELECT {PATH_COLUMNS}, 0 AS depth FROM {Node._meta.db_table} WHERE id = %s
+        SELECT {PATH_COLUMNS}, 0 AS depth FROM {Node._meta.db_table} WHERE id = %(node)s AND owner_id = %(owner)s
         UNION ALL
         SELECT {up_columns}, path.depth + 1
         FROM {Node._meta.db_table} n JOIN path ON n.id = {step}
-        WHERE path.depth < %s
+        WHERE n.owner_id = %(owner)s AND path.depth < %(limit)s
     )
     SELECT {PATH_COLUMNS} FROM path ORDER BY depth DESC
     """
@@ -532,14 +586,14 @@ _PATH_SQL = _up_sql("path.parent_id")
 _HISTORY_SQL = _up_sql("COALESCE(path.parent_id, path.compacted_from_id)")
 
 
-def walk_up(sql: str, node_id: int | None) -> list[tuple]:
-    """Run an upward recursive query from `node_id` (its parameters: the node, then the depth guard); more rows
-    than the guard allows mean a loop, a corrupt tree."""
+def walk_up(sql: str, node_id: int | None, owner: int) -> list[tuple]:
+    """Run an upward recursive query from `owner`'s node `node_id` (its parameters: `node`, `owner` and the depth
+    guard `limit`); more rows than the guard allows mean a loop, a corrupt tree."""
     if node_id is None:
         return []
     limit = settings.ARBOR_PATH_DEPTH_LIMIT
     with connection.cursor() as cursor:
-        cursor.execute(sql, [node_id, limit])
+        cursor.execute(sql, {"node": node_id, "owner": owner, "limit": limit})
         rows = cursor.fetchall()
     if len(rows) > limit:
         raise CorruptTree(f"the path from node {node_id} is deeper than {limit} nodes: the tree has a loop")

@@ -69,7 +69,7 @@ def branch_infos(*, conversation: Conversation, path: list[PathNode],
     openers = [p for p in path if opens_turn(p)]
     if not openers:
         return {}
-    nodes = _with_parents(openers, {p.id: p for p in (*known, *path)})
+    nodes = _with_parents(conversation, openers, {p.id: p for p in (*known, *path)})
 
     def key_of(parent_id: int | None) -> int | None:
         parent = nodes.get(parent_id)
@@ -97,11 +97,13 @@ def _versions(siblings: list[int], questions: dict[int, str | None]) -> tuple[tu
     return tuple(tuple(group) for group in groups.values())
 
 
-def _with_parents(openers: list[PathNode], nodes: dict[int, PathNode]) -> dict[int, PathNode]:
+def _with_parents(conversation: Conversation, openers: list[PathNode], nodes: dict[int, PathNode]
+                  ) -> dict[int, PathNode]:
     """`nodes` and the openers' parents it lacks (one query; at most the node before a page)."""
     missing = {p.parent_id for p in openers if p.parent_id is not None} - nodes.keys()
     if missing:
-        for row in Node.objects.filter(pk__in=missing).values_list("id", "parent_id", "kind", "compacted_from_id"):
+        found = Node.objects.filter(owner_id=conversation.owner_id, pk__in=missing)
+        for row in found.values_list("id", "parent_id", "kind", "compacted_from_id"):
             nodes[row[0]] = PathNode(row[0], row[1], row[2], "", [], [], compacted_from_id=row[3])
     return nodes
 
@@ -115,7 +117,8 @@ def _roots_of(conversation: Conversation, openers: list[PathNode], nodes: dict[i
              if p is not None and is_compaction_root(p) and p.compacted_from_id in originals}
     if originals:
         roots.update(Node.objects.filter(
-            conversation=conversation, parent__isnull=True, kind=Node.Kind.COMPACTION, window_root=False,
+            owner_id=conversation.owner_id, conversation=conversation, parent__isnull=True,
+            kind=Node.Kind.COMPACTION, window_root=False,
             compacted_from_id__in=originals).values_list("id", "compacted_from_id"))
     return roots
 
@@ -128,7 +131,7 @@ def _siblings(conversation: Conversation, keys: set[int | None], roots: dict[int
     below = Q(parent_id__in=[*originals, *roots])
     if None in keys:
         below |= Q(parent__isnull=True, conversation=conversation)
-    candidates = (Node.objects.can_be_head().filter(below, kind=Node.Kind.TURN)
+    candidates = (Node.objects.can_be_head().filter(below, owner_id=conversation.owner_id, kind=Node.Kind.TURN)
                   .alias(asks=RawSQL(asks_question_sql(_NODE), [], output_field=BooleanField())).filter(asks=True)
                   .filter(Q(conversation=conversation) | Q(pk__in=opener_ids))
                   .values_list("id", "parent_id", "sent"))
@@ -173,10 +176,10 @@ def _compaction_marker(root_id: int, original: int | None) -> ShownBubble:
                        {"compaction": root_id, "compacted_from": original})
 
 
-def _bubbles_of(path: list[PathNode]) -> list[ShownBubble]:
+def _bubbles_of(path: list[PathNode], owner: int) -> list[ShownBubble]:
     """The bubbles of `path`'s nodes and a marker at each compaction root, in path order (one query)."""
     order = {p.id: i for i, p in enumerate(path)}
-    shown = Bubble.objects.filter(node_id__in=list(order)).values_list(*_BUBBLE_COLUMNS)
+    shown = Bubble.objects.filter(owner_id=owner, node_id__in=list(order)).values_list(*_BUBBLE_COLUMNS)
     bubbles = [*(ShownBubble(*row) for row in shown),
                *(_compaction_marker(p.id, p.compacted_from_id) for p in path if is_compaction_root(p))]
     bubbles.sort(key=lambda b: (order[b.node_id], b.id or 0))
@@ -197,7 +200,7 @@ def _views(conversation: Conversation, stretch: Stretch, *, sealed: int) -> list
     if opens_turn(path[0]) or lead is None:
         lead = None
     elif not opens_turn(lead):
-        lead = turn_opener(lead.id)
+        lead = turn_opener(lead.id, owner=conversation.owner_id)
     rows = [lead, *path] if lead is not None else path
     infos = branch_infos(conversation=conversation, path=rows, known=[stretch.before] if stretch.before else [])
     opener_of: dict[int, int] = {}
@@ -209,7 +212,7 @@ def _views(conversation: Conversation, stretch: Stretch, *, sealed: int) -> list
             opener_of[p.id] = current
     order = {p.id: i for i, p in enumerate(path)}
     return [BubbleView(bubble=b, branch=None if b.pk is None else infos.get(opener_of.get(b.node_id, -1)),
-                       editable=order[b.node_id] >= sealed) for b in _bubbles_of(path)]
+                       editable=order[b.node_id] >= sealed) for b in _bubbles_of(path, conversation.owner_id)]
 
 
 @dataclass(frozen=True)
@@ -250,11 +253,11 @@ def bubbles_after(*, conversation: Conversation, tip: int | None, after: int | N
     if tip is None:
         return _page(conversation, tip, EMPTY, sealed=0)
     if ahead:
-        stretch = history_after(ahead[0], after=after, size=size, root=root)
+        stretch = history_after(ahead[0], owner=conversation.owner_id, after=after, size=size, root=root)
         if stretch is not None:  # a mark is never the tip: more follows it
             stretch = stretch._replace(more=True, marks=tuple(ahead[1:]))
     else:
-        stretch = history_after(tip, after=after, size=size, marks=MARKS)
+        stretch = history_after(tip, owner=conversation.owner_id, after=after, size=size, marks=MARKS)
     return None if stretch is None else _page(conversation, tip, stretch, sealed=stretch.sealed)
 
 
@@ -263,13 +266,14 @@ def bubbles_before(*, conversation: Conversation, tip: int | None, before: int, 
     """The bubbles of the `size` nodes of the history just before node `before`, read by walking up from it
     `size` + 2 steps (its history is the same whatever the head did since). `sealed`: a compaction root lies at
     or after `before` (T10), which this page cannot see."""
-    stretch = history_before(before, size=size)
+    stretch = history_before(before, owner=conversation.owner_id, size=size)
     return _page(conversation, tip, stretch, sealed=len(stretch.nodes) if sealed else stretch.sealed)
 
 
 def latest_bubbles(*, conversation: Conversation, tip: int | None, size: int) -> BubblePage:
     """The bubbles of the last `size` nodes of `tip`'s history: what the chat screen opens on."""
-    stretch = history_before(tip, size=size, include=True) if tip is not None else EMPTY
+    stretch = (history_before(tip, owner=conversation.owner_id, size=size, include=True) if tip is not None
+               else EMPTY)
     return _page(conversation, tip, stretch, sealed=stretch.sealed)
 
 
@@ -283,7 +287,7 @@ def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = No
     not editable.
     """
     tip = conversation.head_id if path is None else path[-1].id if path else None
-    history = screen_history(tip)
+    history = screen_history(tip, owner=conversation.owner_id)
     sealed = max((i + 1 for i, p in enumerate(history) if is_compaction_root(p)), default=0)
     views: list[BubbleView] = []
     for start in range(0, len(history), CHUNK):
@@ -292,15 +296,15 @@ def path_bubbles(*, conversation: Conversation, path: list[PathNode] | None = No
     return views
 
 
-def history_bubbles(tip: int | None, *, chunk_nodes: int = 100) -> Iterator[ShownBubble]:
+def history_bubbles(tip: int | None, *, owner: int, chunk_nodes: int = 100) -> Iterator[ShownBubble]:
     """Every bubble of `tip`'s history in order, with the compaction markers, the bubbles of `chunk_nodes` nodes
     in memory at a time and no branch places: for exports (issue 13)."""
-    ids, roots = history_walk(tip)
+    ids, roots = history_walk(tip, owner=owner)
     for start in range(0, len(ids), chunk_nodes):
         chunk = ids[start:start + chunk_nodes]
         order = {node_id: i for i, node_id in enumerate(chunk)}
         shown = [ShownBubble(*row) for row in
-                 Bubble.objects.filter(node_id__in=list(chunk)).values_list(*_BUBBLE_COLUMNS)]
+                 Bubble.objects.filter(owner_id=owner, node_id__in=list(chunk)).values_list(*_BUBBLE_COLUMNS)]
         shown += [_compaction_marker(node_id, roots[node_id]) for node_id in chunk if node_id in roots]
         shown.sort(key=lambda b: (order[b.node_id], b.id or 0))
         yield from shown

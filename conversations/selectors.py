@@ -24,16 +24,16 @@ _NODE = Node._meta.db_table
 # tell questions): membership checks and the screen read thousands of nodes behind the roots.
 _HISTORY_CTE = f"""
 WITH RECURSIVE path AS (
-    SELECT id, parent_id, compacted_from_id, 0 AS depth FROM {_NODE} WHERE id = %s
+    SELECT id, parent_id, compacted_from_id, 0 AS depth FROM {_NODE} WHERE id = %(node)s AND owner_id = %(owner)s
     UNION ALL
     SELECT n.id, n.parent_id, n.compacted_from_id, path.depth + 1
     FROM {_NODE} n JOIN path ON n.id = COALESCE(path.parent_id, path.compacted_from_id)
-    WHERE path.depth < %s
+    WHERE n.owner_id = %(owner)s AND path.depth < %(limit)s
 )"""
 _HISTORY_IDS_SQL = f"{_HISTORY_CTE} SELECT id FROM path ORDER BY depth"
 _SCREEN_SQL = f"""{_HISTORY_CTE}
 SELECT n.id, n.parent_id, n.kind, n.status, CASE WHEN n.kind = 'turn' THEN n.sent END, n.compacted_from_id
-FROM path JOIN {_NODE} n ON n.id = path.id ORDER BY path.depth DESC"""
+FROM path JOIN {_NODE} n ON n.id = path.id AND n.owner_id = %(owner)s ORDER BY path.depth DESC"""
 
 
 def asks_question_sql(table: str) -> str:
@@ -49,14 +49,14 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
-def _read_up(head_id: int | None, *, history: bool) -> list[PathNode]:
-    rows = Node.objects.path_up(head_id, history=history)
+def _read_up(head_id: int | None, *, owner: int, history: bool) -> list[PathNode]:
+    rows = Node.objects.path_up(head_id, owner=owner, history=history)
     return [PathNode(r[0], r[1], r[2], r[3], _json(r[4]), _json(r[5]), r[6], r[7], r[8], r[9], r[10]) for r in rows]
 
 
-def node_path(head_id: int | None) -> list[PathNode]:
-    """Return the path from the root (or the compaction node) down to `head_id`, in one query."""
-    return _read_up(head_id, history=False)
+def node_path(head_id: int | None, *, owner: int) -> list[PathNode]:
+    """Return the path from the root (or the compaction node) down to `owner`'s node `head_id`, in one query."""
+    return _read_up(head_id, owner=owner, history=False)
 
 
 def path_node(node: Node, *, shift: int = 0) -> PathNode:
@@ -66,19 +66,19 @@ def path_node(node: Node, *, shift: int = 0) -> PathNode:
                     path_tokens=node.path_tokens + shift, compacted_from_id=node.compacted_from_id, shift=shift)
 
 
-def history_path(head_id: int | None) -> list[PathNode]:
+def history_path(head_id: int | None, *, owner: int) -> list[PathNode]:
     """Return everything the conversation went through to reach `head_id`, in one query: the path, and
     behind each compaction root its original path (C3). The roots stay in the list, where they happened."""
-    return _read_up(head_id, history=True)
+    return _read_up(head_id, owner=owner, history=True)
 
 
-def history_ids(head_id: int | None) -> list[int]:
+def history_ids(head_id: int | None, *, owner: int) -> list[int]:
     """The ids of `history_path(head_id)`, head first, without reading any items: for membership checks
     (T10, switching) that would otherwise read the whole history's JSON."""
-    return [row[0] for row in walk_up(_HISTORY_IDS_SQL, head_id)]
+    return [row[0] for row in walk_up(_HISTORY_IDS_SQL, head_id, owner)]
 
 
-def screen_history(head_id: int | None, *, last: int | None = None) -> list[PathNode]:
+def screen_history(head_id: int | None, *, owner: int, last: int | None = None) -> list[PathNode]:
     """`history_path` for the screen, in one query: ids, links, kind and status, and only a turn's sent
     items (to tell questions, T8); no received items, nothing of a compaction root's kept turns.
 
@@ -86,12 +86,12 @@ def screen_history(head_id: int | None, *, last: int | None = None) -> list[Path
     there is more: the end of a long history costs what it shows.
     """
     if last is None:
-        rows = walk_up(_SCREEN_SQL, head_id)
+        rows = walk_up(_SCREEN_SQL, head_id, owner)
     elif head_id is None:
         rows = []
     else:
         with connection.cursor() as cursor:
-            cursor.execute(_SCREEN_SQL, [head_id, last])
+            cursor.execute(_SCREEN_SQL, {"node": head_id, "owner": owner, "limit": last})
             rows = cursor.fetchall()
     return [_screen_node(r) for r in rows]
 
@@ -119,15 +119,16 @@ class Stretch(NamedTuple):
 # and the last nodes of the next pages (part 2): `size` nodes apart, counted from the stop (or the root).
 _AFTER_SQL = f"""
 WITH RECURSIVE path AS (
-    SELECT id, parent_id, compacted_from_id, kind, 0 AS depth FROM {_NODE} WHERE id = %(tip)s
+    SELECT id, parent_id, compacted_from_id, kind, 0 AS depth FROM {_NODE} WHERE id = %(tip)s AND owner_id = %(owner)s
     UNION ALL
     SELECT n.id, n.parent_id, n.compacted_from_id, n.kind, path.depth + 1
     FROM {_NODE} n JOIN path ON n.id = COALESCE(path.parent_id, path.compacted_from_id)
-    WHERE path.id <> %(stop)s AND path.depth < %(limit)s
+    WHERE n.owner_id = %(owner)s AND path.id <> %(stop)s AND path.depth < %(limit)s
 )
 SELECT 0 AS part, n.id, n.parent_id, n.kind, n.status, CASE WHEN n.kind = 'turn' THEN n.sent END,
        n.compacted_from_id, page.depth
-FROM (SELECT id, depth FROM path ORDER BY depth DESC LIMIT %(rows)s) page JOIN {_NODE} n ON n.id = page.id
+FROM (SELECT id, depth FROM path ORDER BY depth DESC LIMIT %(rows)s) page
+     JOIN {_NODE} n ON n.id = page.id AND n.owner_id = %(owner)s
 UNION ALL
 SELECT 1, id, NULL, NULL, NULL, NULL, NULL, depth FROM (
     SELECT id, depth FROM path WHERE kind = 'compaction' AND parent_id IS NULL ORDER BY depth LIMIT 1) latest
@@ -139,7 +140,7 @@ SELECT 2, id, NULL, NULL, NULL, NULL, NULL, depth FROM (
 ORDER BY part, depth DESC"""
 
 
-def history_after(tip: int, *, after: int | None, size: int, marks: int = 0, root: int | None = None,
+def history_after(tip: int, *, owner: int, after: int | None, size: int, marks: int = 0, root: int | None = None,
                   ) -> Stretch | None:
     """Up to `size` nodes of `tip`'s history that come after node `after` (from the root when None), in one query.
 
@@ -149,8 +150,9 @@ def history_after(tip: int, *, after: int | None, size: int, marks: int = 0, roo
     costs its own length. For such a walk (`marks` 0) `root` is the latest compaction root that lay ahead (T10).
     None when `after` is not on the history.
     """
-    params = {"tip": tip, "stop": after or 0, "limit": settings.ARBOR_PATH_DEPTH_LIMIT,  # no node has id 0
-              "rows": size + (2 if after else 1), "offset": 0 if after else 1, "size": size, "marks": marks}
+    params = {"tip": tip, "owner": owner, "stop": after or 0,  # no node has id 0
+              "limit": settings.ARBOR_PATH_DEPTH_LIMIT, "rows": size + (2 if after else 1),
+              "offset": 0 if after else 1, "size": size, "marks": marks}
     with connection.cursor() as cursor:
         cursor.execute(_AFTER_SQL, params)
         rows = cursor.fetchall()
@@ -179,11 +181,11 @@ def _sealed(page: list[tuple], latest: tuple[int, int] | None) -> tuple[int, int
     return sealed, latest[0] if page and latest[1] < page[-1][6] else None
 
 
-def history_before(node_id: int, *, size: int, include: bool = False) -> Stretch:
+def history_before(node_id: int, *, owner: int, size: int, include: bool = False) -> Stretch:
     """Up to `size` nodes of the history just before `node_id` (ending with it if `include`), root first: a walk
     of `size` + 2 steps up, whatever the history's length or what the head did since. `sealed` counts the nodes up
     to the last compaction root among them."""
-    rows = screen_history(node_id, last=size if include else size + 1)
+    rows = screen_history(node_id, owner=owner, last=size if include else size + 1)
     if not include:
         rows = rows[:-1]
     more = len(rows) > size
@@ -194,27 +196,28 @@ def history_before(node_id: int, *, size: int, include: bool = False) -> Stretch
 
 _OPENER_SQL = """
 WITH RECURSIVE path AS (
-    SELECT id, parent_id, compacted_from_id, kind = 'turn' AND {asks} AS opens, 0 AS depth FROM {node} WHERE id = %s
+    SELECT id, parent_id, compacted_from_id, kind = 'turn' AND {asks} AS opens, 0 AS depth FROM {node}
+    WHERE id = %(node)s AND owner_id = %(owner)s
     UNION ALL
     SELECT n.id, n.parent_id, n.compacted_from_id, n.kind = 'turn' AND {asks_n}, path.depth + 1
     FROM {node} n JOIN path ON n.id = COALESCE(path.parent_id, path.compacted_from_id)
-    WHERE NOT path.opens AND path.depth < %s
+    WHERE n.owner_id = %(owner)s AND NOT path.opens AND path.depth < %(limit)s
 )
-SELECT n.id, n.parent_id, n.kind, n.status, n.sent, n.compacted_from_id FROM path JOIN {node} n ON n.id = path.id
-WHERE path.opens"""
+SELECT n.id, n.parent_id, n.kind, n.status, n.sent, n.compacted_from_id FROM path
+JOIN {node} n ON n.id = path.id AND n.owner_id = %(owner)s WHERE path.opens"""
 
 
-def turn_opener(node_id: int) -> PathNode | None:
+def turn_opener(node_id: int, *, owner: int) -> PathNode | None:
     """The node that opened the turn holding `node_id` (itself if it does), found by walking up only as far as
     that: what a page that starts inside a turn needs for its branch place (T8)."""
     sql = _OPENER_SQL.format(node=_NODE, asks=asks_question_sql(_NODE), asks_n=asks_question_sql("n"))
     with connection.cursor() as cursor:
-        cursor.execute(sql, [node_id, settings.ARBOR_PATH_DEPTH_LIMIT])
+        cursor.execute(sql, {"node": node_id, "owner": owner, "limit": settings.ARBOR_PATH_DEPTH_LIMIT})
         row = cursor.fetchone()
     return _screen_node(row) if row else None
 
 
-def history_walk(tip: int | None) -> tuple[array, dict[int, int]]:
+def history_walk(tip: int | None, *, owner: int) -> tuple[array, dict[int, int]]:
     """The history's ids root first, as 8 bytes each, and its compaction roots with their originals (C3): what
     an export walks in chunks without holding the nodes (issue 13)."""
     ids = array("q")
@@ -222,9 +225,9 @@ def history_walk(tip: int | None) -> tuple[array, dict[int, int]]:
     if tip is None:
         return ids, roots
     sql = f"""{_HISTORY_CTE} SELECT path.id, path.parent_id IS NULL AND n.kind = 'compaction', path.compacted_from_id
-              FROM path JOIN {_NODE} n ON n.id = path.id ORDER BY path.depth DESC"""
+              FROM path JOIN {_NODE} n ON n.id = path.id AND n.owner_id = %(owner)s ORDER BY path.depth DESC"""
     with connection.cursor() as cursor:
-        cursor.execute(sql, [tip, settings.ARBOR_PATH_DEPTH_LIMIT])
+        cursor.execute(sql, {"node": tip, "owner": owner, "limit": settings.ARBOR_PATH_DEPTH_LIMIT})
         while rows := cursor.fetchmany(2000):
             for node_id, is_root, original in rows:
                 ids.append(node_id)
@@ -233,7 +236,7 @@ def history_walk(tip: int | None) -> tuple[array, dict[int, int]]:
     return ids, roots
 
 
-def context_path(path: list[PathNode], provider: str | None) -> list[PathNode]:
+def context_path(path: list[PathNode], provider: str | None, *, owner: int) -> list[PathNode]:
     """The path a call to `provider` assembles from (C3): when `provider` cannot read the compaction
     result the path starts with, the original path behind it takes the root's place, recursively.
 
@@ -241,7 +244,7 @@ def context_path(path: list[PathNode], provider: str | None) -> list[PathNode]:
     """
     if not path or not is_compaction_root(path[0]) or readable_by(path[0].sent, provider):
         return path
-    original = context_path(node_path(path[0].compacted_from_id), provider)
+    original = context_path(node_path(path[0].compacted_from_id, owner=owner), provider, owner=owner)
     offset = (original[-1].path_tokens if original else 0) - path[0].tokens
     return [*original, *(p._replace(path_tokens=p.path_tokens + offset, shift=p.shift + offset) for p in path[1:])]
 
@@ -304,28 +307,12 @@ def conversation_list(*, user) -> QuerySet[Conversation]:
 
 
 def node_for_user(*, user, node_id: Any) -> Node:
-    """Return a node that one of the caller's conversations created or passes through (P3)."""
+    """Return a node of the caller's: one of their conversations created it or passes through it (P3, a path is
+    one person's: issue 34's `owner`)."""
     try:
-        node = Node.objects.select_related("conversation").get(pk=int(node_id))
-    except (Node.DoesNotExist, TypeError, ValueError):
+        return Node.objects.select_related("conversation").get(pk=int(node_id), owner_id=user.pk)
+    except (Node.DoesNotExist, TypeError, ValueError, OverflowError):
         raise NotFound("No such node.") from None
-    if node.conversation is not None and node.conversation.owner_id == user.pk:
-        return node
-    # Shared history (its creator is gone or is not the caller's): is it on one of the caller's paths?
-    sql = f"""
-    WITH RECURSIVE below(id) AS (
-        SELECT id FROM {_NODE} WHERE id = %s
-        UNION ALL
-        SELECT n.id FROM {_NODE} n JOIN below ON n.parent_id = below.id
-    )
-    SELECT 1 FROM {Conversation._meta.db_table} c JOIN below ON c.head_id = below.id
-    WHERE c.owner_id = %s LIMIT 1
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [node.pk, user.pk])
-        if cursor.fetchone():
-            return node
-    raise NotFound("No such node.")
 
 
 def tree_scope(conversation: Conversation, path_ids: Iterable[int]) -> Q:
@@ -336,8 +323,9 @@ def tree_scope(conversation: Conversation, path_ids: Iterable[int]) -> Q:
 def conversation_has_node(*, conversation: Conversation, node_id: int) -> bool:
     """Is `node_id` in the conversation's tree (created by it, or shared history on its path, behind
     compactions too: C3)?"""
-    path_ids = history_ids(conversation.head_id)
-    return Node.objects.filter(tree_scope(conversation, path_ids), pk=node_id).exists()
+    path_ids = history_ids(conversation.head_id, owner=conversation.owner_id)
+    own = Node.objects.filter(owner_id=conversation.owner_id, pk=node_id)
+    return own.filter(tree_scope(conversation, path_ids)).exists()
 
 
 def conversation_nodes(*, conversation: Conversation) -> QuerySet[Node]:
@@ -345,7 +333,8 @@ def conversation_nodes(*, conversation: Conversation) -> QuerySet[Node]:
 
     A plain indexed query: tree fields (django-tree-queries) cost seconds on a 2,000-deep conversation.
     """
-    return Node.objects.filter(tree_scope(conversation, history_ids(conversation.head_id))).order_by("id")
+    path_ids = history_ids(conversation.head_id, owner=conversation.owner_id)
+    return Node.objects.filter(tree_scope(conversation, path_ids), owner_id=conversation.owner_id).order_by("id")
 
 
 # What /nodes/ shows of a node (NodeSummaryOut): never its items, which may be large.
@@ -354,8 +343,8 @@ NODE_SUMMARY_FIELDS = ("id", "parent", "conversation", "kind", "status", "failur
 
 _SHARED_ON_HISTORY_SQL = f"""{_HISTORY_CTE}
 SELECT n.id FROM path JOIN {_NODE} n ON n.id = path.id
-WHERE (n.conversation_id IS NULL OR n.conversation_id <> %s) AND n.id {{op}} %s
-ORDER BY n.id {{order}} LIMIT %s"""
+WHERE (n.conversation_id IS NULL OR n.conversation_id <> %(conversation)s) AND n.id {{op}} %(bound)s
+ORDER BY n.id {{order}} LIMIT %(size)s"""
 
 
 def node_page(*, conversation: Conversation, after: int | None = None, before: int | None = None,
@@ -371,8 +360,9 @@ def node_page(*, conversation: Conversation, after: int | None = None, before: i
     if conversation.head_id is not None:
         sql = _SHARED_ON_HISTORY_SQL.format(op="<" if backwards else ">", order="DESC" if backwards else "ASC")
         with connection.cursor() as cursor:
-            cursor.execute(sql, [conversation.head_id, settings.ARBOR_PATH_DEPTH_LIMIT, conversation.pk, bound,
-                                 size + 1])
+            cursor.execute(sql, {"node": conversation.head_id, "owner": conversation.owner_id, "conversation":
+                                 conversation.pk, "bound": bound, "size": size + 1,
+                                 "limit": settings.ARBOR_PATH_DEPTH_LIMIT})
             shared = [row[0] for row in cursor.fetchall()]
         if shared:
             nodes += Node.objects.filter(pk__in=shared).only(*NODE_SUMMARY_FIELDS)
@@ -424,7 +414,7 @@ WHERE ref IS NOT NULL AND ref NOT IN (SELECT id FROM {_NODE} WHERE conversation_
 
 # From one node up (a walk from one row: index lookups), with what each node's summarising call is.
 _ENTRY_WALK_SQL = f"""{_HISTORY_CTE}
-SELECT n.id, n.summary_call_id FROM path JOIN {_NODE} n ON n.id = path.id"""
+SELECT n.id, n.summary_call_id FROM path JOIN {_NODE} n ON n.id = path.id AND n.owner_id = %(owner)s"""
 
 
 def tree_node_ids(conversation: Conversation) -> array:
@@ -441,7 +431,8 @@ def tree_node_ids(conversation: Conversation) -> array:
             entry = todo.pop()
             if entry in outside:
                 continue
-            cursor.execute(_ENTRY_WALK_SQL, [entry, settings.ARBOR_PATH_DEPTH_LIMIT])
+            cursor.execute(_ENTRY_WALK_SQL, {"node": entry, "owner": conversation.owner_id,
+                                             "limit": settings.ARBOR_PATH_DEPTH_LIMIT})
             for node_id, summary_call in cursor.fetchall():
                 outside.add(node_id)
                 if summary_call is not None and summary_call not in outside:

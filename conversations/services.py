@@ -112,8 +112,8 @@ def branch_mark(*, node: Node, label: str | None = None, starred: bool | None = 
         raise NotABranch(f"Node {node.pk} cannot be starred: the conversation could not open on it.")
     with transaction.atomic():
         if starred:
-            Node.objects.filter(conversation_id=node.conversation_id, starred=True).exclude(pk=node.pk).update(
-                starred=False)
+            Node.objects.filter(owner_id=node.owner_id, conversation_id=node.conversation_id, starred=True).exclude(
+                pk=node.pk).update(starred=False)
         changes = {k: v for k, v in {"label": label, "starred": starred}.items() if v is not None}
         Node.objects.filter(pk=node.pk).update(**changes)
     node.refresh_from_db(fields=["label", "starred"])
@@ -124,10 +124,10 @@ def open_on_star(*, conversation: Conversation) -> None:
     """A conversation opened afresh opens on its starred branch: the head goes to that branch's latest tip (T8),
     unless it is there already or a turn runs (T9: then it stays where the turn is). The caller decides what
     "afresh" is (the chat page: not a page of this conversation reloading itself)."""
-    star = Node.objects.filter(conversation=conversation, starred=True).values_list("pk", flat=True).first()
+    star = Node.objects.of(conversation).filter(starred=True).values_list("pk", flat=True).first()
     if star is None or conversation.head_id is None or conversation.turn_running:
         return
-    if star in history_ids(conversation.head_id):
+    if star in history_ids(conversation.head_id, owner=conversation.owner_id):
         return  # on the starred branch already
     try:
         head_switch(conversation=conversation, node_id=star)

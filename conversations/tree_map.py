@@ -45,7 +45,7 @@ def _snippet(kind: str, sent: list[dict[str, Any]], question: str | None) -> str
 
 def tree_map(conversation: Conversation) -> dict[str, Any]:
     """`{"head": <mark id>, "nodes": [mark, …]}` in id order (a mark's parent comes before it)."""
-    history = history_ids(conversation.head_id)
+    history = history_ids(conversation.head_id, owner=conversation.owner_id)
     on_path = set(history)
     rows = (Node.objects.filter(tree_scope(conversation, history)).exclude(SIDE_CALL).order_by("id")
             .values_list("id", "parent_id", "kind", "status", "failure_reason", "compacted_from_id", "sent", "label",

@@ -164,7 +164,7 @@ def run_view(run: PlaybookRun) -> RunView:
     if conversation is None:
         return RunView(run=run, status="deleted")
     nodes = list(conversation_nodes(conversation=conversation))
-    path = node_path(conversation.head_id)
+    path = node_path(conversation.head_id, owner=conversation.owner_id)
     head = path[-1] if path else None
     after = _below(nodes, head.id if head else None)
     on_path = {p.id for p in path}

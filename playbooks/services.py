@@ -65,7 +65,8 @@ def _convert(conversation: Conversation, progress: Progress | None = None) -> Co
             raise BadInput("This conversation has no messages yet: there is nothing to turn into a playbook.")
         # The whole context, read once (T5); a compaction this model cannot read is expanded (C3).
         provider = llm.provider_of(conversation.effective_model)
-        path = context_path(node_path(conversation.head_id), provider)
+        path = context_path(node_path(conversation.head_id, owner=conversation.owner_id), provider,
+                                owner=conversation.owner_id)
         if path[-1].status == Node.Status.SUCCEEDED and it.tool_calls(path[-1].received):
             # Like a turn (F3): a call waiting for a person has no result yet, so the context is unfinished.
             raise ApprovalPending("A tool call is waiting for approval: approve or refuse it before converting.")

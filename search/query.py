@@ -99,7 +99,8 @@ FROM (SELECT d.bubble_id, ts_rank(d.vector, q.query) AS rank
       ORDER BY rank DESC, d.bubble_id DESC) AS d
 JOIN conversations_bubble b ON b.id = d.bubble_id
 JOIN conversations_conversation c ON c.id = b.conversation_id
-WHERE c.owner_id = %s AND c.id IS DISTINCT FROM %s AND (%s::bigint IS NULL OR c.project_id = %s)
+WHERE c.owner_id = %s AND b.owner_id = c.owner_id AND c.id IS DISTINCT FROM %s
+  AND (%s::bigint IS NULL OR c.project_id = %s)
 ORDER BY d.rank DESC, d.bubble_id DESC
 LIMIT %s
 """
@@ -123,7 +124,7 @@ _POSTGRES_SNIPPETS = """
 SELECT b.id, ts_headline(
     %s::regconfig, b.content, to_tsquery(%s::regconfig, %s),
     'StartSel=' || chr(2) || ', StopSel=' || chr(3) || ', MaxWords=30, MinWords=10, MaxFragments=2')
-FROM conversations_bubble b WHERE b.id = ANY(%s)
+FROM conversations_bubble b WHERE b.id = ANY(%s) AND b.owner_id = %s
 """
 _SQLITE_RANKED = """
 SELECT b.id, b.node_id, b.role, c.id, c.title, -bm25(search_fts) AS rank,
@@ -131,7 +132,8 @@ SELECT b.id, b.node_id, b.role, c.id, c.title, -bm25(search_fts) AS rank,
 FROM search_fts
 JOIN conversations_bubble b ON b.id = search_fts.rowid
 JOIN conversations_conversation c ON c.id = b.conversation_id
-WHERE search_fts MATCH %s AND c.owner_id = %s AND c.id IS NOT %s AND (%s IS NULL OR c.project_id = %s)
+WHERE search_fts MATCH %s AND c.owner_id = %s AND b.owner_id = c.owner_id AND c.id IS NOT %s
+  AND (%s IS NULL OR c.project_id = %s)
 ORDER BY bm25(search_fts), b.id DESC
 LIMIT %s
 """
@@ -199,10 +201,10 @@ def search_bubbles(*, user, query: str, limit: int = 20, match_any: bool = False
             if shown and rows:
                 config = settings.ARBOR_SEARCH_CONFIG
                 cursor.execute(_POSTGRES_SNIPPETS, [config, config, _tsquery(used, match_any=match_any),
-                                                    [r[0] for r in rows]])
+                                                    [r[0] for r in rows], user.pk])
                 snippets = dict(cursor.fetchall())
             rows = [(*row, snippets.get(row[0], "")) for row in rows]
-    on_path = on_current_paths((row[3], row[1]) for row in rows) if shown else set()
+    on_path = on_current_paths(((row[3], row[1]) for row in rows), owner=user.pk) if shown else set()
     return [Hit(bubble=b, node=n, role=role, conversation=c, conversation_title=title or f"Conversation {c}",
                 rank=float(rank), snippet=_snippet(snippet), on_current_path=n in on_path)
             for b, n, role, c, title, rank, snippet in rows]
@@ -238,35 +240,39 @@ def _ranked(cursor, terms: list[str], *, user, exclude_conversation: int | None,
 _ON_PATHS = f"""
 WITH RECURSIVE hit AS (
     SELECT h.conversation, h.node, COALESCE(n.parent_id, n.compacted_from_id, n.id) AS up
-    FROM unnest(%s::bigint[], %s::bigint[]) AS h(conversation, node) JOIN {_NODE} n ON n.id = h.node
+    FROM unnest(%(conversations)s::bigint[], %(nodes)s::bigint[]) AS h(conversation, node)
+    JOIN {_NODE} n ON n.id = h.node AND n.owner_id = %(owner)s
 ), walk AS (
     SELECT c.id AS conversation, n.id, COALESCE(n.parent_id, n.compacted_from_id) AS next,
            array_remove(ARRAY(SELECT DISTINCT up FROM hit WHERE hit.conversation = c.id), n.id) AS open, 0 AS depth
-    FROM conversations_conversation c JOIN {_NODE} n ON n.id = c.head_id
-    WHERE c.id IN (SELECT conversation FROM hit)
+    FROM conversations_conversation c JOIN {_NODE} n ON n.id = c.head_id AND n.owner_id = %(owner)s
+    WHERE c.owner_id = %(owner)s AND c.id IN (SELECT conversation FROM hit)
     UNION ALL
     SELECT w.conversation, n.id, COALESCE(n.parent_id, n.compacted_from_id), array_remove(w.open, n.id), w.depth + 1
     FROM walk w JOIN {_NODE} n ON n.id = w.next
-    WHERE cardinality(w.open) > 0 AND w.depth < %s
+    WHERE n.owner_id = %(owner)s AND cardinality(w.open) > 0 AND w.depth < %(limit)s
 )
 SELECT walk.id FROM walk JOIN hit ON hit.conversation = walk.conversation AND hit.node = walk.id
 """
 
 
-def on_current_paths(hits: Iterable[tuple[int, int]]) -> set[int]:
-    """Of these (conversation, node) hits, the nodes on their conversation's current branch (its head's history)."""
+def on_current_paths(hits: Iterable[tuple[int, int]], *, owner: int) -> set[int]:
+    """Of these (conversation, node) hits of `owner`'s, the nodes on their conversation's current branch (its head's
+    history)."""
     pairs = sorted(set(hits))
     if not pairs:
         return set()
     if connection.vendor != "postgresql":
-        paths = current_paths({conversation for conversation, _ in pairs})
+        paths = current_paths({conversation for conversation, _ in pairs}, owner=owner)
         return {node for conversation, node in pairs if node in paths.get(conversation, ())}
     with reading_connection().cursor() as cursor:  # the replica's in a search (issue 34)
-        cursor.execute(_ON_PATHS, [[c for c, _ in pairs], [n for _, n in pairs], settings.ARBOR_PATH_DEPTH_LIMIT])
+        cursor.execute(_ON_PATHS, {"conversations": [c for c, _ in pairs], "nodes": [n for _, n in pairs],
+                                   "owner": owner, "limit": settings.ARBOR_PATH_DEPTH_LIMIT})
         return {row[0] for row in cursor.fetchall()}
 
 
-def current_paths(conversation_ids: set[int]) -> dict[int, set[int]]:
-    """The node ids each conversation shows now (its head's path, history behind compactions included)."""
-    heads = Conversation.objects.filter(pk__in=conversation_ids).values_list("pk", "head_id")
-    return {pk: set(history_ids(head)) for pk, head in heads}
+def current_paths(conversation_ids: set[int], *, owner: int) -> dict[int, set[int]]:
+    """The node ids each of `owner`'s conversations shows now (its head's path, history behind compactions
+    included)."""
+    heads = Conversation.objects.filter(owner_id=owner, pk__in=conversation_ids).values_list("pk", "head_id")
+    return {pk: set(history_ids(head, owner=owner)) for pk, head in heads}

@@ -45,7 +45,7 @@ def nearest_bubbles(*, user, vector: list[float], limit: int, min_similarity: fl
     floor = settings.ARBOR_RETRIEVAL_MIN_SIMILARITY if min_similarity is None else min_similarity
     found = nearest(owner_id=user.pk, model=settings.ARBOR_EMBEDDING_MODEL, query=vector, limit=limit,
                     min_similarity=floor, exclude_conversation=exclude_conversation)
-    on_path = on_current_paths((near.conversation, near.node) for near in found) if shown else set()
+    on_path = on_current_paths(((near.conversation, near.node) for near in found), owner=user.pk) if shown else set()
     return [Hit(bubble=near.bubble, node=near.node, role=near.role, conversation=near.conversation,
                 conversation_title=near.conversation_title, rank=near.similarity,
                 snippet=mark_safe(escape(near.text)),  # noqa: S308 - escaped

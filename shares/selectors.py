@@ -54,4 +54,4 @@ def share_for_owner(*, user, token: str) -> Share:
 def share_bubbles(share: Share) -> Iterator[ShownBubble]:
     """The bubbles of the shared path, root first, ending at the shared node: a snapshot whatever the head does
     later (T8: only nodes on that path; C3: behind a compaction the original path, with its marker)."""
-    return history_bubbles(share.node_id)
+    return history_bubbles(share.node_id, owner=share.conversation.owner_id)

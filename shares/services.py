@@ -69,10 +69,12 @@ _NODE_COLUMNS = ("id", "parent_id", "compacted_from_id", *(f for f in arbor_tree
 def _path_document(share: Share) -> dict[str, Any]:
     """The shared path (behind compactions, its originals too: C3) as an Arbor tree file whose head is the shared
     node: what `arbor_tree.import_tree` checks and writes as a new conversation."""
-    ids = history_ids(share.node_id)
-    nodes = [_copied_node(row) for row in Node.objects.filter(pk__in=ids).order_by("id").values(*_NODE_COLUMNS)]
+    owner = share.conversation.owner_id
+    ids = history_ids(share.node_id, owner=owner)
+    rows = Node.objects.filter(owner_id=owner, pk__in=ids).order_by("id").values(*_NODE_COLUMNS)
+    nodes = [_copied_node(row) for row in rows]
     bubbles = [{"node": row["node_id"], "role": row["role"], "content": row["content"], "data": row["data"]}
-               for row in Bubble.objects.filter(node_id__in=ids).order_by("node_id", "id")
+               for row in Bubble.objects.filter(owner_id=owner, node_id__in=ids).order_by("node_id", "id")
                .values("node_id", "role", "content", "data")]
     approvals = [{"node": row["node_id"], "call_id": row["call_id"], "approved": row["approved"],
                   "result": row["result"]}

@@ -52,7 +52,7 @@ WARMUP = 3
 TREE_QUERIES_BUDGET_S = 20.0  # per tree: fewer runs than --repeat if django-tree-queries is that slow
 UNFILTERED_CAP_S = 60
 BATCH = 2000  # bulk_create batch size when COPY is not available
-NODE_COLUMNS = ("id", "parent_id", "conversation_id", "kind", "status", "failure_reason", "failure_message",
+NODE_COLUMNS = ("id", "parent_id", "conversation_id", "owner_id", "kind", "status", "failure_reason", "failure_message",
                 "sent", "received", "provider", "model", "usage", "created_at", "finished_at", "instructions",
                 "tokens", "path_tokens", "keep_ephemeral", "window_root")
 # What node_path reads.
@@ -149,26 +149,27 @@ def interleaved_rows(trees: list[tuple[TreeSpec, int]], first_id: int) -> Iterat
         streams = alive
 
 
-def full_rows(rows: Iterable[tuple], *, as_json: bool) -> Iterator[tuple]:
+def full_rows(rows: Iterable[tuple], *, owner: int, as_json: bool) -> Iterator[tuple]:
     now = timezone.now()
     for node_id, parent_id, conversation_id, sent, received in rows:
         if as_json:
             sent, received = json.dumps(sent), json.dumps(received)
-        yield (node_id, parent_id, conversation_id, "turn", "succeeded", "", "", sent, received, PROVIDER, MODEL,
+        yield (node_id, parent_id, conversation_id, owner, "turn", "succeeded", "", "", sent, received, PROVIDER, MODEL,
                "{}" if as_json else {}, now, now, INSTRUCTIONS, 0, 0, False, False)
 
 
-def copy_nodes(rows: Iterable[tuple]) -> None:
+def copy_nodes(rows: Iterable[tuple], owner: int) -> None:
     """PostgreSQL: stream the rows with COPY on the raw psycopg connection."""
     connection.ensure_connection()
     sql = f"COPY {Node._meta.db_table} ({', '.join(NODE_COLUMNS)}) FROM STDIN"
     with connection.connection.cursor() as cursor, cursor.copy(sql) as copy:
-        for row in full_rows(rows, as_json=True):
+        for row in full_rows(rows, owner=owner, as_json=True):
             copy.write_row(row)
 
 
-def bulk_create_nodes(rows: Iterable[tuple]) -> None:
-    objects = (Node(**dict(zip(NODE_COLUMNS, row, strict=True))) for row in full_rows(rows, as_json=False))
+def bulk_create_nodes(rows: Iterable[tuple], owner: int) -> None:
+    objects = (Node(**dict(zip(NODE_COLUMNS, row, strict=True)))
+               for row in full_rows(rows, owner=owner, as_json=False))
     while batch := list(itertools.islice(objects, BATCH)):
         Node.objects.bulk_create(batch)
 
@@ -205,7 +206,7 @@ def build_dataset(specs: list[TreeSpec]) -> None:
         trees = [(s, c.pk) for s, c in zip(specs, conversations, strict=True)]
         first_id = (Node.objects.order_by("-id").values_list("id", flat=True).first() or 0) + 1
         rows = interleaved_rows(trees, first_id)
-        copy_nodes(rows) if connection.vendor == "postgresql" else bulk_create_nodes(rows)
+        copy_nodes(rows, owner.pk) if connection.vendor == "postgresql" else bulk_create_nodes(rows, owner.pk)
         reset_node_sequence()
         set_heads(trees)
     if connection.vendor == "postgresql":
@@ -251,9 +252,9 @@ def assemble_only(path: list[PathNode]) -> list[dict]:
     return assemble(path, [it.user("One more question?")], instructions=INSTRUCTIONS, provider=PROVIDER)
 
 
-def arbor_assembly(head_id: int) -> list[dict]:
+def arbor_assembly(head_id: int, owner: int) -> list[dict]:
     """What the turn runner does before a call: the path in one query, then the pure assembly."""
-    return assemble_only(node_path(head_id))
+    return assemble_only(node_path(head_id, owner=owner))
 
 
 def floor_sql(count: int) -> str:
@@ -277,11 +278,12 @@ def raw_floor(ids: list[int]) -> list[tuple]:
 
 def arbor_and_floor(tree: Tree) -> dict[str, Callable[[], object]]:
     """The functions timed side by side on one tree (the path and its ids are read beforehand)."""
-    path = node_path(tree.head_id)
+    owner = tree.conversation.owner_id
+    path = node_path(tree.head_id, owner=owner)
     ids = [p.id for p in path]
     return {
-        "assembly": lambda: arbor_assembly(tree.head_id),
-        "node_path": lambda: node_path(tree.head_id),
+        "assembly": lambda: arbor_assembly(tree.head_id, owner),
+        "node_path": lambda: node_path(tree.head_id, owner=owner),
         "assemble": lambda: assemble_only(path),
         "floor": lambda: raw_floor(ids),
     }

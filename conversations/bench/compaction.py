@@ -92,9 +92,9 @@ def prefix_stable(calls: list[Node]) -> tuple[int, int]:
 # --- 2. assembly time ---------------------------------------------------------------------------------
 
 
-def before_a_call(head_id: int) -> list[dict]:
+def before_a_call(head_id: int, owner: int) -> list[dict]:
     """What the turn runner does before a call from a head: path, C3 check, budget check, assembly."""
-    path = context_path(node_path(head_id), echo.PROVIDER)
+    path = context_path(node_path(head_id, owner=owner), echo.PROVIDER, owner=owner)
     new = [it.user("One more question?")]
     budget.call_tokens(path, new, model=MODEL, provider=echo.PROVIDER, instructions=INSTRUCTIONS)
     return assemble(path, new, instructions=INSTRUCTIONS, provider=echo.PROVIDER)
@@ -107,9 +107,9 @@ def last_heads(conversation: Conversation) -> list[int]:
     return list(ids.values_list("id", flat=True)[:SEGMENT])
 
 
-def before_calls(heads: list[int]) -> None:
+def before_calls(heads: list[int], owner: int) -> None:
     for head_id in heads:
-        before_a_call(head_id)
+        before_a_call(head_id, owner)
 
 
 def write_compacted_history(conversation: Conversation, turns_count: int) -> None:
@@ -121,7 +121,8 @@ def write_compacted_history(conversation: Conversation, turns_count: int) -> Non
 
     def add(**fields) -> Node:
         nonlocal next_id
-        node = Node(id=next_id, conversation=conversation, status=Node.Status.SUCCEEDED, provider=echo.PROVIDER,
+        node = Node(id=next_id, conversation=conversation, owner_id=conversation.owner_id,
+                    status=Node.Status.SUCCEEDED, provider=echo.PROVIDER,
                     model=MODEL, instructions=INSTRUCTIONS, finished_at=now, **fields)
         next_id += 1
         rows.append(node)
@@ -133,8 +134,10 @@ def write_compacted_history(conversation: Conversation, turns_count: int) -> Non
         path_tokens += tokens
         parent = add(parent=parent, kind=Node.Kind.TURN, sent=sent, received=received, tokens=tokens,
                      path_tokens=path_tokens)
-        bubbles += [Bubble(conversation=conversation, node=parent, role=Bubble.Role.USER, content=question(k)),
-                    Bubble(conversation=conversation, node=parent, role=Bubble.Role.ASSISTANT,
+        bubbles += [Bubble(conversation=conversation, owner_id=conversation.owner_id, node=parent,
+                           role=Bubble.Role.USER, content=question(k)),
+                    Bubble(conversation=conversation, owner_id=conversation.owner_id, node=parent,
+                           role=Bubble.Role.ASSISTANT,
                            content=received[0]["text"])]
         recent = [*recent[-1:], sent + received]
         if k % SEGMENT == 0 and k < turns_count:
@@ -212,12 +215,14 @@ class Command(BaseCommand):
             self.stdout.write(f"long conversation written in {time.perf_counter() - began:.1f} s "
                               f"({Node.objects.filter(conversation=long_conversation).count():,} nodes)")
             heads = {"short": last_heads(short_conversation), "long": last_heads(long_conversation)}
-            samples = interleaved_timings({name: lambda h=h: before_calls(h) for name, h in heads.items()}, repeat)
+            owner = long_conversation.owner_id
+            samples = interleaved_timings({name: lambda h=h: before_calls(h, owner) for name, h in heads.items()},
+                                          repeat)
         medians = {}
         for name, turn in (("short", short), ("long", long)):
             per_call = [ms / len(heads[name]) for ms in samples[name]]
             medians[name] = statistics.median(per_call)
-            lengths = [len(node_path(h)) for h in heads[name]]
+            lengths = [len(node_path(h, owner=owner)) for h in heads[name]]
             self.stdout.write(f"turn {turn:>6,}   paths of {min(lengths)}-{max(lengths)} nodes over its last "
                               f"{len(lengths)} heads   median {medians[name]:8.3f} ms   p95 {p95(per_call):8.3f} ms"
                               f"   ({len(per_call)} runs)")
@@ -232,12 +237,13 @@ class Command(BaseCommand):
         self.stdout.write("\n== History reads at the head (no target: they follow the whole history, C3)")
         for turn, conversation in conversations.items():
             conversation.refresh_from_db()
-            path = node_path(conversation.head_id)
+            path = node_path(conversation.head_id, owner=conversation.owner_id)
             first = (Node.objects.filter(conversation=conversation, kind=Node.Kind.TURN).order_by("id")
                      .values_list("id", flat=True).first())
             root = path[0] if is_compaction_root(path[0]) else None
             reads = {"screen": lambda c=conversation: path_bubbles(conversation=c),
-                     "t10": lambda r=root, f=first: r is not None and _before_compaction(r, f)}
+                     "t10": lambda r=root, f=first, o=conversation.owner_id: (r is not None
+                                                                             and _before_compaction(r, f, o))}
             samples = interleaved_timings(reads, repeat)
             shown = len(path_bubbles(conversation=conversation))
             self.stdout.write(

@@ -245,14 +245,14 @@ PER_CONVERSATION = 25  # turns
 TITLE = "bench34:"
 SMALL = "bench34_small"  # a schema of copies of the search's tables with MINE's rows only: "the 10k table"
 _TABLES = (Conversation, Node, Bubble, BubbleDocument)
-_NODE_COPY = ("id", "parent_id", "conversation_id", "kind", "status", "failure_reason", "failure_message", "sent",
-              "received", "provider", "model", "usage", "created_at", "instructions", "tokens", "path_tokens",
+_NODE_COPY = ("id", "parent_id", "conversation_id", "owner_id", "kind", "status", "failure_reason", "failure_message",
+              "sent", "received", "provider", "model", "usage", "created_at", "instructions", "tokens", "path_tokens",
               "keep_ephemeral", "window_root")
 _CUMULATIVE = list(itertools.accumulate(_WEIGHTS))
 _BUBBLES_OF_NODES = f"""
-INSERT INTO {Bubble._meta.db_table} (role, content, data, created_at, conversation_id, node_id)
+INSERT INTO {Bubble._meta.db_table} (role, content, data, created_at, conversation_id, owner_id, node_id)
 SELECT r.role, CASE r.role WHEN 'user' THEN n.sent -> 0 ->> 'text' ELSE n.received -> 0 ->> 'text' END, '{{}}',
-       n.created_at, n.conversation_id, n.id
+       n.created_at, n.conversation_id, n.owner_id, n.id
 FROM {Node._meta.db_table} n CROSS JOIN (VALUES ('user', 0), ('assistant', 1)) AS r(role, place)
 WHERE n.id = ANY(%s) ORDER BY n.id, r.place"""
 
@@ -329,7 +329,8 @@ class Owners:
                 made = [next(ids) for _ in range(turns)]
                 for n, parent in enumerate(_parents(turns)):
                     question, answer = _fast_sentence(rng, 8), _fast_sentence(rng, 16)
-                    yield (made[n], None if parent is None else made[parent], conversation.pk, "turn", "succeeded",
+                    yield (made[n], None if parent is None else made[parent], conversation.pk, conversation.owner_id,
+                           "turn", "succeeded",
                            "", "", json.dumps([it.user(question)]), json.dumps([it.text(answer)]), "arbor",
                            "arbor/echo", "{}", now, "", 0, 0, False, False)
                 heads.append((conversation.pk, made[-1]))
@@ -405,9 +406,9 @@ def _before_search(*, user, query: str, limit: int = 20) -> list[tuple]:
         rows = cursor.fetchall()
         snippets = {}
         if rows:
-            cursor.execute(search_query._POSTGRES_SNIPPETS, [config, config, tsquery, [r[0] for r in rows]])
+            cursor.execute(search_query._POSTGRES_SNIPPETS, [config, config, tsquery, [r[0] for r in rows], user.pk])
             snippets = dict(cursor.fetchall())
-    on_path = search_query.current_paths({row[3] for row in rows})
+    on_path = search_query.current_paths({row[3] for row in rows}, owner=user.pk)
     return [(*row, snippets.get(row[0], ""), row[1] in on_path.get(row[3], ())) for row in rows]
 
 

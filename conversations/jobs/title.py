@@ -43,7 +43,8 @@ def title_conversation(conversation_id: int) -> str | None:
         model = conversation.effective_model
         provider = llm.provider_of(model)
         # The opening turns name a conversation; reading only those keeps a long (imported) one cheap.
-        path = context_path(node_path(conversation.head_id), provider)[:TITLE_CONTEXT_NODES]
+        path = context_path(node_path(conversation.head_id, owner=conversation.owner_id), provider,
+                            owner=conversation.owner_id)[:TITLE_CONTEXT_NODES]
         sent = [it.user(TITLE_PROMPT)]
         call = run_side_call(conversation=conversation, parent=path[-1] if path else None, kind=Node.Kind.TITLE,
                              sent=sent, messages=assemble(path, sent, provider=provider), model=model)

@@ -122,7 +122,7 @@ def items_of(conversation: Conversation) -> list[dict[str, Any]]:
     """Every item of the head's path (through its compactions, C3: what happened, not what the model is sent
     now), root first, then the items waiting for the next call."""
     listed: list[dict[str, Any]] = []
-    steps = [step for step in history_path(conversation.head_id)
+    steps = [step for step in history_path(conversation.head_id, owner=conversation.owner_id)
              if step.kind == Node.Kind.TURN and step.status != Node.Status.PENDING]
     results = {item["call_id"]: item for step in steps for item in step.sent if item.get("type") == "tool_result"}
     ran_here = {call["id"] for step in steps for call in it.tool_calls(step.received) if not call.get("client")}

@@ -32,7 +32,8 @@ def markdown_chunks(conversation: Conversation) -> Iterator[str]:
     """The current path as a person saw it (questions, answers, tool calls, failures), as text in parts: the
     bubbles are read a chunk of nodes at a time (issue 13). White space at the very end is dropped, once."""
     with snapshot():
-        lines = (line for bubble in history_bubbles(conversation.head_id) for line in _lines(bubble))
+        shown = history_bubbles(conversation.head_id, owner=conversation.owner_id)
+        lines = (line for bubble in shown for line in _lines(bubble))
         title = [f"# {conversation.title or f'Conversation {conversation.pk}'}", ""]
         pending = ""  # white space that ends what is made so far: dropped if nothing else follows
         for part in joined((line for chunk in (title, lines) for line in chunk), separator="\n"):

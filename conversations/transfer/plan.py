@@ -360,7 +360,8 @@ def write(*, owner, plan: Plan) -> Conversation:
         fields["tokens"] = budget.node_tokens(fields["sent"], planned.fields.get("received") or [], model=model)
         path_tokens[planned.key] = fields["tokens"] + (path_tokens[planned.parent] if planned.parent is not None else 0)
         rows.append(Node(
-            id=ids[planned.key], conversation=conversation, path_tokens=path_tokens[planned.key],
+            id=ids[planned.key], conversation=conversation, owner_id=conversation.owner_id,
+            path_tokens=path_tokens[planned.key],
             parent_id=ids.get(planned.parent), compacted_from_id=ids.get(planned.compacted_from),
             summary_call_id=ids.get(planned.summary_call), first_round_id=ids.get(planned.first_round), **fields,
         ))
@@ -368,7 +369,8 @@ def write(*, owner, plan: Plan) -> Conversation:
     SentFile.objects.bulk_create([SentFile(node_id=row.pk, file_id=file_id) for row in rows
                                   for file_id in dict.fromkeys(it.file_ids(row.sent))], batch_size=_BATCH)
     Bubble.objects.bulk_create(
-        [Bubble(conversation=conversation, node_id=ids[p.key], **_bubble_files(b, kept)) for p in ordered
+        [Bubble(conversation=conversation, owner_id=conversation.owner_id, node_id=ids[p.key],
+                **_bubble_files(b, kept)) for p in ordered
          for b in p.bubbles], batch_size=_BATCH)
     ToolApproval.objects.bulk_create(
         [ToolApproval(node_id=ids[p.key], decided_by=owner, **a) for p in ordered for a in p.approvals],

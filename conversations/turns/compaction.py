@@ -277,7 +277,8 @@ def _create_root(*, conversation: Conversation, call: Node, compacted_from: int,
     sent = [summary_item(received), *kept]
     tokens = budget.items_tokens(sent, model=model, provider=provider)
     root = Node.objects.create(
-        parent=None, conversation=conversation, kind=Node.Kind.COMPACTION, status=Node.Status.SUCCEEDED,
+        parent=None, conversation=conversation, owner_id=conversation.owner_id, kind=Node.Kind.COMPACTION,
+        status=Node.Status.SUCCEEDED,
         sent=sent, provider=provider, model=model, instructions=call.instructions,
         compacted_from_id=compacted_from, summary_call=call, tokens=tokens, path_tokens=tokens,
         keep_ephemeral=keep_ephemeral, window_root=window, finished_at=timezone.now(),

@@ -30,7 +30,7 @@ CLIENT = "client"  # the provider of a call a client made elsewhere and sent as 
 # --- nodes --------------------------------------------------------------------------------------------
 
 
-def start(*, conversation: Conversation | None, parent: PathNode | None, kind: str, sent: list[it.Item],
+def start(*, conversation: Conversation, parent: PathNode | None, kind: str, sent: list[it.Item],
           model: str, instructions: str = "", keep_ephemeral: bool = False, call_settings: dict | None = None,
           file_parts: dict | None = None, first_round: int | None = None, writes: Together | None = None) -> Node:
     """T3: the node exists, pending, before its call; its token count and its path's are kept (C1). With
@@ -42,8 +42,8 @@ def start(*, conversation: Conversation | None, parent: PathNode | None, kind: s
     tokens = budget.items_tokens(sent, model=model, provider=provider)
     kept = _kept_settings(call_settings)
     node = Node(
-        parent_id=parent.id if parent else None, conversation=conversation, kind=kind,
-        status=Node.Status.PENDING, sent=sent, provider=provider, model=model, instructions=instructions,
+        parent_id=parent.id if parent else None, conversation=conversation, owner_id=conversation.owner_id,
+        kind=kind, status=Node.Status.PENDING, sent=sent, provider=provider, model=model, instructions=instructions,
         keep_ephemeral=keep_ephemeral, tokens=tokens, path_tokens=(parent.stored_path_tokens if parent else 0) + tokens,
         call_settings_id=kept and kept.digest, file_parts=file_parts, first_round_id=first_round,
     )
@@ -216,7 +216,8 @@ def question_bubble(node: Node, sent: list[it.Item], *, writes: Together | None 
     if question is not None:
         shown = {"files": question["files"]} if question.get("files") else {}  # X1: the bubble names its files
         with together(writes) as batch:
-            batch.insert(Bubble(conversation_id=node.conversation_id, node_id=batch.pk_of(node),
+            batch.insert(Bubble(conversation_id=node.conversation_id, owner_id=node.owner_id,
+                                node_id=batch.pk_of(node),
                                 role=Bubble.Role.USER, content=question.get("text", ""), data=shown))
 
 
@@ -228,18 +229,21 @@ def answer_bubbles(node: Node, *, needs_approval: Callable[[it.Item], bool], rec
     with together(writes) as batch:
         answer = it.answer_text(received)
         if answer:
-            batch.insert(Bubble(conversation_id=node.conversation_id, node_id=node.pk, role=Bubble.Role.ASSISTANT,
+            batch.insert(Bubble(conversation_id=node.conversation_id, owner_id=node.owner_id,
+                                node_id=node.pk, role=Bubble.Role.ASSISTANT,
                                 content=answer), when=when)
         for call in it.tool_calls(received):
             status = ToolStatus.AWAITING_APPROVAL if needs_approval(call) else ToolStatus.RUNNING
-            batch.insert(Bubble(conversation_id=node.conversation_id, node_id=node.pk, role=Bubble.Role.TOOL,
+            batch.insert(Bubble(conversation_id=node.conversation_id, owner_id=node.owner_id,
+                                node_id=node.pk, role=Bubble.Role.TOOL,
                                 content=call["name"], data={**tool_bubble_data(call), "status": status}), when=when)
 
 
 def error_bubble(node: Node, error: llm.LLMError, *, writes: Together | None = None,
                  when: Written | None = None) -> None:
     with together(writes) as batch:
-        batch.insert(Bubble(conversation_id=node.conversation_id, node_id=node.pk, role=Bubble.Role.ERROR,
+        batch.insert(Bubble(conversation_id=node.conversation_id, owner_id=node.owner_id,
+                                node_id=node.pk, role=Bubble.Role.ERROR,
                             content=error.message,
                             data={"reason": error.reason, "partial": it.answer_text(error.partial)}), when=when)
 

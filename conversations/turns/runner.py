@@ -90,7 +90,8 @@ class Turn:
 
     def would_compact(self) -> bool:
         """C1: whether this turn's first call would pass its model's threshold."""
-        return compaction.needed(context_path(self._path, self.provider), self.new_items, model=self.model,
+        path = context_path(self._path, self.provider, owner=self.conversation.owner_id)
+        return compaction.needed(path, self.new_items, model=self.model,
                                  provider=self.provider, instructions=self.instructions,
                                  tools=self.tools.offered(last_round=False))
 
@@ -99,7 +100,7 @@ class Turn:
         models asked at once compact once, so their answers stay siblings below one root). None when there was
         nothing to compact, or it could not be made (then `summary_failed`; a failed summary is recorded); a stop
         during the summary raises its `SummaryFailed`."""
-        path = context_path(self._path, self.provider)
+        path = context_path(self._path, self.provider, owner=self.conversation.owner_id)
         try:
             done = compaction.compact(conversation=self.conversation, path=path, model=self.model,
                                       instructions=self.instructions, keep_ephemeral=self.conversation.keep_retrieved,
@@ -166,7 +167,7 @@ class Turn:
         max_rounds = max(1, settings.ARBOR_MAX_ROUNDS_PER_TURN)
         # Read once, when the turn began (T5): later rounds append their own node. C3: expanded when
         # this model cannot read the compaction result the path starts with.
-        path = context_path(self._path, self.provider)
+        path = context_path(self._path, self.provider, owner=self.conversation.owner_id)
         for round_number in range(1, max_rounds + 1):
             path, ended = yield from self._round(path, last_round=round_number == max_rounds)
             if ended:

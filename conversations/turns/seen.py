@@ -16,7 +16,8 @@ from files import attached
 def next_context(conversation: Conversation) -> list[dict[str, Any]]:
     """What the next call from the head would send: the path, then results for calls still open."""
     provider = llm.provider_of(conversation.effective_model)
-    path = context_path(node_path(conversation.head_id), provider)
+    path = context_path(node_path(conversation.head_id, owner=conversation.owner_id), provider,
+                        owner=conversation.owner_id)
     tip = path[-1] if path else None
     waiting = calls.resolve(tip, run=False, note="pending: waiting for a person's decision") if tip else []
     return assemble(path, waiting, instructions=instructions_for(conversation), provider=provider,
@@ -33,7 +34,7 @@ def call_context(node: Node) -> list[dict[str, Any]]:
     if is_compaction_root(node):
         return assemble([path_node(node)], (), instructions=node.instructions, provider=provider,
                         keep_ephemeral=node.keep_ephemeral)
-    path = context_path(node_path(node.parent_id), provider)
+    path = context_path(node_path(node.parent_id, owner=node.owner_id), provider, owner=node.owner_id)
     return assemble(path, node.sent, instructions=node.instructions, provider=provider,
                     keep_ephemeral=node.keep_ephemeral, attached=_attached(node, path))
 

@@ -109,8 +109,8 @@ def turn_ask(*, user, conversation_id: int, content: str, files: list[int] = (),
     attached = files_to_send(user=user, file_ids=list(files)) if files else None
 
     def begin(conversation: Conversation, lock: TurnLock) -> Turn | SiblingTurns:
-        return _turn(conversation, lock, node_path(conversation.head_id), [it.user(content, attached)],
-                     models=models)
+        path = node_path(conversation.head_id, owner=conversation.owner_id)
+        return _turn(conversation, lock, path, [it.user(content, attached)], models=models)
 
     return _under_lock(user, conversation_id, begin, weight=len(models))
 
@@ -139,7 +139,7 @@ def turn_below(*, user, conversation_id: int, parent_id: int | None, items: list
         if parent_id is not None and not Node.objects.can_be_head().filter(pk=parent_id,
                                                                             conversation=conversation).exists():
             raise NotFound(f"No response {parent_id} to continue from in this conversation.")
-        path = node_path(parent_id) if parent_id is not None else []
+        path = node_path(parent_id, owner=conversation.owner_id) if parent_id is not None else []
         if calls.undecided(path[-1] if path else None):
             raise ApprovalPending("A tool call is waiting for a person's approval on that response: decide it first.")
         follows = supplied[-1][1] if supplied else (path[-1].received if path else [])
@@ -188,7 +188,7 @@ def _reposition(conversation: Conversation, lock: TurnLock, node_id: int | None,
 
     The head itself moves when that turn ends, like any turn's: a turn that never runs moves nothing.
     """
-    path = node_path(conversation.head_id)
+    path = node_path(conversation.head_id, owner=conversation.owner_id)
     if node_id is None:
         index = turn_start(path)
         if index is None and path and is_compaction_root(path[0]):
@@ -212,20 +212,20 @@ def _question_index(conversation: Conversation, path: list[PathNode], node_id: i
             if not opens_turn(node):
                 raise BadInput(f"Node {node_id} did not send a question; pass the node that did.")
             return index
-    if path and is_compaction_root(path[0]) and _before_compaction(path[0], node_id):
+    if path and is_compaction_root(path[0]) and _before_compaction(path[0], node_id, conversation.owner_id):
         raise BeforeCompaction(f"Node {node_id} lies before the compaction node {path[0].id}; it cannot be edited.")
     if Node.objects.filter(pk=node_id, conversation=conversation).exists():
         raise BadInput(f"Node {node_id} is not on this conversation's current path; switch to its branch first.")
     raise NotFound(f"No node {node_id} in this conversation.")
 
 
-def _before_compaction(root: PathNode, node_id: int) -> bool:
+def _before_compaction(root: PathNode, node_id: int, owner: int) -> bool:
     """T10: is `node_id` the root itself, or anywhere on the history behind it (through every earlier root)?
 
     Ids only: the history behind a long conversation's roots is thousands of nodes, and their items are
     not needed to compare ids.
     """
-    return node_id == root.id or node_id in history_ids(root.compacted_from_id)
+    return node_id == root.id or node_id in history_ids(root.compacted_from_id, owner=owner)
 
 
 def turn_retry(*, user, conversation_id: int) -> Turn:
@@ -236,7 +236,7 @@ def turn_retry(*, user, conversation_id: int) -> Turn:
     """
 
     def begin(conversation: Conversation, lock: TurnLock) -> Turn:
-        path = node_path(conversation.head_id)
+        path = node_path(conversation.head_id, owner=conversation.owner_id)
         if not path or path[-1].status != Node.Status.FAILED:
             raise BadInput("Nothing to retry: the last call did not fail.")
         return _turn(conversation, lock, path, [])
@@ -253,7 +253,7 @@ def turn_decide(*, user, conversation_id: int, call_id: str, approve: bool) -> T
     """
 
     def begin(conversation: Conversation, lock: TurnLock) -> Turn | None:
-        path = node_path(conversation.head_id)
+        path = node_path(conversation.head_id, owner=conversation.owner_id)
         tip = path[-1] if path else None
         call = next((c for c in calls.open_calls(tip) if c["id"] == call_id and calls.needs_approval(c)), None)
         if call is None:
@@ -287,7 +287,8 @@ def turn_compact(*, user, conversation_id: int) -> Node:
 
 def _compact_now(conversation: Conversation, lock: TurnLock) -> Node:
     model = conversation.effective_model
-    path = context_path(node_path(conversation.head_id), llm.provider_of(model))
+    owner = conversation.owner_id
+    path = context_path(node_path(conversation.head_id, owner=owner), llm.provider_of(model), owner=owner)
     if not path:
         raise compaction.NothingToCompact("Nothing to compact: the conversation has no messages yet.")
     if calls.open_calls(path[-1]):

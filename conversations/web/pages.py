@@ -64,7 +64,7 @@ def _earlier(conversation: Conversation, page: BubblePage) -> str | None:
 def _overflow_notice(conversation: Conversation) -> dict[str, Any] | None:
     """F2 leaves an overflowed call off the path; if it is the newest thing tried, the page says so and shows
     the question it did not send, so its text can be shortened and sent again."""
-    newest = (Node.objects.filter(conversation=conversation, parent_id=conversation.head_id, kind=Node.Kind.TURN)
+    newest = (Node.objects.of(conversation).filter(parent_id=conversation.head_id, kind=Node.Kind.TURN)
               .order_by("-id").only("id", "status", "failure_reason", "sent").first())
     if newest and newest.failure_reason == Node.FailureReason.CONTEXT_OVERFLOW:
         return {"node": newest, "question": "\n\n".join(i["text"] for i in newest.sent if i.get("type") == "user")}
@@ -84,7 +84,7 @@ def _cut_off(conversation: Conversation) -> bool:
     """A turn call still pending with nobody holding the lock: its process went away (a restart) and recovery has
     not marked it yet. The page keeps looking until it is marked interrupted, with its text and Retry (issue
     26: an open page stayed on "the answer goes on")."""
-    return Node.objects.filter(conversation=conversation, kind=Node.Kind.TURN, status=Node.Status.PENDING).exists()
+    return Node.objects.of(conversation).filter(kind=Node.Kind.TURN, status=Node.Status.PENDING).exists()
 
 
 # --- views -------------------------------------------------------------------------------------------
@@ -129,7 +129,7 @@ def chat_conversation(request: HttpRequest, conversation_id: int) -> HttpRespons
     switched = request.session.pop(_SWITCHED, None) == conversation.pk  # a branch chosen a moment ago (search)
     if not switched and not urlparse(request.headers.get("Referer", "")).path.startswith(own):
         services.open_on_star(conversation=conversation)
-    labelled = Node.objects.filter(conversation=conversation).exclude(label="").exists()  # the arrows name them
+    labelled = Node.objects.of(conversation).exclude(label="").exists()  # the arrows name them
     context = {"conversation": conversation, "labelled": labelled, "budget_note": usage.budget_left_note(
         request.user.pk), **_bubbles_context(conversation)}
     return render(request, "chat/conversation.html", context)
@@ -354,7 +354,8 @@ def chat_compare(request: HttpRequest, conversation_id: int) -> HttpResponse:
 
 def _siblings_of(conversation: Conversation, opener: int) -> list[int]:
     """The turns that share `opener`'s parent: its branch info, read from the history that ends at it."""
-    rows = screen_history(opener, last=1)  # the question and its parent: the cost of one page's branch places
+    # The question and its parent: the cost of one page's branch places.
+    rows = screen_history(opener, owner=conversation.owner_id, last=1)
     info = branch_infos(conversation=conversation, path=rows[-1:], known=rows[:-1]).get(opener)
     if info is None:
         raise NotFound(f"No question node {opener} in this conversation.")

@@ -16,7 +16,7 @@ from conversations.context import assemble
 from conversations.models import Conversation, Node
 from conversations.selectors import node_path
 from conversations.turns.start import turn_ask, turn_compact
-from tests.conversations.helpers import ask, give_back, head
+from tests.conversations.helpers import ask, give_back, head, owner_of
 from tests.support.trees import TreeBuilder
 
 pytestmark = pytest.mark.django_db
@@ -84,7 +84,7 @@ def test_tree_page_shows_badges_path_and_compaction_links(admin_client, tree):
         assert badge in html
     rows = {r.node.pk: r for r in response.context["rows"]}
     assert len(rows) == Node.objects.filter(conversation=conversation).count()
-    path_ids = [p.id for p in node_path(conversation.head_id)]
+    path_ids = [p.id for p in node_path(conversation.head_id, owner=conversation.owner_id)]
     assert path_ids == [compaction.pk, conversation.head_id]
     assert {pk for pk, r in rows.items() if r.on_path} == set(path_ids)
     assert f'id="node-{conversation.head_id}" class="on-path is-head"' in html
@@ -100,7 +100,8 @@ def test_per_branch_totals_sum_root_to_tip(admin_client, tree):
     response = admin_client.get(tree_url(tree["conversation"]))
     branches = {b["tip"].pk: b for b in response.context["branches"]}
     playbook = tree["playbook"]
-    expected = sum(Node.objects.get(pk=p.id).usage.get("total_tokens", 0) for p in node_path(playbook.pk))
+    expected = sum(Node.objects.get(pk=p.id).usage.get("total_tokens", 0) for p in
+                   node_path(playbook.pk, owner=playbook.owner_id))
     assert branches[playbook.pk]["tokens"] == expected > 0
     assert branches[playbook.pk]["nodes"] == 4
     head = tree["head"]
@@ -113,14 +114,15 @@ def test_node_page_shows_json_links_path_and_context(admin_client, tree):
     response = admin_client.get(node_url(failed.pk))
     assert response.status_code == 200
     html = response.content.decode()
-    path = node_path(failed.pk)
+    path = node_path(failed.pk, owner=owner_of(failed.pk))
     assert len(path) == 3
     for p in path[:-1]:
         assert f'href="{node_url(p.id)}">#{p.id}' in html
     assert f'class="parent" href="{node_url(failed.parent_id)}"' in html
     assert f'class="child" href="{node_url(tree["playbook"].pk)}"' in html
     assert f'href="{node_url(compaction.pk)}">compacted into #{compaction.pk}' in html
-    context = assemble(node_path(failed.parent_id), failed.sent, instructions="be brief", provider=failed.provider)
+    context = assemble(node_path(failed.parent_id, owner=failed.owner_id), failed.sent, instructions="be brief",
+                       provider=failed.provider)
     assert response.context["context_json"] == json.dumps(context, indent=2, ensure_ascii=False)
     assert context[0] == {"role": "system", "content": "be brief"} and "#fail please" in html
     assert "failed" in html and "provider_error" in html
@@ -261,7 +263,7 @@ def test_tree_rows_escape_what_people_typed(admin_client, conversation):
 
 def test_cost_is_summed_per_branch_and_per_conversation(admin_client, tree):
     """Usage's cost_usd (recorded for priced models) adds up root to tip and over the conversation."""
-    path_ids = [p.id for p in node_path(tree["playbook"].pk)]
+    path_ids = [p.id for p in node_path(tree["playbook"].pk, owner=owner_of(tree["playbook"].pk))]
     for node_id in path_ids[:2]:
         node = Node.objects.get(pk=node_id)
         Node.objects.filter(pk=node_id).update(usage={**node.usage, "cost_usd": 0.0125})

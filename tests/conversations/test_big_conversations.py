@@ -270,7 +270,7 @@ def test_a_page_costs_the_same_queries_whatever_the_conversations_size_t8(api, u
     for turns in (300, 3000):
         conversation = bulk_conversation(user, turns=turns, compact_every=120)
         page = latest_bubbles(conversation=conversation, tip=conversation.head_id, size=50)
-        rows = screen_history(conversation.head_id, last=50)
+        rows = screen_history(conversation.head_id, owner=conversation.owner_id, last=50)
         middle = api.get(_url(conversation, "bubbles")).json()["next"]
         counts.append((
             _queries(lambda c=conversation: api.get(_url(c, "bubbles"))),

@@ -17,7 +17,7 @@ from conversations.selectors import context_path, history_path, node_path
 from conversations.turns.compaction import COMPACTION_PROMPT
 from conversations.turns.seen import call_context
 from conversations.turns.start import turn_compact
-from tests.conversations.helpers import answer, ask, head
+from tests.conversations.helpers import answer, ask, head, owner_of
 from tests.support.openai_stub import Reply
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +44,7 @@ def _ask_until_compacted(conversation, *, limit: int = 40, past: Node | None = N
     for i in range(limit):
         events = ask(conversation, f"question {i}: what were the sales of region {i}?")
         assert events[-1].type == "done", events[-1]
-        root = node_path(head(conversation).pk)[0]
+        root = node_path(head(conversation).pk, owner=conversation.owner_id)[0]
         if is_compaction_root(root) and (past is None or root.id != past.pk):
             return Node.objects.get(pk=root.id)
     raise AssertionError("no compaction happened")
@@ -106,7 +106,7 @@ def test_c1_c2_a_200_turn_conversation_never_passes_the_budget_and_its_path_stay
             question += f' #tool sql_query {{"sql": "select {i} as n"}}'
         events = ask(conversation, question)
         assert events[-1].type == "done", (i, events[-1])
-        longest = max(longest, len(node_path(head(conversation).pk)))
+        longest = max(longest, len(node_path(head(conversation).pk, owner=conversation.owner_id)))
     calls = Node.objects.filter(conversation=conversation)
     assert not calls.filter(status=Node.Status.FAILED).exists()
     turn_calls = calls.filter(kind=Node.Kind.TURN)
@@ -119,7 +119,7 @@ def test_c1_c2_a_200_turn_conversation_never_passes_the_budget_and_its_path_stay
     # Nothing is lost: the whole history behind the compactions still holds every question.
     questions = [b.content for b in Bubble.objects.filter(conversation=conversation, role="user").order_by("id")]
     assert len(questions) == 200
-    history = {p.id for p in history_path(head(conversation).pk)}
+    history = {p.id for p in history_path(head(conversation).pk, owner=conversation.owner_id)}
     asked = set(Bubble.objects.filter(conversation=conversation, role="user").values_list("node_id", flat=True))
     assert asked <= history, "every question node is still reachable behind the compactions (C3)"
 
@@ -130,7 +130,7 @@ def test_c2_the_summarising_call_is_recorded_and_never_a_head_nor_in_a_context(c
     root = _ask_until_compacted(conversation)
     call = root.summary_call
     assert call.kind == Node.Kind.COMPACTION and call.status == Node.Status.SUCCEEDED
-    assert call.parent_id in {p.id for p in history_path(root.compacted_from_id)}
+    assert call.parent_id in {p.id for p in history_path(root.compacted_from_id, owner=root.owner_id)}
     assert call.sent[-1] == {"type": "user", "text": COMPACTION_PROMPT}
     assert call.usage["prompt_tokens"] > 0 and call.usage["completion_tokens"] > 0
     assert root.parent_id is None and root.received == [] and root.status == Node.Status.SUCCEEDED
@@ -139,7 +139,7 @@ def test_c2_the_summarising_call_is_recorded_and_never_a_head_nor_in_a_context(c
     refused = api.post(_url("head-switch", conversation), {"node": call.pk}, format="json")
     assert refused.status_code == 400 and head(conversation).pk != call.pk
     ask(conversation, "after the compaction")
-    assert node_path(head(conversation).pk)[0].id == root.pk
+    assert node_path(head(conversation).pk, owner=conversation.owner_id)[0].id == root.pk
     assert COMPACTION_PROMPT not in str(call_context(head(conversation)))
 
 
@@ -149,7 +149,7 @@ def test_c2_compaction_keeps_the_last_turns_verbatim(conversation, small_echo):
     assert root.sent[0]["type"] == "summary"
     kept_questions = [i["text"] for i in root.sent if i["type"] == "user"]
     assert len(kept_questions) == 2
-    original_path = node_path(root.compacted_from_id)
+    original_path = node_path(root.compacted_from_id, owner=owner_of(root.compacted_from_id))
     assert kept_questions[-1] == original_path[-1].sent[-1]["text"]
 
 
@@ -258,9 +258,9 @@ def test_t10_editing_a_question_before_compaction_is_refused_through_the_api(con
     """T10: 409 before_compaction and nothing changes, for a question one and two compactions back."""
     first = _ask_until_compacted(conversation)
     first_question = Node.objects.filter(conversation=conversation, kind="turn").order_by("id").first()
-    kept_question = node_path(first.compacted_from_id)[-1].id
+    kept_question = node_path(first.compacted_from_id, owner=owner_of(first.compacted_from_id))[-1].id
     second = _ask_until_compacted(conversation, past=first)
-    assert node_path(second.compacted_from_id)[0].id == first.pk
+    assert node_path(second.compacted_from_id, owner=owner_of(second.compacted_from_id))[0].id == first.pk
     ask(conversation, "after both")
     before = (Node.objects.count(), head(conversation).pk, Bubble.objects.count())
     for node in (first_question.pk, kept_question, first.pk):
@@ -282,7 +282,7 @@ def test_t7_t10_editing_a_question_after_compaction_branches_normally(conversati
                         format="json")
     assert response.status_code == 201
     edited = head(conversation)
-    assert edited.parent_id == question.parent_id and node_path(edited.pk)[0].id == root.pk
+    assert edited.parent_id == question.parent_id and node_path(edited.pk, owner=owner_of(edited.pk))[0].id == root.pk
     assert "first, edited" in response.json()["answer"]
     bubbles = api.get(_url("conversation-bubbles", conversation)).json()["results"]
     edited_bubble = next(b for b in bubbles if b["node"] == edited.pk and b["role"] == "user")
@@ -342,12 +342,13 @@ def test_c3_a_provider_that_cannot_read_the_summary_gets_the_original_expanded(c
     assert sent[0]["content"] == "question 0: what were the sales of region 0?"
     assert sent[-1]["content"] == "now on another provider"
     node = head(conversation)
-    assert node_path(node.pk)[0].id == root.pk, "the tree is unchanged: the call still hangs below the root"
+    assert node_path(node.pk, owner=node.owner_id)[0].id == root.pk, \
+        "the tree is unchanged: the call still hangs below the root"
     assert call_context(node) == [{k: v for k, v in m.items() if v is not None} for m in sent]
     # C1: the stored count stays the one of the path the node really hangs on; the expansion is added
     # at check time, once, and the next call's check sees the whole expanded path.
     assert node.path_tokens == Node.objects.get(pk=node.parent_id).path_tokens + node.tokens
-    expanded = context_path(node_path(node.pk), "openai")
+    expanded = context_path(node_path(node.pk, owner=node.owner_id), "openai", owner=node.owner_id)
     assert expanded[-1].path_tokens == Node.objects.get(pk=root.compacted_from_id).path_tokens + (
         node.path_tokens - root.tokens)
 
@@ -366,7 +367,8 @@ def test_c3_expanded_and_still_over_budget_compacts_again_for_the_new_model(conv
     assert summarising["messages"][-1]["content"] == COMPACTION_PROMPT
     assert "<arbor-compaction" not in str(summarising["messages"])
     second = Node.objects.filter(compacted_from__isnull=False).exclude(pk=root.pk).get()
-    assert node_path(second.compacted_from_id)[0].id == root.pk, "C3: its original is the head at compaction time"
+    assert node_path(second.compacted_from_id, owner=second.owner_id)[0].id == root.pk, \
+        "C3: its original is the head at compaction time"
     assert second.provider == "openai" and second.summary_call.model == STUB
     assert second.sent[0] == {"type": "summary", "text": "stub summary: regions 0 to 3 asked about [user]"}
     assert turn["messages"][0]["content"] == SUMMARY_PREFIX + "stub summary: regions 0 to 3 asked about [user]"
@@ -445,7 +447,7 @@ def test_t8_switching_back_reaches_a_branch_tip_beyond_its_compaction(conversati
     root = _ask_until_compacted(conversation)
     ask(conversation, "once more on A")
     a_tip = head(conversation).pk
-    assert node_path(a_tip)[0].id == root.pk
+    assert node_path(a_tip, owner=owner_of(a_tip))[0].id == root.pk
     _switch(api, conversation, q1b)
     assert head(conversation).pk == q1b
     _switch(api, conversation, q1a)
@@ -467,11 +469,11 @@ def test_t7_t8_an_edit_that_compacts_keeps_both_questions_as_siblings(conversati
         ask(conversation, f"warm-up {i} " + "words " * 20)
     old = head(conversation)
     ask(conversation, "after the warm-up")
-    assert not is_compaction_root(node_path(head(conversation).pk)[0])
+    assert not is_compaction_root(node_path(head(conversation).pk, owner=conversation.owner_id)[0])
     settings.ARBOR_ECHO_MAX_INPUT_TOKENS = 1200
     _edit(api, conversation, old.pk, "edited " + "long words " * 150)
     edited = head(conversation)
-    root = node_path(edited.pk)[0]
+    root = node_path(edited.pk, owner=owner_of(edited.pk))[0]
     assert is_compaction_root(root) and root.compacted_from_id == old.parent_id, "the edit compacted"
     bubbles = api.get(_url("conversation-bubbles", conversation)).json()["results"]
     edited_bubble = next(b for b in bubbles if b["node"] == edited.pk and b["role"] == "user")
@@ -531,7 +533,8 @@ def test_c1_c3_after_a_switch_every_summarising_call_fits_the_new_models_limit(c
     limit = 400
     services.conversation_update(conversation=conversation, model=STUB)
     settings.ARBOR_MAX_INPUT_TOKENS = {STUB: limit}
-    expanded = context_path(node_path(head(conversation).pk), "openai")
+    expanded = context_path(node_path(head(conversation).pk, owner=conversation.owner_id), "openai",
+                            owner=conversation.owner_id)
     assert budget.llm.count_tokens(STUB, budget.to_messages(
         [i for p in expanded for i in (*p.sent, *p.received)], provider="openai")) > 2 * limit, "much to summarise"
     before = set(Node.objects.values_list("id", flat=True))

@@ -184,7 +184,7 @@ def test_issue_15_c4_thoughts_are_reasoning_items_and_images_are_placeholders(ap
     )
     response = _post(api, json.dumps([document]).encode())
     conversation = Conversation.objects.get(pk=response.json()["conversations"][0]["id"])
-    path = node_path(head(conversation).pk)
+    path = node_path(head(conversation).pk, owner=conversation.owner_id)
     first, second = (Node.objects.get(pk=p.id) for p in path)
     assert first.sent == [{"type": "user", "text": "[image 1024x768: sediment://file_abc]\nWhat is this?"}]
     reasoning, answer, call = first.received

@@ -83,7 +83,7 @@ def _screen(conversation: Conversation) -> list[tuple[str, str, int]]:
 
 def _path(conversation: Conversation) -> list[Node]:
     """The nodes from the root to the head (T5)."""
-    return [Node.objects.get(pk=p.id) for p in node_path(head(conversation).pk)]
+    return [Node.objects.get(pk=p.id) for p in node_path(head(conversation).pk, owner=conversation.owner_id)]
 
 
 def _tools(conversation: Conversation) -> list[tuple[str, str, str, bool]]:

@@ -71,7 +71,7 @@ def test_issue_28_t8_swipes_are_sibling_answers_and_the_chat_goes_on_from_the_sh
     shown = _shown(conversation)
     assert shown[-3:] == [("user", lines[2]["mes"]), ("assistant", lines[3]["mes"]), ("user", "Ready!")]
     assert all("narrator note" not in text for _, text in shown)
-    path = node_path(head(conversation).pk)
+    path = node_path(head(conversation).pk, owner=conversation.owner_id)
     answered = path[-2]
     assert it.answer_text(answered.received) == lines[3]["mes"]
     assert [i["type"] for i in answered.received] == ["reasoning", "text"]
@@ -87,7 +87,7 @@ def test_issue_28_a_real_sharegpt_file_imports_its_function_calls_as_tool_rounds
     document = json.loads(GLAIVE.read_text())
     plain, tools = _imported(_post(api, GLAIVE.read_bytes()))
     assert [t for _, t in _shown(plain)] == [m["value"] for m in document[0]["conversations"]]
-    path = node_path(head(tools).pk)
+    path = node_path(head(tools).pk, owner=tools.owner_id)
     calls = [c for node in path for c in it.tool_calls(node.received)]
     assert [json.loads(c["arguments"])["shape"] for c in calls] == ["rectangle", "circle", "square"]
     assert {c["name"] for c in calls} == {"calculate_area"}
@@ -150,7 +150,7 @@ def test_issue_28_sharegpt_odd_turns_are_kept_as_far_as_they_can_be_read(api):
     (conversation,) = _imported(response)
     assert [s["index"] for s in response.json()["skipped"]] == [1]
     assert conversation.instructions == "Be brief.\n\nAnswer in French."
-    path = node_path(head(conversation).pk)
+    path = node_path(head(conversation).pk, owner=conversation.owner_id)
     calls = [c for node in path for c in it.tool_calls(node.received)]
     assert [(c["name"], c["arguments"]) for c in calls] == [
         ("function", "lookup(x)"), ("function", "[1, 2]"), ("function", '{"a": 1}')]

@@ -81,7 +81,7 @@ def test_issue_28_t8_t2_deepseek_regenerated_answer_is_a_sibling_and_the_newest_
     assert _nodes(regenerated) == 3
     assert _shown(regenerated) == [("user", text["1"]), ("assistant", text["3"]), ("user", text["4"]),
                                    ("assistant", text["5"])]
-    first, last = node_path(head(regenerated).pk)
+    first, last = node_path(head(regenerated).pk, owner=regenerated.owner_id)
     siblings = Node.objects.filter(conversation=regenerated, parent_id=None).exclude(pk=first.id)
     assert [it.answer_text(n.received) for n in siblings] == [text["2"]]
     assert all(n.sent == first.sent for n in siblings), "each answer answers the same question"
@@ -184,7 +184,7 @@ def test_issue_28_t8_t2_grok_branches_are_siblings_and_leaf_response_id_is_the_h
     branched, greeting = _imported(_post(api, GROK.read_bytes()))
     assert branched.title == "Tides" and _nodes(branched) == 3
     assert _shown(branched) == [("user", responses["h1"]), ("assistant", responses["a1b"])]
-    (shown,) = node_path(head(branched).pk)
+    (shown,) = node_path(head(branched).pk, owner=branched.owner_id)
     (other,) = Node.objects.filter(conversation=branched, parent_id=None).exclude(pk=shown.id)
     assert other.sent == shown.sent and it.answer_text(other.received) == responses["a1"]
     (below,) = Node.objects.filter(parent_id=other.id)

@@ -102,14 +102,14 @@ def test_issue_15_t8_open_webui_current_id_is_the_head_and_a_call_is_a_tool_roun
     response = _post(api, (EXPORTS / "openwebui" / "librechat-openwebui-export.json").read_bytes())
     titles = {c["title"]: c["id"] for c in response.json()["conversations"]}
     tool_chat = Conversation.objects.get(pk=titles["Chat with tool call"])
-    first, second = (Node.objects.get(pk=p.id) for p in node_path(head(tool_chat).pk))
+    first, second = (Node.objects.get(pk=p.id) for p in node_path(head(tool_chat).pk, owner=tool_chat.owner_id))
     (call,) = [i for i in first.received if i["type"] == "tool_call"]
     assert (call["name"], json.loads(call["arguments"])) == ("get_weather", {"city": "Paris"})
     assert second.sent == [{"type": "tool_result", "call_id": call["id"], "name": "get_weather",
                             "content": "Paris: 18C, rain", "is_error": False}]
     assert second.received == [{"type": "text", "text": "The weather in Paris is 18C with rain."}]
     reasoning_chat = Conversation.objects.get(pk=titles["Chat with reasoning"])
-    (answer,) = [Node.objects.get(pk=p.id) for p in node_path(head(reasoning_chat).pk)]
+    (answer,) = [Node.objects.get(pk=p.id) for p in node_path(head(reasoning_chat).pk, owner=reasoning_chat.owner_id)]
     assert [i["type"] for i in answer.received] == ["reasoning", "text"] and answer.received[1]["text"] == "255"
 
 
@@ -142,7 +142,7 @@ def test_issue_15_c4_a_claude_answer_with_thinking_a_tool_and_its_result_is_a_to
     ]}]
     response = _post(api, document)
     conversation = Conversation.objects.get(pk=response.json()["conversations"][0]["id"])
-    first, second = (Node.objects.get(pk=p.id) for p in node_path(head(conversation).pk))
+    first, second = (Node.objects.get(pk=p.id) for p in node_path(head(conversation).pk, owner=conversation.owner_id))
     (question,) = first.sent
     assert question["text"] == "Summarise this.\n[file (pdf): paper.pdf]", "the file named once"
     assert [(f["name"], f["kind"]) for f in question["files"]] == [("paper.pdf.txt", "document")], \
@@ -218,7 +218,7 @@ def test_issue_28_x1_a_claude_attachments_text_becomes_the_importers_file_sent_w
     (stored,) = StoredFile.objects.all()
     assert (stored.owner, stored.name, stored.kind, stored.status) == (user, "plan.pdf.txt", "document", "ready")
     assert stored.text == "Budget: 40 euros. Venue: the old mill."
-    opening = Node.objects.get(pk=node_path(head(conversation).pk)[0].id)
+    opening = Node.objects.get(pk=node_path(head(conversation).pk, owner=conversation.owner_id)[0].id)
     (question,) = [item for item in opening.sent if item["type"] == "user"]
     assert [ref["id"] for ref in question["files"]] == [stored.pk]
     assert "[file (pdf): plan.pdf]" in question["text"] and "[file (txt): empty.txt]" in question["text"]
@@ -247,6 +247,6 @@ def test_issue_28_d5_a_claude_attachment_whose_text_begins_like_a_picture_stays_
     assert response.status_code == 201, response.json()
     assert not StoredFile.objects.exists()
     conversation = Conversation.objects.get(pk=response.json()["conversations"][0]["id"])
-    opening = Node.objects.get(pk=node_path(head(conversation).pk)[0].id)
+    opening = Node.objects.get(pk=node_path(head(conversation).pk, owner=conversation.owner_id)[0].id)
     (question,) = [item for item in opening.sent if item["type"] == "user"]
     assert "files" not in question and "[file (txt): odd.txt]" in question["text"]

@@ -14,7 +14,7 @@ from conversations import services
 from conversations.context import assemble
 from conversations.models import Bubble, Node
 from conversations.selectors import node_path
-from tests.conversations.helpers import answer, ask, head
+from tests.conversations.helpers import answer, ask, head, owner_of
 from tests.support.openai_stub import Reply
 
 pytestmark = pytest.mark.django_db
@@ -65,7 +65,7 @@ def test_t5_the_second_turn_sends_the_stored_path_and_the_model_saw_what_we_stor
         {"role": "user", "content": "second question"},
     ]
     last = head(stub_conversation)
-    stored = assemble(node_path(last.parent_id), last.sent, provider="openai")
+    stored = assemble(node_path(last.parent_id, owner=owner_of(last.parent_id)), last.sent, provider="openai")
     assert stub.requests[1]["messages"] == stored
 
 
@@ -103,7 +103,7 @@ def test_t3_t4_a_tool_round_stores_two_nodes_and_the_result_is_the_next_nodes_se
     assert tool["role"] == "tool"
     assert tool["tool_call_id"] == "call_stub_1"
     assert tool["content"] == result["content"]
-    stored = assemble(node_path(first.pk), second.sent, provider="openai")
+    stored = assemble(node_path(first.pk, owner=owner_of(first.pk)), second.sent, provider="openai")
     assert without_nulls(second_request["messages"]) == without_nulls(stored), "what we store is what it saw"
 
 
@@ -187,7 +187,7 @@ def test_f2_a_400_overflow_leaves_a_failed_branch_and_the_head_where_it_was(stub
     assert events[-1].type == "error"
     assert events[-1].data["code"] == "context_overflow"
     assert events[-1].data["head"] == before.pk
-    assert failed.pk not in [p.id for p in node_path(before.pk)]
+    assert failed.pk not in [p.id for p in node_path(before.pk, owner=owner_of(before.pk))]
     ask(stub_conversation, "next question")
     contents = [m["content"] for m in stub.requests[2]["messages"]]
     assert contents == ["small question", "fine", "next question"], "the overflowing question never comes back"
@@ -264,7 +264,7 @@ def test_c4_f1_a_model_that_asks_for_tools_past_the_round_limit_ends_the_turn_cl
     assert "tools" not in stub.requests[0]
     assert ask(conversation, "next")[-1].type == "done"
     assert [m["role"] for m in stub.requests[1]["messages"]] == ["user", "assistant", "tool", "user"]
-    assert len(node_path(head(conversation).pk)) == 3
+    assert len(node_path(head(conversation).pk, owner=conversation.owner_id)) == 3
 
 
 def test_t1_usage_records_the_price_of_a_priced_model_and_none_for_unpriced_ones(stub):

@@ -77,9 +77,10 @@ def test_the_tree_json_imports_back_losslessly(api, user, conversation, settings
     new_nodes = Node.objects.filter(pk__in=[n["id"] for n in again["nodes"]]).order_by("id")
     for old, new in zip(old_nodes, new_nodes, strict=True):
         assert call_context(new) == call_context(old), f"what node {old.pk} saw"
-        old_view = [(v.bubble.role, v.bubble.content) for v in path_bubbles(conversation=conversation,
-                                                                              path=node_path(old.pk))]
-        new_view = [(v.bubble.role, v.bubble.content) for v in path_bubbles(conversation=copy, path=node_path(new.pk))]
+        old_path = node_path(old.pk, owner=old.owner_id)
+        old_view = [(v.bubble.role, v.bubble.content) for v in path_bubbles(conversation=conversation, path=old_path)]
+        new_path = node_path(new.pk, owner=new.owner_id)
+        new_view = [(v.bubble.role, v.bubble.content) for v in path_bubbles(conversation=copy, path=new_path)]
         assert new_view == old_view, f"the bubbles of the branch at node {old.pk}"
     assert next_context(copy) == next_context(conversation)
 

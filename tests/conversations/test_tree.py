@@ -16,7 +16,7 @@ from conversations.screen import path_bubbles
 from conversations.selectors import node_path
 from conversations.turns.detached import run_here
 from conversations.turns.start import turn_ask, turn_edit, turn_regenerate
-from tests.conversations.helpers import answer, ask, head
+from tests.conversations.helpers import answer, ask, head, owner_of
 from tests.support.trees import TreeBuilder
 
 pytestmark = pytest.mark.django_db
@@ -30,7 +30,7 @@ def test_t5_the_path_is_one_query_whatever_its_depth(conversation):
     deep = chain(conversation, 300)
     for depth in (1, 300):
         with CaptureQueriesContext(connection) as queries:
-            path = node_path(deep[depth - 1].pk)
+            path = node_path(deep[depth - 1].pk, owner=conversation.owner_id)
         assert len(queries) == 1
         assert [p.id for p in path] == [n.pk for n in deep[:depth]]
 
@@ -38,7 +38,7 @@ def test_t5_the_path_is_one_query_whatever_its_depth(conversation):
 def test_t5_nodes_off_the_path_never_appear(conversation):
     trunk = chain(conversation, 3)
     chain(conversation, 5, parent=trunk[0])  # a side branch
-    assert [p.id for p in node_path(trunk[-1].pk)] == [n.pk for n in trunk]
+    assert [p.id for p in node_path(trunk[-1].pk, owner=conversation.owner_id)] == [n.pk for n in trunk]
 
 
 def test_the_depth_guard_stops_a_corrupt_loop(conversation, settings):
@@ -47,7 +47,7 @@ def test_the_depth_guard_stops_a_corrupt_loop(conversation, settings):
         Node.objects.filter(pk=a.pk).update(parent=b)  # a loop no service can make
         settings.ARBOR_PATH_DEPTH_LIMIT = 50
         with pytest.raises(CorruptTree):
-            node_path(b.pk)
+            node_path(b.pk, owner=owner_of(b.pk))
         transaction.set_rollback(True)
 
 
@@ -95,7 +95,7 @@ def test_c2_assembly_stops_at_the_compaction_node(conversation):
     seen = answer(ask(conversation, "after"))
     assert "before compaction" not in seen
     assert seen.endswith("seen: system:summary of the conversation so | user:after")
-    path = node_path(head(conversation).pk)
+    path = node_path(head(conversation).pk, owner=conversation.owner_id)
     assert path[0].id == summary.pk and len(path) == 2
 
 
@@ -135,14 +135,15 @@ def test_t11_delete_removes_its_nodes_but_keeps_those_another_path_passes_throug
     services.head_move(conversation=other, to=shared_head.pk)  # P3's edit conversation, nothing copied
     ask(other, "other's own question")
     ask(other, "and again")
-    other_path = node_path(head(other).pk)
+    other_path = node_path(head(other).pk, owner=other.owner_id)
     services.conversation_delete(conversation=source)
     assert not Conversation.objects.filter(pk=source.pk).exists()
     kept = Node.objects.filter(conversation__isnull=True)
     assert sorted(s[0]["text"] for s in kept.values_list("sent", flat=True)) == ["shared 1", "shared 2"]
     assert not Node.objects.filter(sent=[it.user("source only")]).exists()
     assert Node.objects.filter(conversation=other).count() == 2
-    assert node_path(head(other).pk) == other_path, "the other conversation's context is untouched"
+    assert node_path(head(other).pk, owner=other.owner_id) == other_path, \
+        "the other conversation's context is untouched"
     assert "user:shared 1 | " in answer(ask(other, "still there?"))
 
 

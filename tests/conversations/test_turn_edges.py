@@ -438,7 +438,7 @@ def test_t4_result_bubbles_update_only_the_calls_whose_results_arrive(conversati
 
 def test_t1_a_side_call_is_a_recorded_node_that_a_follow_up_can_hang_below(conversation):
     ask(conversation, "q1")
-    parent = node_path(head(conversation).pk)[-1]
+    parent = node_path(head(conversation).pk, owner=conversation.owner_id)[-1]
     messages = [{"role": "user", "content": "#title q1"}]
     side = side_calls.run_side_call(conversation=conversation, parent=parent, kind=Node.Kind.TURN,
                                  sent=[it.user("#title q1")], messages=messages, model="arbor/echo")

@@ -43,7 +43,8 @@ def test_t2_t5_the_next_call_sees_the_whole_path_and_nothing_else(conversation):
     events = ask(conversation, "second")
     assert answer(events) == ("echo: second\nseen: user:first | assistant:echo: first\nseen: user:first | "
                               "user:second")
-    assert [p.sent[0]["text"] for p in node_path(head(conversation).pk)] == ["first", "second"]
+    path = node_path(head(conversation).pk, owner=conversation.owner_id)
+    assert [p.sent[0]["text"] for p in path] == ["first", "second"]
 
 
 def test_instructions_go_first_as_a_system_message(conversation):
@@ -108,7 +109,7 @@ def test_round_cap_ends_the_turn_with_an_answer(conversation, settings):
     directive = '#tool sql_query {"sql": "select 1"} '
     events = ask(conversation, directive * 5)
     assert events[-1].type == "done"
-    assert len(node_path(head(conversation).pk)) == 2
+    assert len(node_path(head(conversation).pk, owner=conversation.owner_id)) == 2
 
 
 def test_f1_a_failed_call_moves_the_head_to_the_failed_node_and_keeps_paid_tool_results(conversation):
@@ -298,7 +299,8 @@ def test_f3_switching_branches_neither_undoes_nor_repeats_a_sent_email(conversat
     services.head_switch(conversation=conversation, node_id=email_branch.pk)
     assert head(conversation) == email_branch
     assert 'tool:{"sent": true' in answer(ask(conversation, "and now?"))
-    assert len(mail.outbox) == 1 and q1.pk in [p.id for p in node_path(head(conversation).pk)]
+    path = node_path(head(conversation).pk, owner=conversation.owner_id)
+    assert len(mail.outbox) == 1 and q1.pk in [p.id for p in path]
 
 
 def test_r3_a_turn_that_outlived_its_lock_keeps_its_node_but_cannot_move_the_head(conversation, settings):
@@ -464,7 +466,7 @@ def test_r3_a_turn_reads_the_head_with_its_lock(conversation, monkeypatch):
 
     monkeypatch.setattr(TurnLock, "_take", classmethod(let_another_turn_finish_then_take))
     ask(conversation, "q3")
-    texts = [p.sent[0]["text"] for p in node_path(head(conversation).pk)]
+    texts = [p.sent[0]["text"] for p in node_path(head(conversation).pk, owner=conversation.owner_id)]
     assert texts == ["q1", "finished in between", "q3"]
 
 

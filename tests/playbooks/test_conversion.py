@@ -160,7 +160,8 @@ def test_t11_a_saved_playbook_keeps_its_conversion_chain_and_source_path(convers
     """T11, P3: the version's chain and the path it stands on outlive the source conversation."""
     sales_conversation(conversation)
     playbook = _convert(conversation)
-    chain = {playbook.conversion_node_id, *(p.id for p in node_path(playbook.conversion_node_id))}
+    chain = {playbook.conversion_node_id,
+             *(p.id for p in node_path(playbook.conversion_node_id, owner=conversation.owner_id))}
     conversation_services.conversation_delete(conversation=conversation)
     assert set(Node.objects.values_list("pk", flat=True)) == chain
 

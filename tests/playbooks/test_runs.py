@@ -162,6 +162,7 @@ def test_s4_a_finished_run_that_skipped_a_tool_step_is_deviated_a_paused_one_is_
     definition = run.playbook_version.definition
     definition["steps"].insert(1, {"tool": "sql_query", "arguments": {"sql": "SELECT 1"}})
     run.playbook_version.save()
-    path = node_path(Conversation.objects.get(pk=run.conversation_id).head_id)
+    ran = Conversation.objects.get(pk=run.conversation_id)
+    path = node_path(ran.head_id, owner=ran.owner_id)
     assert run_deviated(run, path, finished=True) is True
     assert run_deviated(run, path, finished=False) is False

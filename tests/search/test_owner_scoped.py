@@ -24,7 +24,7 @@ from conversations.turns.start import turn_edit
 from search.index import index_conversation
 from search.query import _terms, _tsquery, on_current_paths, search_bubbles
 from search.retrieval import word_hits
-from tests.conversations.helpers import ask, head
+from tests.conversations.helpers import ask, head, owner_of
 
 pytestmark = pytest.mark.django_db
 
@@ -120,7 +120,7 @@ def test_issue_34_branch_marks_are_the_heads_whole_history(user, busy):
     assert {h.on_current_path for h in hits} == {True, False}
     for hit in hits:
         conversation = mine if hit.conversation == mine.pk else mine.__class__.objects.get(pk=hit.conversation)
-        assert hit.on_current_path == (hit.node in history_ids(head(conversation).pk))
+        assert hit.on_current_path == (hit.node in history_ids(head(conversation).pk, owner=conversation.owner_id))
 
 
 def test_issue_34_marks_on_a_long_line_with_branches_near_and_far(user):
@@ -133,10 +133,10 @@ def test_issue_34_marks_on_a_long_line_with_branches_near_and_far(user):
     other_root = _chain(conversation, ["another first question"])
     services.head_move(conversation=conversation, to=line[-1].pk)
     wanted = [line[-1], line[55], line[3], line[0], beside[0], deep[-1], other_root[0]]
-    marked = on_current_paths((conversation.pk, node.pk) for node in wanted)
-    assert marked == {node.pk for node in wanted if node.pk in history_ids(line[-1].pk)}
+    marked = on_current_paths(((conversation.pk, node.pk) for node in wanted), owner=conversation.owner_id)
+    assert marked == {node.pk for node in wanted if node.pk in history_ids(line[-1].pk, owner=owner_of(line[-1].pk))}
     assert marked == {line[-1].pk, line[55].pk, line[3].pk, line[0].pk}
-    assert on_current_paths([]) == set()
+    assert on_current_paths([], owner=conversation.owner_id) == set()
 
 
 def test_issue_34_marks_see_behind_a_compaction_root(user):
@@ -150,7 +150,7 @@ def test_issue_34_marks_see_behind_a_compaction_root(user):
     after = _chain(conversation, ["after"], parent=root)
     services.head_move(conversation=conversation, to=after[-1].pk)
     pairs = [(conversation.pk, node.pk) for node in (*old, side[0], root, after[0])]
-    assert on_current_paths(pairs) == {old[0].pk, old[1].pk, root.pk, after[0].pk}
+    assert on_current_paths(pairs, owner=conversation.owner_id) == {old[0].pk, old[1].pk, root.pk, after[0].pk}
 
 
 def test_issue_34_a_long_conversations_hits_are_found_and_marked(user, other_user):

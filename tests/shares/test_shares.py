@@ -19,7 +19,7 @@ from conversations import services
 from conversations.models import Bubble, Conversation, Node, ToolApproval
 from conversations.selectors import node_path
 from shares.models import Share, token_digest
-from tests.conversations.helpers import ask, head
+from tests.conversations.helpers import ask, head, owner_of
 
 pytestmark = pytest.mark.django_db
 
@@ -38,7 +38,7 @@ def _questions(html: str) -> list[str]:
 
 
 def _items(tip_id: int) -> list[tuple]:
-    return [(p.kind, p.status, p.sent, p.received) for p in node_path(tip_id)]
+    return [(p.kind, p.status, p.sent, p.received) for p in node_path(tip_id, owner=owner_of(tip_id))]
 
 
 # --- the page: a snapshot, for anyone holding the link ------------------------------------------------------------
@@ -251,12 +251,13 @@ def test_x5_continue_copies_the_path_into_a_new_conversation_of_the_visitors(api
     assert copy.head_id != shared_head.pk and copy.title.endswith("(shared)")
     assert copy.instructions == "", "the sharer's instructions are theirs"
     assert _items(copy.head_id) == _items(shared_head.pk), "the same path, item for item"
-    copied_ids = {p.id for p in node_path(copy.head_id)}
-    assert copied_ids.isdisjoint({p.id for p in node_path(shared_head.pk)}), "copied, not shared"
+    copied_ids = {p.id for p in node_path(copy.head_id, owner=copy.owner_id)}
+    assert copied_ids.isdisjoint({p.id for p in node_path(shared_head.pk, owner=shared_head.owner_id)}), \
+        "copied, not shared"
     assert Node.objects.filter(pk__in=copied_ids, conversation=copy).count() == len(copied_ids)
     assert not Node.objects.filter(pk__in=copied_ids).exclude(instructions="").exists()
     assert Bubble.objects.filter(conversation=copy, node_id__in=copied_ids).count() == Bubble.objects.filter(
-        node__in=[p.id for p in node_path(shared_head.pk)]).count()
+        node__in=[p.id for p in node_path(shared_head.pk, owner=owner_of(shared_head.pk))]).count()
 
     page = visitor.get(f"/chat/{copy.pk}/").content.decode()
     assert "echo: first" in page and "after sharing" not in page
