@@ -85,7 +85,7 @@ def conversation_fork(*, conversation: Conversation, node_id: Any) -> Conversati
         raise BadInput("`node` must be a node id.") from None
     if not conversation_has_node(conversation=conversation, node_id=node_id):
         raise NotFound(f"No node {node_id} in this conversation.")
-    if not Node.objects.can_be_head().filter(pk=node_id).exists():
+    if not Node.objects.can_be_head().filter(owner_id=conversation.owner_id, pk=node_id).exists():
         raise BadInput(f"Node {node_id} cannot be a conversation's head (a call under way, an overflow or a "
                        "summarising call): fork from an answer.")
     title = f"{conversation.title or 'Untitled'} (fork)"[:200]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from config.db import release_connection
@@ -119,10 +120,15 @@ def record_supplied(*, conversation: Conversation, parent: PathNode | None, sent
     return node
 
 
+def _pending(node: Node) -> QuerySet[Node]:
+    """The node while it is still pending, asked by its owner too (issue 34)."""
+    return Node.objects.filter(owner_id=node.owner_id, pk=node.pk, status=Node.Status.PENDING)
+
+
 def save_partial(node: Node, text: str) -> None:
     """Keep the text streamed so far on the pending node, where a crash cannot take it (a sweep fails the
     node with it: `turns.recovery`); the connection goes back, as the model goes on talking."""
-    Node.objects.filter(pk=node.pk, status=Node.Status.PENDING).update(received=[it.text(text)])
+    _pending(node).update(received=[it.text(text)])
     release_connection()
 
 
@@ -149,7 +155,7 @@ def interrupt(node: Node, error: llm.LLMError) -> bool:
     fields = _failed(node, error)
     ended = _ended(node, fields)
     with transaction.atomic():
-        if not Node.objects.filter(pk=node.pk, status=Node.Status.PENDING).update(**fields):
+        if not _pending(node).update(**fields):
             return False
         if charged_partly(error.partial):
             ledger_entry(ended).save(force_insert=True)
@@ -166,7 +172,7 @@ def _settle(node: Node, writes: Together | None, ledger: bool = False, **fields:
     under it. `node` is then that sibling. What the batch writes beside it `when` it settled is skipped, and
     the caller writes it for the sibling."""
     with together(writes) as batch:
-        settled = batch.update(Node.objects.filter(pk=node.pk, status=Node.Status.PENDING), **fields)
+        settled = batch.update(_pending(node), **fields)
         if ledger:  # `ledger`: the call reached a provider; its ledger row goes with its ending (issue 31)
             batch.insert(ledger_entry(_ended(node, fields)), when=settled)
 

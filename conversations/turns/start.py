@@ -136,8 +136,7 @@ def turn_below(*, user, conversation_id: int, parent_id: int | None, items: list
     supplied = [(sent, client_calls(received)) for sent, received in supplied]
 
     def begin(conversation: Conversation, lock: TurnLock) -> Turn:
-        if parent_id is not None and not Node.objects.can_be_head().filter(pk=parent_id,
-                                                                            conversation=conversation).exists():
+        if parent_id is not None and not Node.objects.of(conversation).can_be_head().filter(pk=parent_id).exists():
             raise NotFound(f"No response {parent_id} to continue from in this conversation.")
         path = node_path(parent_id, owner=conversation.owner_id) if parent_id is not None else []
         if calls.undecided(path[-1] if path else None):
@@ -214,7 +213,7 @@ def _question_index(conversation: Conversation, path: list[PathNode], node_id: i
             return index
     if path and is_compaction_root(path[0]) and _before_compaction(path[0], node_id, conversation.owner_id):
         raise BeforeCompaction(f"Node {node_id} lies before the compaction node {path[0].id}; it cannot be edited.")
-    if Node.objects.filter(pk=node_id, conversation=conversation).exists():
+    if Node.objects.of(conversation).filter(pk=node_id).exists():
         raise BadInput(f"Node {node_id} is not on this conversation's current path; switch to its branch first.")
     raise NotFound(f"No node {node_id} in this conversation.")
 

@@ -1,4 +1,4 @@
-"""Issue 34, ready to shard by owner: every statement a turn, a chat page and a search make on a hot table
+"""Issue 34, ready to shard by owner: every statement a turn, a chat page, a search and a /v1 call make on a hot table
 (nodes, bubbles, files, the usage ledger, the search entries) names `owner_id`, the column a distributed
 PostgreSQL (Citus) would route it by, so each stays on one person's shard (README: sharding by owner). The SQL is
 recorded as the database gets it; a statement on a hot table without the owner fails the test with its text."""
@@ -10,6 +10,8 @@ import re
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 
 from conversations import services
 from conversations.jobs import worker
@@ -26,25 +28,40 @@ HOT = [model._meta.db_table for model in (Node, Bubble, StoredFile, FileChunkVec
 _NAMED = re.compile(r'"?\b(' + "|".join(HOT) + r')\b"?')
 
 
-def unscoped(queries: CaptureQueriesContext) -> list[str]:
-    """The statements that name a hot table but not `owner_id`."""
-    return [query["sql"] for query in queries.captured_queries
-            if _NAMED.search(query["sql"]) and "owner_id" not in query["sql"]]
+# A batch of writes is one statement of data-modifying CTEs (config/together.py): each must name the owner.
+_PART = re.compile(r"\bwritten_\d+ AS \(")
 
 
-def test_issue_34_a_turn_a_page_and_a_search_ask_every_hot_table_by_its_owner(api, page, conversation, user):
+def unscoped(statements: list[str]) -> list[str]:
+    """The statements, or the parts of a batch, that name a hot table but not `owner_id`."""
+    return [part for sql in statements for part in _PART.split(sql) if _NAMED.search(part) and "owner_id" not in part]
+
+
+def recorded(run) -> list[str]:
+    """The SQL `run()` sent, kept at once: a request empties the connection's log (Django's reset_queries)."""
+    with CaptureQueriesContext(connection) as queries:
+        run()
+    return [query["sql"] for query in queries.captured_queries]
+
+
+def test_issue_34_a_turn_a_page_a_search_and_a_gateway_call_ask_every_hot_table_by_its_owner(api, page, conversation,
+                                                                                           user):
     ask(conversation, "Where do oak trees grow?")
-    with CaptureQueriesContext(connection) as turn:
-        ask(conversation, "And how tall do oaks get?")
-    with CaptureQueriesContext(connection) as shown:
-        assert page.get(f"/chat/{conversation.pk}/").status_code == 200
+    turn = recorded(lambda: ask(conversation, "And how tall do oaks get?"))
+    shown = recorded(lambda: page.get(f"/chat/{conversation.pk}/"))
+    gateway = APIClient()
+    gateway.credentials(HTTP_AUTHORIZATION="Bearer " + Token.objects.get_or_create(user=user)[0].key)
+    first = [{"role": "user", "content": "Name an oak."}]
+    reply = gateway.post("/v1/chat/completions", {"model": "arbor/echo", "messages": first}, format="json").json()
+    again = [*first, reply["choices"][0]["message"], {"role": "user", "content": "Another?"}]
+    continued = recorded(lambda: gateway.post("/v1/chat/completions", {"model": "arbor/echo", "messages": again},
+                                              format="json"))  # a call that continues a stored path (issue 27)
     worker.run_due()  # the search index is written by the worker (R4)
-    with CaptureQueriesContext(connection) as searched:
-        assert api.get("/api/search/", {"q": "oak"}).json()["results"]
-    for name, queries in (("turn", turn), ("page", shown), ("search", searched)):
-        assert any(_NAMED.search(q["sql"]) for q in queries.captured_queries), f"the {name} reads a hot table"
-        assert unscoped(queries) == [], f"the {name} asks a hot table without its owner"
-
+    searched = recorded(lambda: api.get("/api/search/", {"q": "oak"}))
+    assert api.get("/api/search/", {"q": "oak"}).json()["results"], "the search finds something"
+    for name, statements in (("turn", turn), ("page", shown), ("search", searched), ("gateway call", continued)):
+        assert any(_NAMED.search(sql) for sql in statements), f"the {name} reads a hot table"
+        assert unscoped(statements) == [], f"the {name} asks a hot table without its owner"
 
 
 def test_issue_34_nodes_and_bubbles_carry_their_conversations_owner_and_a_path_is_read_by_it(user, other_user):
