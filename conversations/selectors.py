@@ -15,6 +15,7 @@ from django.db.models.expressions import RawSQL
 
 from config.errors import NotFound
 from conversations.context import PathNode, is_compaction_root, readable_by
+from conversations.errors import CorruptTree
 from conversations.items import question_of
 from conversations.models import Conversation, Node, Preferences, Project, walk_up
 from conversations.tools.mcp.servers import configured
@@ -51,6 +52,10 @@ def _json(value: Any) -> Any:
 
 def _read_up(head_id: int | None, *, owner: int, history: bool) -> list[PathNode]:
     rows = Node.objects.path_up(head_id, owner=owner, history=history)
+    if rows and (rows[0][1] is not None or (history and rows[0][10] is not None)):
+        # The walk stopped at a node that names no owner or another one: a call must never get a shortened
+        # context without a word (issue 34's backfill or a writer that forgot the owner).
+        raise CorruptTree(f"the path from node {head_id} leaves owner {owner}'s nodes at node {rows[0][0]}")
     return [PathNode(r[0], r[1], r[2], r[3], _json(r[4]), _json(r[5]), r[6], r[7], r[8], r[9], r[10]) for r in rows]
 
 
@@ -307,12 +312,29 @@ def conversation_list(*, user) -> QuerySet[Conversation]:
 
 
 def node_for_user(*, user, node_id: Any) -> Node:
-    """Return a node of the caller's: one of their conversations created it or passes through it (P3, a path is
-    one person's: issue 34's `owner`)."""
+    """Return a node that one of the caller's conversations created or passes through (P3). A node whose
+    conversation is gone is theirs only while one of their heads still rests on it: a cleared conversation's
+    nodes are not shown again (T11)."""
     try:
-        return Node.objects.select_related("conversation").get(pk=int(node_id), owner_id=user.pk)
+        node = Node.objects.select_related("conversation").get(pk=int(node_id), owner_id=user.pk)
     except (Node.DoesNotExist, TypeError, ValueError, OverflowError):
         raise NotFound("No such node.") from None
+    if node.conversation_id is not None:
+        return node
+    sql = f"""
+    WITH RECURSIVE below(id) AS (
+        SELECT id FROM {_NODE} WHERE id = %(node)s AND owner_id = %(owner)s
+        UNION ALL
+        SELECT n.id FROM {_NODE} n JOIN below ON n.parent_id = below.id WHERE n.owner_id = %(owner)s
+    )
+    SELECT 1 FROM {Conversation._meta.db_table} c JOIN below ON c.head_id = below.id
+    WHERE c.owner_id = %(owner)s LIMIT 1
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"node": node.pk, "owner": user.pk})
+        if cursor.fetchone():
+            return node
+    raise NotFound("No such node.")
 
 
 def tree_scope(conversation: Conversation, path_ids: Iterable[int]) -> Q:

@@ -45,7 +45,7 @@ def contents(owner_id: int, path: Sequence[Any], new_items: Iterable[it.Item] = 
                    key=lambda f: newest_first.get(f.pk, 0))
     large = {f.pk: f.text for f in files if f.kind == StoredFile.Kind.DOCUMENT
              and len(f.text) > settings.ARBOR_FILE_WHOLE_CHARS}
-    closeness = embedding.closeness(large, question) if recorded is None else {}
+    closeness = embedding.closeness(large, question, owner=owner_id) if recorded is None else {}
     for stored in files:
         if stored.kind == StoredFile.Kind.IMAGE:
             if stored.size <= images_left and (image := _image(stored, linked=images_linked)) is not None:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import functools
 import logging
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from conversations import llm, outbox
 from conversations.models import OutboxJob
@@ -31,6 +34,7 @@ from search.similar import QUERY_TIMEOUT_SECONDS, query_vector
 from search.vectors import to_bytes
 
 BACKFILL_FILES = 8  # a sweep's share: documents embedded again before the worker looks at its queue
+GIVEN_UP_WAIT = timedelta(hours=1)  # after the worker gives a file's embedding up, calls ask for it again
 
 logger = logging.getLogger("arbor.files")
 
@@ -73,9 +77,13 @@ def embed_file_job(payload: dict[str, Any]) -> None:
 
 
 def vectors_wanted(file_ids: list[int]) -> None:
-    """Queue `embed_file` for these documents a call chose parts of without their vectors, unless one waits."""
-    waiting = set(OutboxJob.objects.filter(kind="embed_file", status=OutboxJob.Status.PENDING,
-                                           payload__file__in=file_ids).values_list("payload__file", flat=True))
+    """Queue `embed_file` for these documents a call chose parts of without their vectors, unless one waits or
+    the worker gave one up lately (a provider that refuses a file is not asked again on every question)."""
+    lately = timezone.now() - GIVEN_UP_WAIT
+    jobs = OutboxJob.objects.filter(Q(status=OutboxJob.Status.PENDING)
+                                    | Q(status=OutboxJob.Status.FAILED, created_at__gte=lately),
+                                    kind="embed_file", payload__file__in=file_ids)
+    waiting = set(jobs.values_list("payload__file", flat=True))
     for file_id in file_ids:
         if file_id not in waiting:
             outbox.enqueue(kind="embed_file", payload={"file": file_id})
@@ -102,7 +110,7 @@ def _question_vector(model: str, question: str) -> tuple[float, ...] | None:
     return None if vector is None else tuple(vector)
 
 
-def closeness(texts: dict[int, str], question: str) -> dict[int, list[float]]:
+def closeness(texts: dict[int, str], question: str, *, owner: int) -> dict[int, list[float]]:
     """Each document's chunks' cosine similarity to `question`, by file id, for those of `texts` (their text) the
     worker has embedded whole with the current model; none when none is, or when the question's embedding call
     fails (words alone choose). One without them is queued for the worker (`vectors_wanted`)."""
@@ -110,7 +118,7 @@ def closeness(texts: dict[int, str], question: str) -> dict[int, list[float]]:
     if not model or not texts or not question.strip():
         return {}
     stored: dict[int, list[bytes]] = {}
-    rows = FileChunkVector.objects.filter(file_id__in=texts, model=model).order_by("file_id", "chunk")
+    rows = FileChunkVector.objects.filter(owner_id=owner, file_id__in=texts, model=model).order_by("file_id", "chunk")
     for file_id, vector in rows.values_list("file_id", "vector"):
         stored.setdefault(file_id, []).append(bytes(vector))
     whole = {file_id: vectors for file_id, vectors in stored.items() if len(vectors) == len(chunked(texts[file_id]))}

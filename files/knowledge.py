@@ -3,12 +3,12 @@ passages that bear on it go to that call only, as retrieved items marked ephemer
 them, later calls do not carry them, and nothing of them is written into the conversation's record as its own.
 
 Only the project's own files, of its owner, that have been read (`ready`); never across a project's border.
-Passages are scored together over the project's files by the question's words (BM25, files/chunks.py) and, for
-the files the worker has embedded (`files.embedding`), by meaning too, the two fused as retrieval fuses them
-(`search.fusion`); the best go first, within ARBOR_PROJECT_KNOWLEDGE_CHARS. A passage is sent only when it shares a
-word with the question or is at least ARBOR_RETRIEVAL_MIN_SIMILARITY near it in meaning, the floor retrieval
-across conversations keeps. The newest files are
-read first, up to ARBOR_PROJECT_KNOWLEDGE_SCAN_CHARS of text a question (about 0.15 s of scoring on this machine),
+Passages are scored together over the project's files by the question's words (BM25, files/chunks.py) and, once
+the worker has embedded every file read (`files.embedding`; one still waiting would rank below all by meaning), by
+meaning too, the two fused as retrieval fuses them (`search.fusion`); the best go first, within
+ARBOR_PROJECT_KNOWLEDGE_CHARS. A passage is sent only when it shares a word with the question or is at least
+ARBOR_RETRIEVAL_MIN_SIMILARITY near it in meaning, the floor retrieval across conversations keeps. The newest files
+are read first, up to ARBOR_PROJECT_KNOWLEDGE_SCAN_CHARS of text a question (about 0.15 s of scoring on this machine),
 so a project of many files never makes a question slow.
 """
 
@@ -37,7 +37,9 @@ def knowledge_items(*, project_id: int, owner_id: int, question: str) -> list[it
     if not passages or not question.strip():
         return []
     words = dict(enumerate(scored([chunk for _, _, chunk in passages], question)))
-    near = embedding.closeness(texts, question)
+    near = embedding.closeness(texts, question, owner=owner_id)
+    if near.keys() != texts.keys():  # a file not embedded yet would rank below every other by meaning: words alone
+        near = {}
     meaning = {index: near[stored.pk][number] for index, (stored, number, _) in enumerate(passages)
                if stored.pk in near}
     floor = settings.ARBOR_RETRIEVAL_MIN_SIMILARITY

@@ -178,8 +178,10 @@ def extract_job(payload: dict[str, Any]) -> None:
         text, status, error = "", StoredFile.Status.FAILED, f"The file could not be read ({error.__class__.__name__})."
     with transaction.atomic():
         StoredFile.objects.filter(pk=stored.pk).update(text=text, status=status, error=error[:500])
-        # A call chooses its parts (`embedding`): a large document, or a project's knowledge
-        if status == StoredFile.Status.READY and wants_vectors(text, stored.project_id):
+        # A call chooses its parts (`embedding`): a large document, or a project's knowledge (as it is now: the
+        # file may have joined a project while it was read)
+        project = StoredFile.objects.filter(pk=stored.pk).values_list("project_id", flat=True).first()
+        if status == StoredFile.Status.READY and wants_vectors(text, project):
             outbox.enqueue(kind="embed_file", payload={"file": stored.pk})
 
 

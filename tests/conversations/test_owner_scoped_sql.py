@@ -5,7 +5,9 @@ recorded as the database gets it; a statement on a hot table without the owner f
 
 from __future__ import annotations
 
+import importlib
 import re
+from types import SimpleNamespace
 
 import pytest
 from django.db import connection
@@ -14,6 +16,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from conversations import services
+from conversations.errors import CorruptTree
 from conversations.jobs import worker
 from conversations.models import Bubble, Node, UsageEntry
 from conversations.selectors import history_ids, node_path
@@ -76,3 +79,46 @@ def test_issue_34_nodes_and_bubbles_carry_their_conversations_owner_and_a_path_i
     tip = head(fork).pk
     assert len(node_path(tip, owner=user.pk)) == 2 and len(history_ids(tip, owner=user.pk)) == 2
     assert node_path(tip, owner=other_user.pk) == [] and history_ids(tip, owner=other_user.pk) == []
+
+
+def test_issue_34_the_backfill_gives_a_deleted_conversations_nodes_the_owner_of_what_rests_on_them(user):
+    """Migration 0026: a fork's path that runs through nodes of a deleted conversation (T11 kept them: the fork
+    rests on them) gets its owner from the fork's head, so the fork still reads its whole path."""
+    source = services.conversation_create(owner=user, title="source")
+    ask(source, "one")
+    ask(source, "two")
+    fork = services.conversation_fork(conversation=source, node_id=head(source).pk)
+    services.conversation_delete(conversation=source)
+    fork.refresh_from_db()
+    assert Node.objects.filter(conversation__isnull=True).count() == 2
+    Node.objects.update(owner=None)  # as before the migration
+    Bubble.objects.update(owner=None)
+    migration = importlib.import_module("conversations.migrations.0026_node_and_bubble_owner")
+    migration.owners(None, SimpleNamespace(connection=connection))
+    assert [p.sent[0]["text"] for p in node_path(fork.head_id, owner=user.pk)] == ["one", "two"]
+    assert set(Bubble.objects.values_list("owner_id", flat=True)) == {user.pk}
+
+
+def test_issue_34_a_path_that_leaves_its_owners_nodes_is_refused_not_cut_short(conversation):
+    """A node with no owner (or another's) on a path would end the walk early: a call would get a shortened context
+    without a word. The read says the tree is corrupt instead."""
+    ask(conversation, "one")
+    ask(conversation, "two")
+    tip = head(conversation)
+    Node.objects.filter(pk=tip.parent_id).update(owner=None)
+    with pytest.raises(CorruptTree):
+        node_path(tip.pk, owner=conversation.owner_id)
+
+
+def test_issue_34_t11_a_cleared_conversations_nodes_are_not_shown_again(api, page, conversation):
+    """The owner column finds a person's nodes, but a node whose conversation is gone is shown only while one of
+    their heads still rests on it (P3): a cleared conversation's question is a 404, as before."""
+    ask(conversation, "secret 42")
+    node = head(conversation).pk
+    fork = services.conversation_fork(conversation=conversation, node_id=node)
+    services.conversation_clear(conversation=conversation)
+    assert api.get(f"/api/nodes/{node}/").status_code == 200, "the fork still rests on it"
+    services.head_move(conversation=fork, to=None)
+    assert Node.objects.filter(pk=node, owner_id=conversation.owner_id).exists(), "kept, yet nobody's path"
+    assert api.get(f"/api/nodes/{node}/").status_code == 404
+    assert page.get(f"/chat/nodes/{node}/seen/").status_code == 404

@@ -226,3 +226,37 @@ def test_issue_30_x2_a_file_uploaded_into_a_project_is_embedded_after_reading(ap
     worker.run_due()
     worker.run_due()
     assert FileChunkVector.objects.filter(file_id=created.json()["id"]).count() == 1
+
+
+def test_issue_30_r4_a_file_not_embedded_yet_is_not_ranked_below_the_rest_and_a_given_up_one_is_not_asked_again(
+        api, user, settings, monkeypatch):
+    """While one of the project's files has no vectors yet, words alone choose (by meaning it would rank below every
+    embedded passage and drop out of the budget); once the worker gives a file's embedding up, questions do not
+    queue it again within the hour (a provider that refuses it is not asked on every question)."""
+    from conversations import llm
+    from conversations.jobs import worker
+    from conversations.models import OutboxJob
+    from files import embedding
+    from files.knowledge import knowledge_items
+    from tests.files.test_files import ready
+
+    old = ready(api, "old.md", b"Card cancellations are refunded within fourteen days.")
+    games = ready(api, "games.md", b"Sunny mornings, card games in the afternoon.")
+    project = api.post("/api/projects/", {"name": "Support", "files": [old["id"], games["id"]]}, format="json").json()
+    worker.run_due()  # both embedded
+    settings.ARBOR_WORKER_MAX_ATTEMPTS = 1
+
+    def refused(model, texts):
+        raise llm.LLMError("provider_error", "this file is refused")
+
+    monkeypatch.setattr(embedding, "vectors_of", refused)
+    new = ready(api, "new.md", b"Refund policy: card refunds go back to the card.")
+    api.patch(f"/api/projects/{project['id']}/", {"files": [old["id"], games["id"], new["id"]]}, format="json")
+    worker.run_due()  # new.md's embedding is given up
+    asked = "How do card refunds work?"
+    items = knowledge_items(project_id=project["id"], owner_id=user.pk, question=asked)
+    assert items[0]["source"] == {"file": new["id"]}, "by words: the passage that shares the question's words"
+    for _ in range(3):
+        knowledge_items(project_id=project["id"], owner_id=user.pk, question=asked)
+        worker.run_due()
+    assert OutboxJob.objects.filter(kind="embed_file", payload__file=new["id"]).count() == 1
