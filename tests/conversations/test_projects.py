@@ -260,3 +260,22 @@ def test_issue_30_r4_a_file_not_embedded_yet_is_not_ranked_below_the_rest_and_a_
         knowledge_items(project_id=project["id"], owner_id=user.pk, question=asked)
         worker.run_due()
     assert OutboxJob.objects.filter(kind="embed_file", payload__file=new["id"]).count() == 1
+
+
+def test_issue_30_d5_knowledge_passages_stop_at_the_bound_and_a_file_read_as_empty_adds_none(api, user, settings):
+    """Passages go best first while they fit ARBOR_PROJECT_KNOWLEDGE_CHARS: one that does not fit is left out, a
+    shorter one after it may still go; a document read as no text (a scan with no text layer) adds nothing."""
+    from files.knowledge import knowledge_items
+    from files.models import StoredFile
+    from tests.files.test_files import ready
+
+    long = ready(api, "long.md", b"Oak plan: " + b"the Oak plan costs 12 dollars. " * 10)
+    short = ready(api, "short.md", b"Oak plan, briefly: 12 dollars.")
+    blank = ready(api, "scan.md", b"placeholder")
+    StoredFile.objects.filter(pk=blank["id"]).update(text="")
+    project = api.post("/api/projects/", {"name": "P", "files": [long["id"], short["id"], blank["id"]]},
+                       format="json").json()
+    settings.ARBOR_EMBEDDING_MODEL = ""  # words alone: the order is BM25's
+    settings.ARBOR_PROJECT_KNOWLEDGE_CHARS = 100
+    items = knowledge_items(project_id=project["id"], owner_id=user.pk, question="Oak plan cost?")
+    assert [item["source"]["file"] for item in items] == [short["id"]], "the long passage does not fit"
