@@ -254,23 +254,24 @@ def error_bubble(node: Node, error: llm.LLMError, *, writes: Together | None = N
                             data={"reason": error.reason, "partial": it.answer_text(error.partial)}), when=when)
 
 
-def decision_bubble(node_id: int, call: it.Item, *, approved: bool) -> None:
-    """F3: the call's bubble says what the person decided."""
-    Bubble.objects.filter(node_id=node_id, role=Bubble.Role.TOOL, data__call_id=call["id"]).update(
+def decision_bubble(node_id: int, call: it.Item, *, owner: int, approved: bool) -> None:
+    """F3: the call's bubble (of `owner`'s node) says what the person decided."""
+    Bubble.objects.filter(owner_id=owner, node_id=node_id, role=Bubble.Role.TOOL, data__call_id=call["id"]).update(
         data={**tool_bubble_data(call), "status": ToolStatus.APPROVED if approved else ToolStatus.REFUSED})
 
 
-def result_bubbles(caller_id: int, results: Iterable[it.Item], *, writes: Together | None = None) -> None:
-    """T4: the calls' bubbles (on the node that made them) show their results."""
+def result_bubbles(caller_id: int, results: Iterable[it.Item], *, owner: int, writes: Together | None = None
+                   ) -> None:
+    """T4: the calls' bubbles (on `owner`'s node that made them) show their results."""
     by_call = {r["call_id"]: r for r in results}
     with together(writes) as batch:
-        for bubble in Bubble.objects.filter(node_id=caller_id, role=Bubble.Role.TOOL):
+        for bubble in Bubble.objects.filter(owner_id=owner, node_id=caller_id, role=Bubble.Role.TOOL):
             result = by_call.get(bubble.data.get("call_id"))
             if result:
                 status = ToolStatus.ERROR if result["is_error"] else ToolStatus.DONE
                 if bubble.data.get("status") == ToolStatus.REFUSED:  # a refusal's error result says it was refused
                     status = ToolStatus.REFUSED
-                batch.update(Bubble.objects.filter(pk=bubble.pk), data={
+                batch.update(Bubble.objects.filter(owner_id=owner, pk=bubble.pk), data={
                     **bubble.data, "result": result["content"], "is_error": result["is_error"], "status": status})
 
 

@@ -101,7 +101,7 @@ def _close_open_calls(conversation: Conversation) -> Node | None:
     results = calls.resolve(tip, run=False, note=NOT_RUN)  # runs nothing; a stored result is kept
     node = records.start(conversation=conversation, parent=tip, kind=Node.Kind.TURN, sent=results,
                          model=last.model, instructions=last.instructions, keep_ephemeral=last.keep_ephemeral)
-    records.result_bubbles(last.pk, results)
+    records.result_bubbles(last.pk, results, owner=conversation.owner_id)
     records.fail(node, error)
     records.error_bubble(node, error)
     return node

@@ -324,7 +324,7 @@ class Turn:
             results = [i for i in sent if i.get("type") == "tool_result"]
             if results and self._open is not None:
                 # The node that made the calls; after a compaction between rounds it is not the parent.
-                records.result_bubbles(self._open.id, results, writes=writes)
+                records.result_bubbles(self._open.id, results, owner=self.conversation.owner_id, writes=writes)
         self._pending = node
         self._open = None
         self.nodes.append(node.pk)

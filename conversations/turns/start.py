@@ -264,7 +264,7 @@ def turn_decide(*, user, conversation_id: int, call_id: str, approve: bool) -> T
         if earlier is None:
             with transaction.atomic():
                 services.approval_record(node_id=tip.id, call_id=call_id, approved=approve, user=user)
-                records.decision_bubble(tip.id, call, approved=approve)
+                records.decision_bubble(tip.id, call, owner=conversation.owner_id, approved=approve)
         if calls.undecided(tip):
             return None  # more calls to decide: the lock goes back
         # The model that asked goes on (issue 33: a branch of several models' may not be the conversation's).

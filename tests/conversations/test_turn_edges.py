@@ -430,7 +430,7 @@ def test_t4_result_bubbles_update_only_the_calls_whose_results_arrive(conversati
                                received=[it.tool_call("c1", "sql_query", "{}"), it.tool_call("c2", "sql_query", "{}")],
                                model="arbor/echo", provider="arbor")
     records.answer_bubbles(node, needs_approval=lambda call: False)
-    records.result_bubbles(node.pk, [it.tool_result("c2", "sql_query", "rows")])
+    records.result_bubbles(node.pk, [it.tool_result("c2", "sql_query", "rows")], owner=conversation.owner_id)
     bubbles = {b.data["call_id"]: b.data for b in Bubble.objects.filter(node=node, role=Bubble.Role.TOOL)}
     assert bubbles["c1"]["status"] == "running" and "result" not in bubbles["c1"]
     assert (bubbles["c2"]["status"], bubbles["c2"]["result"]) == ("done", "rows")
