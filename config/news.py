@@ -123,8 +123,10 @@ class _Listener:
                 conn.execute(f'LISTEN "{channel}"')
                 listened.add(channel)
             if not self.listening.is_set():
+                # Anything said before this LISTEN was missed: everyone looks once, before anyone is told it
+                # listens (a waiter that then unsubscribes is called no more).
+                _board.post_all()
                 self.listening.set()
-                _board.post_all()  # anything said before this LISTEN was missed: everyone looks once
             for notice in conn.notifies(timeout=LISTEN_TIMEOUT_SECONDS):
                 _board.post(notice.channel, notice.payload)
                 if not self.listening.is_set():  # a channel was added: LISTEN to it now

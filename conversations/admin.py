@@ -128,7 +128,8 @@ def _per_conversation(queryset, aggregate, output_field):
     """A correlated subquery aggregating the conversation's own nodes: one SQL query for the whole page."""
     return Coalesce(
         Subquery(
-            queryset.filter(conversation=OuterRef("pk")).order_by().values("conversation")
+            queryset.filter(owner_id=OuterRef("owner_id"), conversation=OuterRef("pk")).order_by()
+            .values("conversation")
             .annotate(value=aggregate).values("value")[:1],
             output_field=output_field,
         ),
@@ -256,7 +257,8 @@ class ConversationAdmin(ReadOnlyAdmin):
     def get_queryset(self, request):
         nodes = Node.objects.all()
         # A branch ends at a node with no child but side calls (a title call is no branch, and no tip).
-        leaves = nodes.exclude(SIDE_CALL).exclude(Exists(Node.objects.filter(parent=OuterRef("pk")).exclude(SIDE_CALL)))
+        leaves = nodes.exclude(SIDE_CALL).exclude(Exists(Node.objects.filter(owner_id=OuterRef("owner_id"),
+                                                                             parent=OuterRef("pk")).exclude(SIDE_CALL)))
         tokens = Cast(KT("usage__total_tokens"), BigIntegerField())
         cost = Cast(KT("usage__cost_usd"), FloatField())
         return super().get_queryset(request).select_related("owner").annotate(
@@ -369,9 +371,10 @@ class NodeAdmin(ReadOnlyAdmin):
         path = node_path(node.id, owner=node.owner_id)
         conversation = node.conversation
         sent_context = call_context(node)
-        children = list(Node.objects.filter(parent=node).order_by("id").values_list("id", "kind", "status"))
-        compactions = list(Node.objects.filter(compacted_from=node).order_by("id").values_list("id", flat=True))
-        summarised_into = list(Node.objects.filter(summary_call=node).values_list("id", flat=True))
+        mine = Node.objects.filter(owner_id=node.owner_id)
+        children = list(mine.filter(parent=node).order_by("id").values_list("id", "kind", "status"))
+        compactions = list(mine.filter(compacted_from=node).order_by("id").values_list("id", flat=True))
+        summarised_into = list(mine.filter(summary_call=node).values_list("id", flat=True))
         context = {
             **self.admin_site.each_context(request),
             "title": str(node),

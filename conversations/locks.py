@@ -84,10 +84,10 @@ def run_lock_gone() -> Q:
             | Q(conversation__turn_expires_at__lt=now()))
 
 
-def run_state(run_id: uuid.UUID) -> tuple[datetime | None, bool] | None:
-    """A run's end (None while it runs) and whether its turn still holds the lock, in one query; None if there
-    is no such run. A lock whose lease ran out is not held: its process died (a reader stops following it)."""
-    row = (TurnRun.objects.filter(pk=run_id)
+def run_state(run_id: uuid.UUID, *, owner: int) -> tuple[datetime | None, bool] | None:
+    """`owner`'s run's end (None while it runs) and whether its turn still holds the lock, in one query; None if
+    there is no such run. A lock whose lease ran out is not held: its process died (a reader stops following it)."""
+    row = (TurnRun.objects.filter(owner_id=owner, pk=run_id)
            .values("ended_at", "conversation__turn_token", "conversation__turn_expires_at").first())
     if row is None:
         return None

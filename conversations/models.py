@@ -122,6 +122,14 @@ class CallSettings(models.Model):
         return self.digest[:12]
 
 
+def owner_column() -> models.ForeignKey:
+    """Issue 34: the person a row is of, the column a database sharded by owner (Citus, README) routes it by: written
+    with the row and never changed. No constraint and no index of its own: a node outlives its conversation (T11),
+    and every query that names it names the row's own key too."""
+    return models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING,
+                             db_constraint=False, db_index=False, related_name="+")
+
+
 def _owners_filled(rows: list, owners_of: Any, key: str) -> list:
     """Issue 34: `rows` (nodes or bubbles written in bulk) each with its owner, read in one query (`owners_of`:
     the owner of each `key` id) for those that do not name it."""
@@ -205,9 +213,8 @@ class Node(TreeNode):
     )
     # Issue 34: the person whose node it is, its conversation's owner (a fork, P3, is the same person's: a path never
     # crosses people), written with the node and never changed. Every hot query names it, so a database sharded by
-    # owner (Citus, README) finds a path on one shard. No constraint: a node outlives its conversation (T11).
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING,
-                              db_constraint=False, db_index=False, related_name="+")
+    # owner (Citus, README) finds a path on one shard.
+    owner = owner_column()
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.TURN)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     failure_reason = models.CharField(max_length=32, choices=FailureReason.choices, blank=True)
@@ -358,7 +365,7 @@ class ToolStatus(models.TextChoices):
     ERROR = "error", "failed"
 
 
-class BubbleQuerySet(models.QuerySet):
+class NodeOwnedQuerySet(models.QuerySet):
     def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list:
         def owners(ids: set) -> Any:
             return Node.objects.filter(pk__in=ids).values_list("pk", "owner_id")
@@ -366,7 +373,25 @@ class BubbleQuerySet(models.QuerySet):
         return super().bulk_create(_owners_filled(list(objs), owners, "node_id"), *args, **kwargs)
 
 
-class Bubble(models.Model):
+class NodeOwned(models.Model):
+    """A row that hangs off a node (a bubble, a decision on a tool call, a file a call sent) names its node's owner
+    (issue 34), so it is read on that person's shard with the node. The turn's own writes name it; any other write
+    that does not is given it here, read from the node."""
+
+    owner = owner_column()
+
+    objects = NodeOwnedQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.owner_id is None:
+            self.owner_id = Node.objects.values_list("owner_id", flat=True).get(pk=self.node_id)
+        super().save(*args, **kwargs)
+
+
+class Bubble(NodeOwned):
     """What a person sees: display-only, each pointing at the node it came from."""
 
     Role = BubbleRole  # module-level, so the constraints in Meta can name its values
@@ -378,15 +403,10 @@ class Bubble(models.Model):
         Conversation, null=True, blank=True, on_delete=models.SET_NULL, related_name="bubbles"
     )
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="bubbles")
-    # Issue 34: its node's owner, so a screen's bubbles are read on the owner's shard (as `Node.owner`).
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING,
-                              db_constraint=False, db_index=False, related_name="+")
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True)
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
-
-    objects = BubbleQuerySet.as_manager()
 
     class Meta:
         ordering = ["id"]
@@ -400,13 +420,8 @@ class Bubble(models.Model):
     def __str__(self) -> str:
         return f"{self.role} bubble {self.pk}"
 
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if self.owner_id is None:  # its node's owner (issue 34); the turn's own writes name it
-            self.owner_id = Node.objects.values_list("owner_id", flat=True).get(pk=self.node_id)
-        super().save(*args, **kwargs)
 
-
-class ToolApproval(models.Model):
+class ToolApproval(NodeOwned):
     """A person's decision on one tool call that acts on the outside world (F3)."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="approvals")
@@ -475,6 +490,7 @@ class TurnRun(models.Model):
 
     id = models.UUIDField(primary_key=True)
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="turn_runs")
+    owner = owner_column()  # its conversation's (issue 34): a run and its log are read on the owner's shard
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
     stop_requested = models.BooleanField(default=False)
@@ -484,6 +500,11 @@ class TurnRun(models.Model):
 
     def __str__(self) -> str:
         return f"turn {self.pk} of conversation {self.conversation_id}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.owner_id is None:  # the turn's own write names it
+            self.owner_id = Conversation.objects.values_list("owner_id", flat=True).get(pk=self.conversation_id)
+        super().save(*args, **kwargs)
 
 
 class IdempotentRequest(models.Model):
@@ -550,6 +571,7 @@ class TurnLogEntry(models.Model):
     """One numbered event of a turn (its SSE id), kept a while after the turn ends so a client can resume."""
 
     run = models.ForeignKey(TurnRun, on_delete=models.CASCADE, related_name="entries")
+    owner = owner_column()  # its run's (issue 34), written by the log's one writer (`log_stores`)
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=32)
     data = models.JSONField(default=dict)

@@ -338,16 +338,15 @@ def node_for_user(*, user, node_id: Any) -> Node:
 
 
 def tree_scope(conversation: Conversation, path_ids: Iterable[int]) -> Q:
-    """The nodes of a conversation's tree: those it created, and shared ones on its path (P3)."""
-    return Q(conversation=conversation) | Q(id__in=list(path_ids))
+    """The nodes of a conversation's tree: those it created, and shared ones on its path (P3), all its owner's."""
+    return Q(owner_id=conversation.owner_id) & (Q(conversation=conversation) | Q(id__in=list(path_ids)))
 
 
 def conversation_has_node(*, conversation: Conversation, node_id: int) -> bool:
     """Is `node_id` in the conversation's tree (created by it, or shared history on its path, behind
     compactions too: C3)?"""
     path_ids = history_ids(conversation.head_id, owner=conversation.owner_id)
-    own = Node.objects.filter(owner_id=conversation.owner_id, pk=node_id)
-    return own.filter(tree_scope(conversation, path_ids)).exists()
+    return Node.objects.filter(tree_scope(conversation, path_ids), pk=node_id).exists()
 
 
 def conversation_nodes(*, conversation: Conversation) -> QuerySet[Node]:
@@ -356,7 +355,7 @@ def conversation_nodes(*, conversation: Conversation) -> QuerySet[Node]:
     A plain indexed query: tree fields (django-tree-queries) cost seconds on a 2,000-deep conversation.
     """
     path_ids = history_ids(conversation.head_id, owner=conversation.owner_id)
-    return Node.objects.filter(tree_scope(conversation, path_ids), owner_id=conversation.owner_id).order_by("id")
+    return Node.objects.filter(tree_scope(conversation, path_ids)).order_by("id")
 
 
 # What /nodes/ shows of a node (NodeSummaryOut): never its items, which may be large.
@@ -377,7 +376,7 @@ def node_page(*, conversation: Conversation, after: int | None = None, before: i
     walk of ids up the history: the cost follows the page and the path, not the table."""
     backwards = before is not None
     bound = before if backwards else after or 0
-    own = Node.objects.filter(conversation=conversation, **{"id__lt" if backwards else "id__gt": bound})
+    own = Node.objects.of(conversation).filter(**{"id__lt" if backwards else "id__gt": bound})
     nodes = list(own.only(*NODE_SUMMARY_FIELDS).order_by("-id" if backwards else "id")[:size + 1])
     if conversation.head_id is not None:
         sql = _SHARED_ON_HISTORY_SQL.format(op="<" if backwards else ">", order="DESC" if backwards else "ASC")
@@ -415,9 +414,9 @@ def latest_tip(*, conversation: Conversation, node_id: int) -> int | None:
             SELECT id FROM {_NODE} WHERE id = %s
             UNION
             SELECT n.id FROM {_NODE} n JOIN below ON n.parent_id = below.id OR n.compacted_from_id = below.id
-            WHERE n.conversation_id = %s
+            WHERE n.owner_id = %s AND n.conversation_id = %s
         ) SELECT id FROM below""",
-        [node_id, conversation.pk],
+        [node_id, conversation.owner_id, conversation.pk],
     )
     return Node.objects.can_be_head().filter(id__in=below).aggregate(tip=Max("id"))["tip"]
 
@@ -427,12 +426,12 @@ def latest_tip(*, conversation: Conversation, node_id: int) -> int | None:
 # index-only scan, so the cost follows the conversation, never the table.
 _ENTRIES_SQL = f"""
 SELECT DISTINCT ref FROM (
-    SELECT parent_id AS ref FROM {_NODE} WHERE conversation_id = %(c)s
-    UNION ALL SELECT compacted_from_id FROM {_NODE} WHERE conversation_id = %(c)s
-    UNION ALL SELECT summary_call_id FROM {_NODE} WHERE conversation_id = %(c)s
+    SELECT parent_id AS ref FROM {_NODE} WHERE owner_id = %(owner)s AND conversation_id = %(c)s
+    UNION ALL SELECT compacted_from_id FROM {_NODE} WHERE owner_id = %(owner)s AND conversation_id = %(c)s
+    UNION ALL SELECT summary_call_id FROM {_NODE} WHERE owner_id = %(owner)s AND conversation_id = %(c)s
     UNION ALL SELECT head_id FROM {Conversation._meta.db_table} WHERE id = %(c)s
 ) refs
-WHERE ref IS NOT NULL AND ref NOT IN (SELECT id FROM {_NODE} WHERE conversation_id = %(c)s)"""
+WHERE ref IS NOT NULL AND ref NOT IN (SELECT id FROM {_NODE} WHERE owner_id = %(owner)s AND conversation_id = %(c)s)"""
 
 # From one node up (a walk from one row: index lookups), with what each node's summarising call is.
 _ENTRY_WALK_SQL = f"""{_HISTORY_CTE}
@@ -443,10 +442,10 @@ def tree_node_ids(conversation: Conversation) -> array:
     """The ids of every node an export of the conversation holds, ascending, 8 bytes each (issue 13: an export
     then reads the nodes themselves a chunk at a time): its own nodes, its head, and every node they point at,
     transitively (shared history, originals behind a compaction, summarising calls), so its paths are whole."""
-    own = array("q", Node.objects.filter(conversation=conversation).order_by("id")
+    own = array("q", Node.objects.of(conversation).order_by("id")
                 .values_list("id", flat=True).iterator(chunk_size=5000))
     with connection.cursor() as cursor:
-        cursor.execute(_ENTRIES_SQL, {"c": conversation.pk})
+        cursor.execute(_ENTRIES_SQL, {"c": conversation.pk, "owner": conversation.owner_id})
         todo = [row[0] for row in cursor.fetchall()]
         outside: set[int] = set()
         while todo:  # rare and short: shared history read up to its root, and what its roots point at

@@ -222,13 +222,14 @@ def conversation_clear(*, conversation: Conversation) -> None:
     head_move(conversation=conversation, to=None)
     keep = _nodes_others_need(conversation)
     _release_bubbles(conversation, keep)
-    Node.objects.filter(conversation=conversation).update(conversation=None)
+    Node.objects.of(conversation).update(conversation=None)
 
 
 def _release_bubbles(conversation: Conversation, keep: set[int]) -> None:
     """Delete the conversation's bubbles, except those of nodes another conversation still shows (P3)."""
-    Bubble.objects.filter(conversation=conversation).exclude(node_id__in=keep).delete()
-    Bubble.objects.filter(conversation=conversation, node_id__in=keep).update(conversation=None)
+    mine = Bubble.objects.filter(owner_id=conversation.owner_id, conversation=conversation)
+    mine.exclude(node_id__in=keep).delete()
+    mine.filter(node_id__in=keep).update(conversation=None)
 
 
 def _protected_references(conversation: Conversation) -> list[int]:
@@ -290,13 +291,15 @@ def conversation_delete(*, conversation: Conversation) -> None:
     head_move(conversation=conversation, to=None)  # refused while a turn runs; frees the head's node
     _release_bubbles(conversation, keep)
     # The database's deferred foreign keys check at commit that no surviving node lost its parent.
-    Node.objects.filter(conversation=conversation).exclude(id__in=keep).delete()
+    Node.objects.of(conversation).exclude(id__in=keep).delete()
     conversation.delete()  # the kept nodes lose their creator (SET_NULL)
 
 
-def approval_record(*, node_id: int, call_id: str, approved: bool, user) -> ToolApproval:
-    return ToolApproval.objects.create(node_id=node_id, call_id=call_id, approved=approved, decided_by=user)
+def approval_record(*, node_id: int, owner: int, call_id: str, approved: bool, user) -> ToolApproval:
+    """`owner`: the node's (issue 34), who may not be the person deciding (staff)."""
+    return ToolApproval.objects.create(node_id=node_id, owner_id=owner, call_id=call_id, approved=approved,
+                                       decided_by=user)
 
 
-def approval_store_result(*, node_id: int, call_id: str, result: dict) -> None:
-    ToolApproval.objects.filter(node_id=node_id, call_id=call_id).update(result=result)
+def approval_store_result(*, node_id: int, owner: int, call_id: str, result: dict) -> None:
+    ToolApproval.objects.filter(owner_id=owner, node_id=node_id, call_id=call_id).update(result=result)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from conversations.models import NodeOwned
+
 
 class StoredFile(models.Model):
     class Status(models.TextChoices):
@@ -37,7 +39,7 @@ class StoredFile(models.Model):
         return self.name
 
 
-class SentFile(models.Model):
+class SentFile(NodeOwned):
     """The node whose call sent `file` (X1): the tree's reference. A file a node sent cannot be deleted while
     that node exists (PROTECT); the node's going (T11) lets it go."""
 

@@ -78,7 +78,7 @@ def _path_document(share: Share) -> dict[str, Any]:
                .values("node_id", "role", "content", "data")]
     approvals = [{"node": row["node_id"], "call_id": row["call_id"], "approved": row["approved"],
                   "result": row["result"]}
-                 for row in ToolApproval.objects.filter(node_id__in=ids).order_by("node_id", "id")
+                 for row in ToolApproval.objects.filter(owner_id=owner, node_id__in=ids).order_by("node_id", "id")
                  .values("node_id", "call_id", "approved", "result")]
     source = share.conversation
     meta = {"title": f"{source.title or 'Untitled'} (shared)"[:200], "model": source.model, "instructions": "",

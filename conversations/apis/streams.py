@@ -39,17 +39,17 @@ def sse(seq: int | None, event: TurnEvent) -> bytes:
     return f"{head}event: {event.type}\ndata: {json.dumps(event.data, ensure_ascii=False)}\n\n".encode()
 
 
-def log_stream(run_id, *, after: int = 0) -> EventStream:
+def log_stream(run_id, *, owner: int, after: int = 0) -> EventStream:
     """A run's events after `after`, then live until its ending. A client that leaves only stops reading:
     the turn goes on (its record completes, and a later `…/stream/` replays it)."""
-    stream = EventStream(_log_events(run_id, after))
+    stream = EventStream(_log_events(run_id, owner, after))
     stream.run_id = run_id  # which run a test or a log line reads back
     return stream
 
 
-async def _log_events(run_id, after: int):
+async def _log_events(run_id, owner: int, after: int):
     try:
-        async for batch in follow_log_batches(run_id, after=after):  # a batch is one write
+        async for batch in follow_log_batches(run_id, owner=owner, after=after):  # a batch is one write
             yield b"".join(sse(seq, event) for seq, event in batch)
     except Exception as error:  # the stream has begun: the status is sent, so say it as an event
         logger.exception("turn stream %s failed", run_id)
@@ -105,10 +105,10 @@ class TurnStreamFollow(StreamSlotView):
     def get(self, request: Request, conversation_id: int):
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
         after = _after(request)
-        run = log.latest_run(conversation.pk)
+        run = log.latest_run(conversation)
         if run is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
-        return log_stream(run.pk, after=after)
+        return log_stream(run.pk, owner=conversation.owner_id, after=after)
 
 
 class TurnStop(APIView):
@@ -117,21 +117,22 @@ class TurnStop(APIView):
     def post(self, request: Request, conversation_id: int) -> Response:
         """Stop the running turn, from any process: 200 with the stopped node once it is recorded."""
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
-        run_id = detached.running_run(conversation.pk)
-        if run_id is None or not detached.request_stop(conversation.pk):
+        run_id = detached.running_run(conversation)
+        if run_id is None or not detached.request_stop(conversation):
             return Response(error_body("no_turn_running", "No turn is running on this conversation."),
                             status=status.HTTP_409_CONFLICT)
         deadline = time.monotonic() + STOP_WAIT_SECONDS
         with news.Waiter(LOG_NEWS, str(run_id)) as waiter:  # the run's last write says it ended
-            while not TurnRun.objects.filter(pk=run_id, ended_at__isnull=False).exists():
+            while not TurnRun.objects.filter(owner_id=conversation.owner_id, pk=run_id,
+                                             ended_at__isnull=False).exists():
                 if time.monotonic() > deadline:
                     break
                 waiter.wait(log.POLL_SECONDS)
-        entries = log.read(run_id)
+        entries = log.read(run_id, owner=conversation.owner_id)
         node_id = entries[-1][1].data.get("node") if entries else None
         if node_id is None:  # it ended before a node was written, or has not noticed yet: its latest node
-            node_id = Node.objects.filter(conversation=conversation).values_list("pk", flat=True).last()
+            node_id = Node.objects.of(conversation).values_list("pk", flat=True).last()
         if node_id is None:
             return Response(error_body("no_turn_running", "The turn ended before it wrote anything."),
                             status=status.HTTP_409_CONFLICT)
-        return Response(s.NodeOut(Node.objects.get(pk=node_id)).data)
+        return Response(s.NodeOut(Node.objects.get(owner_id=conversation.owner_id, pk=node_id)).data)

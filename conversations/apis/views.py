@@ -111,12 +111,13 @@ def _turn_response(request: Request, turn: Turn | None) -> Response | StreamingH
     if _wants_stream(request):
         # The turn runs in a thread of its own and the stream follows its log: a client that leaves, even
         # before the first byte, never ends the turn (issue 12), and its `id:`s resume with `…/stream/`.
-        return log_stream(detached.launch(turn))
+        return log_stream(detached.launch(turn), owner=turn.conversation.owner_id)
     outcome = TurnOutcome.of(detached.run_here(turn))
     if outcome.ending == EventType.ERROR and outcome.error["code"] == "unavailable":
         nodes = []  # the database is away: the error's message names the nodes recorded
     else:
-        nodes = s.NodeOut(Node.objects.filter(pk__in=turn.nodes).order_by("id"), many=True).data
+        nodes = s.NodeOut(Node.objects.filter(owner_id=turn.conversation.owner_id, pk__in=turn.nodes).order_by("id"),
+                          many=True).data
     if outcome.ending == EventType.ERROR:
         more = {"answers": outcome.answers} if outcome.answers is not None else {}
         body = error_body(outcome.error["code"], outcome.error["message"], node=outcome.failed_node,
@@ -137,8 +138,9 @@ class TurnView(IdempotentView, StreamSlotView):
         return _wants_stream(request)
 
     def stream_run(self, request: Request, run_id) -> StreamingHttpResponse:
-        """A run's events from its first: what a retry with the same Idempotency-Key follows again."""
-        return log_stream(run_id)
+        """A run's events from its first: what a retry with the same Idempotency-Key follows again (its own, so
+        the person asking is the run's owner)."""
+        return log_stream(run_id, owner=request.user.pk)
 
 
 

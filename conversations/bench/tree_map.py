@@ -90,7 +90,7 @@ def build(owner, turns: int) -> Conversation:
         tip = node.id
     Node.objects.bulk_create(nodes, batch_size=1000)
     Bubble.objects.bulk_create(bubbles, batch_size=2000)
-    recount(conversation_id=conversation.pk, model="arbor/echo")
+    recount(conversation, model="arbor/echo")
     services.head_move(conversation=conversation, to=tip)
     conversation.refresh_from_db()
     return conversation

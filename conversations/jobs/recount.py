@@ -23,12 +23,12 @@ def run(payload: dict[str, Any]) -> None:
     conversation = Conversation.objects.filter(pk=payload["conversation"], model=payload["model"]).first()
     if conversation is None:  # gone, or its model changed again: that change queued its own recount
         return
-    recount(conversation_id=conversation.pk, model=conversation.effective_model)
+    recount(conversation, model=conversation.effective_model)
 
 
-def recount(*, conversation_id: int, model: str) -> int:
+def recount(conversation: Conversation, *, model: str) -> int:
     """Count every node of the conversation for `model`; return how many counts changed."""
-    rows = list(Node.objects.filter(conversation_id=conversation_id).order_by("id")
+    rows = list(Node.objects.of(conversation).order_by("id")
                 .values_list("id", "parent_id", "sent", "received", "tokens", "path_tokens"))
     own = {pk: budget.node_tokens(sent or [], received or [], model=model) for pk, _, sent, received, _, _ in rows}
     parents = {pk: parent for pk, parent, *_ in rows}

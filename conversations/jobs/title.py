@@ -37,7 +37,7 @@ def title_conversation(conversation_id: int) -> str | None:
     conversation = Conversation.objects.filter(pk=conversation_id).first()
     if conversation is None or conversation.title or conversation.head_id is None:
         return None
-    earlier = Node.objects.filter(conversation=conversation, kind=Node.Kind.TITLE, status=Node.Status.SUCCEEDED)
+    earlier = Node.objects.of(conversation).filter(kind=Node.Kind.TITLE, status=Node.Status.SUCCEEDED)
     title = next((clean_title(it.answer_text(n.received)) for n in earlier.order_by("-id")[:1]), "")
     if not title:  # a job that ran before and crashed after its call needs no second call
         model = conversation.effective_model

@@ -175,7 +175,7 @@ def longest_match(*, user, turns: list[ListedTurn], conversation: Conversation |
     """The stored path of the caller's conversations (or of `conversation`) that the list's answered turns
     extend furthest: one query for the roots, one a level below."""
     answered = [t for t in turns if t.received is not None]
-    roots = Node.objects.filter(conversation__owner=user, parent__isnull=True, kind=Node.Kind.TURN,
+    roots = Node.objects.filter(owner=user, conversation__owner=user, parent__isnull=True, kind=Node.Kind.TURN,
                                 status=Node.Status.SUCCEEDED).select_related("conversation").order_by("-id")
     if conversation is not None:
         roots = roots.filter(conversation=conversation)

@@ -68,8 +68,7 @@ def _delete(node: Node, *, named: Node) -> None:
     services.head_move(conversation=conversation, to=head)
     if (reason := continued_by(node)) is not None:
         raise ResponseContinued(f"{response_id(named.pk)} cannot be deleted: {reason}.")
-    Node.objects.filter(parent=node, kind=Node.Kind.TITLE).update(parent=node.parent_id)
-    Node.objects.filter(pk=node.pk).delete()
-    if conversation.origin == Conversation.Origin.API and not Node.objects.filter(
-            conversation=conversation).exists():
+    Node.objects.filter(owner_id=node.owner_id, parent=node, kind=Node.Kind.TITLE).update(parent=node.parent_id)
+    Node.objects.filter(owner_id=node.owner_id, pk=node.pk).delete()
+    if conversation.origin == Conversation.Origin.API and not Node.objects.of(conversation).exists():
         conversation.delete()

@@ -54,8 +54,8 @@ from files.services import IMAGE_TOKENS, drop_unsent, files_made_here, files_to_
 logger = logging.getLogger("arbor.openai")
 
 
-def _node(pk: int) -> Node:
-    return Node.objects.get(pk=pk)
+def _node(pk: int, owner: int) -> Node:
+    return Node.objects.get(owner_id=owner, pk=pk)
 
 
 @extend_schema(exclude=True)  # OpenAI's own schema describes this surface; Arbor's documents its API
@@ -164,7 +164,8 @@ class Responses(IdempotentView, GatewayView):
     def stream_run(self, request: Request, run_id) -> EventStream:
         body = request.data
         sent = _responses_sent(body, responses_options(body, _response_tools(body)[1]))
-        return _stream(_translated(run_id, _ResponsesEvents(sent), "responses"), run_id)
+        owner = request.user.pk
+        return _stream(_translated(run_id, owner, _ResponsesEvents(sent, owner), "responses"), run_id)
 
     def post(self, request: Request):
         body, model, stream = _call(request)
@@ -231,7 +232,8 @@ class ChatCompletions(IdempotentView, GatewayView):
     def stream_run(self, request: Request, run_id) -> EventStream:
         options = request.data.get("stream_options")
         usage = isinstance(options, dict) and options.get("include_usage") is True
-        return _stream(_translated(run_id, _ChatChunks(request.data["model"], usage), "chat"), run_id)
+        owner = request.user.pk
+        return _stream(_translated(run_id, owner, _ChatChunks(request.data["model"], usage, owner), "chat"), run_id)
 
     def post(self, request: Request):
         body, model, stream = _call(request)
@@ -253,8 +255,9 @@ class AnthropicMessages(IdempotentView, GatewayView):
     authentication_classes = [ApiKeyAuthentication, BearerTokenAuthentication]
 
     def stream_run(self, request: Request, run_id) -> EventStream:
-        events = messages.MessageEvents(request.data["model"], lambda pk: in_pool_thread(_node, pk))
-        return _stream(_translated(run_id, events, "messages"), run_id)
+        owner = request.user.pk
+        events = messages.MessageEvents(request.data["model"], lambda pk: in_pool_thread(_node, pk, owner))
+        return _stream(_translated(run_id, owner, events, "messages"), run_id)
 
     def get_exception_handler(self):
         return errors.anthropic_exception_handler
@@ -323,8 +326,8 @@ class _ChatChunks:
     """One turn's events as Chat Completions chunks. Every chunk has its call's id, `chatcmpl-<node id>`, as a
     plain completion has (API.md): the role chunk waits for the first event that names the call's node."""
 
-    def __init__(self, model: str, usage: bool):
-        self.model, self.usage = model, usage
+    def __init__(self, model: str, usage: bool, owner: int):
+        self.model, self.usage, self.owner = model, usage, owner
         self.created = int(time.time())
         self.node_id: int | None = None
         self.calls = 0
@@ -352,7 +355,7 @@ class _ChatChunks:
             return self._open(event.data["node"]) + self.chunk({"tool_calls": [call]})
         if event.type == EventType.DONE:
             self.ended = True
-            node = await in_pool_thread(_node, event.data["head"])
+            node = await in_pool_thread(_node, event.data["head"], self.owner)
             done = self._open(event.data["head"]) + self.chunk({}, chat.finish_reason(node, calls=bool(self.calls)))
             if self.usage:
                 used = node.usage or {}
@@ -372,13 +375,13 @@ class _ChatChunks:
 _RUN_LOST = "The call ended without an answer: the process running it stopped."
 
 
-async def _translated(run_id, translator, api: str):
+async def _translated(run_id, owner: int, translator, api: str):
     """A turn's log as `translator` says it in `api`'s stream (`_ChatChunks`, `_ResponsesEvents`,
     `messages.MessageEvents`). A client that leaves only stops reading: the call goes on. A stream whose
     reading fails, or whose run ended without a word (its process died, D3), ends with the translator's
     error, never with a claim that the call finished."""
     try:
-        async for batch in follow_log_batches(run_id):
+        async for batch in follow_log_batches(run_id, owner=owner):
             for _, event in batch:
                 yield await translator.translate(event)
                 if translator.ended:
@@ -518,7 +521,8 @@ class _ResponsesEvents:
     arguments; each call run in an MCP server (issue 32) as an `mcp_call` item, done when its result comes; then
     every item closed and `response.completed` with the response as stored (or `response.failed`)."""
 
-    def __init__(self, sent: dict):
+    def __init__(self, sent: dict, owner: int):
+        self.owner = owner
         self.number = 0
         self.sent = sent  # the request's own fields, said back (`response_of`)
         self.node: Node | None = None  # the response's first round: its id
@@ -541,7 +545,7 @@ class _ResponsesEvents:
     async def _open(self, node_id: int) -> bytes:
         if self.node is not None:
             return b""
-        self.node = await in_pool_thread(_node, node_id)
+        self.node = await in_pool_thread(_node, node_id, self.owner)
         started = response_of(self.node, status="in_progress", sent=self.sent)
         return self._event("response.created", response=started) + self._event("response.in_progress",
                                                                                 response=started)
@@ -628,7 +632,7 @@ class _ResponsesEvents:
         if event.type == EventType.DONE:
             self.ended = True
             opened = await self._open(event.data["head"])
-            done = await in_pool_thread(_node, self.node.pk)  # written before DONE was logged
+            done = await in_pool_thread(_node, self.node.pk, self.owner)  # written before DONE was logged
             return opened + await in_pool_thread(self._closed, done)
         if event.type == EventType.ERROR:
             self.ended = True
@@ -637,7 +641,7 @@ class _ResponsesEvents:
                                    param=None, error=errors.openai_error_body(
                                        502, event.data.get("message", ""), event.data.get("code"))["error"])
             opened = await self._open(event.data["node"])
-            failed = await in_pool_thread(_node, self.node.pk)
+            failed = await in_pool_thread(_node, self.node.pk, self.owner)
             final = await in_pool_thread(functools.partial(response_of, failed, sent=self.sent))
             return opened + self._event("response.failed", response=final)
         return b""  # compaction and the like: not part of OpenAI's stream

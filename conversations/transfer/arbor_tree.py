@@ -65,15 +65,16 @@ def tree_chunks(conversation: Conversation) -> Iterator[str]:
                              "instructions": conversation.instructions, "retrieval": conversation.retrieval,
                              "keep_retrieved": conversation.keep_retrieved, "head": conversation.head_id},
         }, "nodes")
-        yield from json_array(_nodes(ids))
+        owner = conversation.owner_id
+        yield from json_array(_nodes(ids, owner))
         yield ', "bubbles": '
-        yield from json_array(_rows(ids, Bubble, {"node": "node_id", "role": "role", "content": "content",
+        yield from json_array(_rows(ids, owner, Bubble, {"node": "node_id", "role": "role", "content": "content",
                                                   "data": "data"}))
         yield ', "approvals": '
-        yield from json_array(_rows(ids, ToolApproval, {"node": "node_id", "call_id": "call_id",
+        yield from json_array(_rows(ids, owner, ToolApproval, {"node": "node_id", "call_id": "call_id",
                                                         "approved": "approved", "result": "result"}))
         yield ', "files": '
-        yield from json_array(_files(ids, conversation.owner_id))
+        yield from json_array(_files(ids, owner))
         yield "}"
 
 
@@ -86,9 +87,9 @@ _NODE_COLUMNS = ("id", "parent_id", "compacted_from_id", "summary_call_id", "fir
                  *NODE_FIELDS, "created_at", "finished_at")
 
 
-def _nodes(ids: array) -> Iterator[dict[str, Any]]:
+def _nodes(ids: array, owner: int) -> Iterator[dict[str, Any]]:
     for chunk in id_chunks(ids):
-        for n in Node.objects.filter(pk__in=chunk).order_by("id").values(*_NODE_COLUMNS):
+        for n in Node.objects.filter(owner_id=owner, pk__in=chunk).order_by("id").values(*_NODE_COLUMNS):
             # A turn's later round names its first call (issue 32); a call the large documents' parts it was sent
             # (issue 29): said only where there is something to say.
             said = {name: n[column] for name, column in (("first_round", "first_round_id"),
@@ -103,17 +104,19 @@ def _files(ids: array, owner_id: int) -> Iterator[dict[str, Any]]:
     importer's files again."""
     sent: set[int] = set()
     for chunk in id_chunks(ids):
-        sent.update(SentFile.objects.filter(node_id__in=chunk).values_list("file_id", flat=True))
+        sent.update(SentFile.objects.filter(owner_id=owner_id, node_id__in=chunk).values_list("file_id", flat=True))
     for stored in StoredFile.objects.filter(pk__in=sent, owner_id=owner_id).order_by("id"):
         with default_storage.open(stored.blob.name, "rb") as handle:
             data = base64.b64encode(handle.read()).decode()
         yield {"id": stored.pk, "name": stored.name, "content_type": stored.content_type, "data": data}
 
 
-def _rows(ids: array, model, fields: dict[str, str]) -> Iterator[dict[str, Any]]:
-    """The rows of `model` (bubbles, approvals) that belong to the nodes, as {file key: column}, in node order."""
+def _rows(ids: array, owner: int, model, fields: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """The rows of `model` (bubbles, approvals) that belong to `owner`'s nodes, as {file key: column}, in node
+    order."""
     for chunk in id_chunks(ids):
-        rows = model.objects.filter(node_id__in=chunk).order_by("node_id", "id").values_list(*fields.values())
+        rows = (model.objects.filter(owner_id=owner, node_id__in=chunk).order_by("node_id", "id")
+                .values_list(*fields.values()))
         for row in rows.iterator(chunk_size=100):
             yield dict(zip(fields, row, strict=True))
 

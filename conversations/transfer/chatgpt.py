@@ -178,9 +178,9 @@ class _Links:
         return self.last_message(i if i < 0 or self.first[i] >= 0 else self.up[i])
 
 
-def _nodes(ids: array) -> Iterator[Node]:
+def _nodes(ids: array, owner: int) -> Iterator[Node]:
     for chunk in id_chunks(ids):
-        yield from Node.objects.filter(pk__in=chunk).order_by("id").only(
+        yield from Node.objects.filter(owner_id=owner, pk__in=chunk).order_by("id").only(
             "id", "parent_id", "compacted_from_id", "kind", "status", "sent", "received", "created_at")
 
 
@@ -188,9 +188,9 @@ def _entry(key: str, message: dict[str, Any] | None, parent: str | None, childre
     return f"{json_text(key)}: {json_text({'id': key, 'message': message, 'parent': parent, 'children': children})}"
 
 
-def _entries(links: _Links, instructions: str) -> Iterator[str]:
+def _entries(links: _Links, instructions: str, owner: int) -> Iterator[str]:
     yield _entry(ROOT, _root_message(instructions), None, links.children(-1))
-    for node in _nodes(links.ids):
+    for node in _nodes(links.ids, owner):
         i = links.index(node.pk)
         shared = links.shares[i]
         messages = _node_messages(node, after=links.asked[i] if shared >= 0 else -1)
@@ -211,13 +211,13 @@ def chatgpt_chunks(conversation: Conversation) -> Iterator[str]:
     at a time in one snapshot: once to link them (`_Links`), once to write their messages."""
     with snapshot():
         links = _Links(tree_node_ids(conversation))
-        links.read(_nodes(links.ids))
+        links.read(_nodes(links.ids, conversation.owner_id))
         links.link()
         yield "[" + json_object_start({
             "title": conversation.title or f"Conversation {conversation.pk}",
             "create_time": conversation.created_at.timestamp(), "update_time": conversation.updated_at.timestamp(),
         }, "mapping") + "{"
-        yield from joined(_entries(links, conversation.instructions))
+        yield from joined(_entries(links, conversation.instructions, conversation.owner_id))
         yield "}, " + json_text({"current_node": links.current(conversation.head_id),
                                  "conversation_id": f"arbor-{conversation.pk}",
                                  "default_model_slug": conversation.model})[1:] + "]"

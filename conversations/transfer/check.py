@@ -40,7 +40,7 @@ class Kept:
 
 def item_paths(conversation: Conversation) -> set[str]:
     """Every turn node as the items on its path from the root, ids and models aside."""
-    nodes = {n.pk: n for n in Node.objects.filter(conversation=conversation, kind=Node.Kind.TURN)}
+    nodes = {n.pk: n for n in Node.objects.of(conversation).filter(kind=Node.Kind.TURN)}
 
     def path(node: Node | None) -> str:
         out = []
@@ -66,13 +66,14 @@ def _differences(original: Conversation, copy: Conversation) -> str:
 
 
 def _kept(owner, conversation: Conversation) -> Kept:
-    turns = Node.objects.filter(conversation=conversation, kind=Node.Kind.TURN)
+    turns = Node.objects.of(conversation).filter(kind=Node.Kind.TURN)
     parents = set(turns.exclude(parent=None).values_list("parent_id", flat=True))
-    bubbles = Counter(Bubble.objects.filter(conversation=conversation).values_list("role", flat=True))
-    tokens = Node.objects.filter(conversation=conversation).aggregate(total=Sum("tokens"))["total"] or 0
+    bubbles = Counter(Bubble.objects.filter(owner_id=conversation.owner_id, conversation=conversation)
+                      .values_list("role", flat=True))
+    tokens = Node.objects.of(conversation).aggregate(total=Sum("tokens"))["total"] or 0
     (as_tree,) = import_any(owner=owner, document=arbor_tree.export_tree(conversation)).conversations
     (as_chatgpt,) = import_any(owner=owner, document=[chatgpt.export_chatgpt(conversation)]).conversations
-    return Kept(title=conversation.title, nodes=Node.objects.filter(conversation=conversation).count(),
+    return Kept(title=conversation.title, nodes=Node.objects.of(conversation).count(),
                 bubbles=dict(sorted(bubbles.items())), branches=sum(n not in parents for n in turns.values_list(
                     "pk", flat=True)), tokens=tokens, arbor_differences=_differences(conversation, as_tree),
                 chatgpt_differences=_differences(conversation, as_chatgpt))

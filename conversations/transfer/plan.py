@@ -366,14 +366,15 @@ def write(*, owner, plan: Plan) -> Conversation:
             summary_call_id=ids.get(planned.summary_call), first_round_id=ids.get(planned.first_round), **fields,
         ))
     Node.objects.bulk_create(rows, batch_size=_BATCH)
-    SentFile.objects.bulk_create([SentFile(node_id=row.pk, file_id=file_id) for row in rows
+    SentFile.objects.bulk_create([SentFile(node_id=row.pk, owner_id=row.owner_id, file_id=file_id) for row in rows
                                   for file_id in dict.fromkeys(it.file_ids(row.sent))], batch_size=_BATCH)
     Bubble.objects.bulk_create(
         [Bubble(conversation=conversation, owner_id=conversation.owner_id, node_id=ids[p.key],
                 **_bubble_files(b, kept)) for p in ordered
          for b in p.bubbles], batch_size=_BATCH)
     ToolApproval.objects.bulk_create(
-        [ToolApproval(node_id=ids[p.key], decided_by=owner, **a) for p in ordered for a in p.approvals],
+        [ToolApproval(node_id=ids[p.key], owner_id=conversation.owner_id, decided_by=owner, **a) for p in ordered
+         for a in p.approvals],
         batch_size=_BATCH)
     if plan.head is not None:
         # The one rule for where a head may rest (no side call, call under way or overflow, F2); refusing

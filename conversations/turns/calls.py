@@ -43,12 +43,12 @@ def needs_approval(call: it.Item) -> bool:
     return bool(tool and tool.needs_approval)
 
 
-def undecided(tip: PathNode | None) -> list[it.Item]:
-    """The open calls that wait for a person's decision (F3)."""
+def undecided(tip: PathNode | None, *, owner: int) -> list[it.Item]:
+    """The open calls on `owner`'s node `tip` that wait for a person's decision (F3)."""
     calls = [c for c in open_calls(tip) if needs_approval(c)]
     if not calls:
         return []
-    decided = set(ToolApproval.objects.filter(node_id=tip.id).values_list("call_id", flat=True))
+    decided = set(ToolApproval.objects.filter(owner_id=owner, node_id=tip.id).values_list("call_id", flat=True))
     return [c for c in calls if c["id"] not in decided]
 
 
@@ -56,19 +56,19 @@ NOT_OFFERED = ("error: this conversation does not have that tool's server on, or
                "/v1, only the tools of the MCP servers it named that need no person's approval), so it was not run")
 
 
-def resolve(node: PathNode, *, run: bool, note: str = "", owner_id: int | None = None,
+def resolve(node: PathNode, *, run: bool, owner_id: int, note: str = "",
             stop_requested: Callable[[], bool] = lambda: False,
             allowed: Callable[[str], bool] = lambda name: True, conversation_id: int | None = None,
             answered: set[str] = frozenset()) -> list[it.Item]:
     """Results for `node`'s open calls (C4: every call gets one). Without `run`, nothing new executes:
     a call with no stored result gets an error result that says `note`; nor does a call to a tool `allowed`
     refuses (an MCP server the conversation has off). A stop asked while a tool runs leaves it with a result that
-    says so. The model's own calls count against `owner_id`'s running tools
+    says so. `owner_id`: the node's (issue 34). The model's own calls count against `owner_id`'s running tools
     (issue 26); an approved action does not: a person's click paces it, and a refusal would spend the approval."""
     calls = [call for call in open_calls(node) if call["id"] not in answered]  # results the caller sent: theirs
     # Read whatever the tool says of itself now: an MCP tool's annotations (or staff's override) may have changed
     # since the person decided, and a result stored must never be run again, nor a decision go unread (F3, D4).
-    decisions = ({a.call_id: a for a in ToolApproval.objects.filter(node_id=node.id)}
+    decisions = ({a.call_id: a for a in ToolApproval.objects.filter(owner_id=owner_id, node_id=node.id)}
                  if any(not is_clients(c) for c in calls) else {})
     # A round's results share a quarter of what a node may store (the answer may take half).
     share = settings.ARBOR_NODE_MAX_BYTES // 4 // max(1, len(calls))
@@ -86,7 +86,7 @@ def resolve(node: PathNode, *, run: bool, note: str = "", owner_id: int | None =
         elif decision is not None:
             with tracing.tool_span(call, node_id=node.id, conversation_id=conversation_id):
                 result = run_tool_call(call, approved=decision.approved, max_bytes=share, stop_requested=stop_requested)
-            services.approval_store_result(node_id=node.id, call_id=call["id"], result=result)
+            services.approval_store_result(node_id=node.id, owner=owner_id, call_id=call["id"], result=result)
             results.append(result)
         else:
             with tracing.tool_span(call, node_id=node.id, conversation_id=conversation_id) as span:

@@ -20,11 +20,12 @@ from collections.abc import Callable, Iterator
 
 from django.conf import settings
 from django.db import DatabaseError, connections
+from django.db.models import QuerySet
 
 from config import news
 from config.db import release_connection
 from config.together import together
-from conversations.models import TurnRun
+from conversations.models import Conversation, TurnRun
 from conversations.turns.events import EventType, TurnEvent
 from conversations.turns.log import Entry, TurnLog
 from conversations.turns.runner import Turn
@@ -41,7 +42,8 @@ def start(turn: Turn) -> uuid.UUID:
     """Open `turn`'s run: from now on `GET …/stream/` finds it, and every open tab of the conversation is told
     (`config.news`; issue 34: they used to ask every half second). Return its id."""
     with together() as writes:  # the news goes in the INSERT's own statement (PostgreSQL)
-        writes.insert(TurnRun(id=turn.lock.token, conversation=turn.conversation))
+        writes.insert(TurnRun(id=turn.lock.token, conversation=turn.conversation,
+                              owner_id=turn.conversation.owner_id))
         news.announce(RUN_NEWS, str(turn.conversation.pk), writes=writes)
     return turn.lock.token
 
@@ -49,7 +51,8 @@ def start(turn: Turn) -> uuid.UUID:
 def launch(turn: Turn) -> uuid.UUID:
     """Start `turn` in a thread of its own; return its run id (follow it with `log.follow`)."""
     run_id = start(turn)
-    log = TurnLog(run_id)  # before the thread: a reader that follows the id at once finds it in memory
+    # Before the thread: a reader that follows the id at once finds it in memory.
+    log = TurnLog(run_id, owner=turn.conversation.owner_id)
 
     def work() -> None:
         try:
@@ -75,8 +78,8 @@ def run_here(turn: Turn, report: Callable[[TurnEvent], None] | None = None) -> l
 
 def run(turn: Turn, run_id: uuid.UUID, *, log: TurnLog | None = None) -> Iterator[Entry]:
     """Run `turn` here, logging its events; yield each as it is logged, numbered."""
-    log = log or TurnLog(run_id)
-    turn.stop_requested = _stop_check(run_id)
+    log = log or TurnLog(run_id, owner=turn.conversation.owner_id)
+    turn.stop_requested = _stop_check(run_id, owner=turn.conversation.owner_id)
     events = turn.events()
     try:
         for event in events:
@@ -106,24 +109,26 @@ def failure(turn: Turn, error: Exception) -> dict:
                        f"within {settings.ARBOR_TURN_LOCK_SECONDS} s of the database being back."}
 
 
-def request_stop(conversation_id: int) -> bool:
+def _under_way(conversation: Conversation) -> QuerySet[TurnRun]:
+    return TurnRun.objects.filter(owner_id=conversation.owner_id, conversation=conversation, ended_at__isnull=True)
+
+
+def request_stop(conversation: Conversation) -> bool:
     """Ask the conversation's running turn to stop; False if none runs."""
-    return bool(TurnRun.objects.filter(conversation_id=conversation_id, ended_at__isnull=True)
-                .update(stop_requested=True))
+    return bool(_under_way(conversation).update(stop_requested=True))
 
 
-def running_run(conversation_id: int) -> uuid.UUID | None:
+def running_run(conversation: Conversation) -> uuid.UUID | None:
     """The run of the turn under way on the conversation, if one is."""
-    return (TurnRun.objects.filter(conversation_id=conversation_id, ended_at__isnull=True)
-            .order_by("-started_at").values_list("pk", flat=True).first())
+    return _under_way(conversation).order_by("-started_at").values_list("pk", flat=True).first()
 
 
-def running(conversation_id: int) -> bool:
+def running(conversation: Conversation) -> bool:
     """Whether a turn runs on the conversation now (a stop waits for this)."""
-    return TurnRun.objects.filter(conversation_id=conversation_id, ended_at__isnull=True).exists()
+    return _under_way(conversation).exists()
 
 
-def _stop_check(run_id: uuid.UUID) -> Callable[[], bool]:
+def _stop_check(run_id: uuid.UUID, *, owner: int) -> Callable[[], bool]:
     """Whether a stop was asked for the run: read from the database at most every STOP_CHECK_SECONDS (the
     turn asks on every token and every quarter second of a silent call)."""
     # First asked after STOP_CHECK_SECONDS: a quick turn costs no query for it.
@@ -132,7 +137,7 @@ def _stop_check(run_id: uuid.UUID) -> Callable[[], bool]:
     def asked() -> bool:
         if not state["asked"] and time.monotonic() - state["checked_at"] >= STOP_CHECK_SECONDS:
             state["checked_at"] = time.monotonic()
-            state["asked"] = TurnRun.objects.filter(pk=run_id, stop_requested=True).exists()
+            state["asked"] = TurnRun.objects.filter(owner_id=owner, pk=run_id, stop_requested=True).exists()
             release_connection()
         return state["asked"]
 

@@ -30,7 +30,7 @@ from django.utils import timezone
 from config import news
 from config.db import release_connection
 from conversations import locks
-from conversations.models import TurnRun
+from conversations.models import Conversation, TurnRun
 from conversations.turns import log_stores
 from conversations.turns.events import ENDINGS, EventType, TurnEvent
 from conversations.turns.log_stores import Entry
@@ -167,8 +167,9 @@ def _forget_ended() -> None:
 class TurnLog:
     """The writer of one run's log, in the process that runs the turn."""
 
-    def __init__(self, run_id: uuid.UUID, *, after: int = 0):
+    def __init__(self, run_id: uuid.UUID, *, owner: int, after: int = 0):
         self.run_id = run_id
+        self.owner = owner  # the run's (its conversation's), which its log rows name (issue 34)
         self.seq = after
         # A run started here is shared in memory with this process's readers; a log ended for a run whose
         # process died (recovery, `after` its last number) is only written to the store.
@@ -233,7 +234,7 @@ class TurnLog:
             self._written_at = time.monotonic()
             ends = ends and not self._ended
             if batch or ends:
-                self._store.write(self.run_id, batch, ends=ends)
+                self._store.write(self.run_id, batch, owner=self.owner, ends=ends)
                 self._ended = self._ended or ends
 
 
@@ -281,7 +282,7 @@ def local_run(run_id: uuid.UUID) -> LocalRun | None:
 MIRROR_IDLE_SECONDS = 5  # a mirror nobody has followed this long stops reading
 
 
-def mirrored(run_id: uuid.UUID) -> LocalRun:
+def mirrored(run_id: uuid.UUID, *, owner: int) -> LocalRun:
     """The run in this process's memory: its own copy if it runs here, else a mirror that one thread fills from
     the store (issue 34: one reader a run a process, whatever its followers; each used to poll the database
     itself, and 200 of them took the whole pool). The mirror reads while anyone follows it, and a little after."""
@@ -290,7 +291,7 @@ def mirrored(run_id: uuid.UUID) -> LocalRun:
         run = _local.get(run_id)
         if run is None:
             run = _local[run_id] = _Mirror()
-            threading.Thread(target=_fill, args=(run_id, run), name="arbor-log-mirror", daemon=True).start()
+            threading.Thread(target=_fill, args=(run_id, owner, run), name="arbor-log-mirror", daemon=True).start()
         if isinstance(run, _Mirror):
             run.claimed()
         return run
@@ -323,12 +324,13 @@ class _Mirror(LocalRun):
                 and time.monotonic() - self.unfollowed_since > MIRROR_IDLE_SECONDS)
 
 
-def _fill(run_id: uuid.UUID, mirror: _Mirror) -> None:
+def _fill(run_id: uuid.UUID, owner: int, mirror: _Mirror) -> None:
     """Read the run from the store into `mirror` until it ends, or nobody follows it (then it leaves memory)."""
     try:
         while True:
             mirror.stopped = False
-            with contextlib.closing(follow_store(run_id, after=len(mirror.entries), stop=mirror)) as entries:
+            with contextlib.closing(follow_store(run_id, owner=owner, after=len(mirror.entries),
+                                                 stop=mirror)) as entries:
                 for entry in entries:
                     mirror.add(entry)
             with _local_lock, mirror.changed:
@@ -351,16 +353,17 @@ def _fill(run_id: uuid.UUID, mirror: _Mirror) -> None:
         mirror.end()
 
 
-def read(run_id: uuid.UUID, *, after: int = 0) -> list[Entry]:
-    """The run's events numbered above `after`, in order."""
+def read(run_id: uuid.UUID, *, owner: int, after: int = 0) -> list[Entry]:
+    """`owner`'s run's events numbered above `after`, in order."""
     local = _local.get(run_id)
     if local is not None:
         with local.changed:
             return local.since(after)
-    return log_stores.store().read(run_id, after)
+    return log_stores.store().read(run_id, after, owner=owner)
 
 
-def follow(run_id: uuid.UUID, *, after: int = 0, stop: threading.Event | None = None) -> Iterator[Entry]:
+def follow(run_id: uuid.UUID, *, owner: int, after: int = 0, stop: threading.Event | None = None
+           ) -> Iterator[Entry]:
     """The run's events above `after`, then the new ones as they are written, until the turn's ending.
 
     A run written in this process is read from memory. Elsewhere, a run that ended without an ending, or
@@ -372,20 +375,20 @@ def follow(run_id: uuid.UUID, *, after: int = 0, stop: threading.Event | None = 
     if local is not None:
         yield from local.follow(after, stop)
         return
-    yield from follow_store(run_id, after=after, stop=stop)
+    yield from follow_store(run_id, owner=owner, after=after, stop=stop)
 
 
-def follow_store(run_id: uuid.UUID, *, after: int, stop) -> Iterator[Entry]:
+def follow_store(run_id: uuid.UUID, *, owner: int, after: int, stop) -> Iterator[Entry]:
     """`follow` from the store, woken by news of the run (`config.news`) rather than asking again and again."""
     with news.Waiter(log_stores.LOG_NEWS, str(run_id)) as waiter:
-        yield from _follow_store(run_id, after, stop, waiter)
+        yield from _follow_store(run_id, owner, after, stop, waiter)
 
 
-def _follow_store(run_id: uuid.UUID, after: int, stop, waiter: news.Waiter) -> Iterator[Entry]:
+def _follow_store(run_id: uuid.UUID, owner: int, after: int, stop, waiter: news.Waiter) -> Iterator[Entry]:
     store = log_stores.store()
     lock_gone_since: float | None = None
     while not stop.is_set():
-        entries = store.wait(run_id, after, waiter)
+        entries = store.wait(run_id, after, waiter, owner=owner)
         batch, last = _through_ending(entries)
         yield from batch
         if last:
@@ -393,12 +396,12 @@ def _follow_store(run_id: uuid.UUID, after: int, stop, waiter: news.Waiter) -> I
         if entries:
             after, lock_gone_since = entries[-1][0], None
             continue
-        run = locks.run_state(run_id)
+        run = locks.run_state(run_id, owner=owner)
         release_connection()
         if run is None:
             return
         ended_at, holds_lock = run
-        if ended_at is not None and not store.read(run_id, after):
+        if ended_at is not None and not store.read(run_id, after, owner=owner):
             return
         if not holds_lock:
             lock_gone_since = lock_gone_since or time.monotonic()
@@ -406,10 +409,11 @@ def _follow_store(run_id: uuid.UUID, after: int, stop, waiter: news.Waiter) -> I
                 return
 
 
-def latest_run(conversation_id: int) -> TurnRun | None:
+def latest_run(conversation: Conversation) -> TurnRun | None:
     """The conversation's turn under way, or the one that ended within ARBOR_TURN_LOG_RETENTION_SECONDS."""
     since = timezone.now() - timedelta(seconds=settings.ARBOR_TURN_LOG_RETENTION_SECONDS)
-    run = TurnRun.objects.filter(conversation_id=conversation_id).order_by("-started_at").first()
+    run = (TurnRun.objects.filter(owner_id=conversation.owner_id, conversation=conversation)
+           .order_by("-started_at").first())
     if run is None or (run.ended_at is not None and run.ended_at < since):
         return None
     return run

@@ -40,27 +40,28 @@ REDIS_REST_SECONDS = 5.0
 class DatabaseStore:
     """The embedded default: rows of `TurnLogEntry`; every process behind the database reads them."""
 
-    def write(self, run_id: uuid.UUID, entries: list[Entry], *, ends: bool = False) -> None:
-        """Keep `entries`; `ends`: the run has ended, and says so with them (one statement on PostgreSQL)."""
+    def write(self, run_id: uuid.UUID, entries: list[Entry], *, owner: int, ends: bool = False) -> None:
+        """Keep `entries` of `owner`'s run; `ends`: the run has ended, and says so with them (one statement on
+        PostgreSQL)."""
         with together() as writes:
             if entries:
-                writes.insert_rows([TurnLogEntry(run_id=run_id, seq=seq, type=event.type, data=event.data)
-                                    for seq, event in packed(entries)])
+                writes.insert_rows([TurnLogEntry(run_id=run_id, owner_id=owner, seq=seq, type=event.type,
+                                                 data=event.data) for seq, event in packed(entries)])
             if ends:
-                _mark_ended(run_id, writes)
+                _mark_ended(run_id, owner, writes)
             if entries or ends:
                 news.announce(LOG_NEWS, str(run_id), writes=writes)  # readers elsewhere wake (issue 34)
         release_connection()  # the model goes on talking; no connection is held meanwhile
 
-    def read(self, run_id: uuid.UUID, after: int) -> list[Entry]:
-        rows = list(TurnLogEntry.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")
+    def read(self, run_id: uuid.UUID, after: int, *, owner: int) -> list[Entry]:
+        rows = list(TurnLogEntry.objects.filter(owner_id=owner, run_id=run_id, seq__gt=after).order_by("seq")
                     .values_list("seq", "type", "data"))
         release_connection()
         return unpacked([(seq, TurnEvent(EventType(kind), data)) for seq, kind, data in rows], after)
 
-    def wait(self, run_id: uuid.UUID, after: int, waiter: news.Waiter | None = None) -> list[Entry]:
+    def wait(self, run_id: uuid.UUID, after: int, waiter: news.Waiter | None = None, *, owner: int) -> list[Entry]:
         """What came after `after`, waiting for news of the run (or a moment) if nothing has yet."""
-        entries = self.read(run_id, after)
+        entries = self.read(run_id, after, owner=owner)
         if not entries:
             if waiter is None:
                 time.sleep(POLL_SECONDS)
@@ -88,7 +89,7 @@ class RedisStore:
     def key(run_id: uuid.UUID) -> str:
         return f"arbor:turn-log:{run_id}"
 
-    def write(self, run_id: uuid.UUID, entries: list[Entry], *, ends: bool = False) -> None:
+    def write(self, run_id: uuid.UUID, entries: list[Entry], *, owner: int, ends: bool = False) -> None:
         """Keep `entries` in Redis (in the database if Redis cannot take them); `ends`: the run has ended,
         marked in the database once they are kept, and its stream kept for the retention only."""
         if entries and self._usable():
@@ -104,16 +105,16 @@ class RedisStore:
             except self.errors as error:
                 self._rest(error)
         if entries or ends:
-            self.database.write(run_id, entries, ends=ends)
+            self.database.write(run_id, entries, owner=owner, ends=ends)
         if ends:
             self._expire(run_id)
 
-    def read(self, run_id: uuid.UUID, after: int) -> list[Entry]:
-        return self._with_database(run_id, after, self._redis_read(run_id, after, block=False))
+    def read(self, run_id: uuid.UUID, after: int, *, owner: int) -> list[Entry]:
+        return self._with_database(run_id, after, self._redis_read(run_id, after, block=False), owner)
 
-    def wait(self, run_id: uuid.UUID, after: int, waiter: news.Waiter | None = None) -> list[Entry]:
+    def wait(self, run_id: uuid.UUID, after: int, waiter: news.Waiter | None = None, *, owner: int) -> list[Entry]:
         """Redis blocks until news (XREAD): `waiter` is not needed."""
-        return self._with_database(run_id, after, self._redis_read(run_id, after, block=True))
+        return self._with_database(run_id, after, self._redis_read(run_id, after, block=True), owner)
 
     def _expire(self, run_id: uuid.UUID) -> None:
         if self._usable():
@@ -140,13 +141,13 @@ class RedisStore:
             return None
         return unpacked([_entry(entry_id, fields) for entry_id, fields in found], after)
 
-    def _with_database(self, run_id: uuid.UUID, after: int, entries: list[Entry] | None) -> list[Entry]:
+    def _with_database(self, run_id: uuid.UUID, after: int, entries: list[Entry] | None, owner: int) -> list[Entry]:
         """Redis's entries when they follow on from `after`; else (Redis failed, showed a gap or had
         nothing) merged with the database's: entries written there while Redis was away."""
         if entries and _contiguous(after, entries):
             return entries
         merged = dict(entries or [])
-        for seq, event in self.database.read(run_id, after):
+        for seq, event in self.database.read(run_id, after, owner=owner):
             merged.setdefault(seq, event)
         return sorted(merged.items())
 
@@ -161,8 +162,8 @@ class RedisStore:
             self._resting_until = time.monotonic() + REDIS_REST_SECONDS
 
 
-def _mark_ended(run_id: uuid.UUID, writes: Together) -> None:
-    writes.update(TurnRun.objects.filter(pk=run_id, ended_at__isnull=True), ended_at=timezone.now())
+def _mark_ended(run_id: uuid.UUID, owner: int, writes: Together) -> None:
+    writes.update(TurnRun.objects.filter(owner_id=owner, pk=run_id, ended_at__isnull=True), ended_at=timezone.now())
 
 
 def packed(entries: list[Entry]) -> list[Entry]:

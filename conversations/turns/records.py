@@ -53,7 +53,7 @@ def start(*, conversation: Conversation, parent: PathNode | None, kind: str, sen
             batch.insert_once(kept)
         batch.insert(node)
         for file_id in dict.fromkeys(it.file_ids(sent)):  # X1: the node keeps its files (they cannot go before it)
-            batch.insert(SentFile(node_id=batch.pk_of(node), file_id=file_id))
+            batch.insert(SentFile(node_id=batch.pk_of(node), owner_id=node.owner_id, file_id=file_id))
     return node
 
 
@@ -186,7 +186,7 @@ def _settle(node: Node, writes: Together | None, ledger: bool = False, **fields:
                     if ledger:
                         ledger_entry(node).save(force_insert=True)
                         # One provider call, one charge: the sweep's estimate gives way to what the call reports.
-                        UsageEntry.objects.filter(node_id=swept, estimated=True).delete()
+                        UsageEntry.objects.filter(owner_id=node.owner_id, node_id=swept, estimated=True).delete()
 
         batch.after(in_memory)
         # Issue 31: its span, from what the node now records, once committed (tracing reads; never in the turn's

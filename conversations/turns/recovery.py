@@ -59,7 +59,7 @@ def _interrupted(node: Node) -> llm.LLMError:
 def recover(conversation: Conversation, lock: TurnLock) -> list[int]:
     """With the lock held: fail every call left pending on `conversation` (none can be running), close the
     tool calls a dead round left open, and end the runs nobody runs any more; return the nodes failed."""
-    stale = list(Node.objects.filter(conversation=conversation, status=Node.Status.PENDING)
+    stale = list(Node.objects.of(conversation).filter(status=Node.Status.PENDING)
                  .exclude(kind=Node.Kind.TITLE).order_by("pk"))
     with transaction.atomic():
         failed = [node for node in stale if records.interrupt(node, _interrupted(node))]
@@ -74,7 +74,8 @@ def recover(conversation: Conversation, lock: TurnLock) -> list[int]:
             if lock.took_over:
                 services.head_move_held(conversation=conversation, to=turn_nodes[-1].pk, lock=lock)
             records.committed(conversation)  # R4: its question is searchable like a failed turn's
-    _end_runs(TurnRun.objects.filter(conversation=conversation, ended_at__isnull=True).exclude(pk=lock.token),
+    _end_runs(TurnRun.objects.filter(owner_id=conversation.owner_id, conversation=conversation,
+                                     ended_at__isnull=True).exclude(pk=lock.token),
               node=turn_nodes[-1].pk if turn_nodes else None, head=conversation.head_id)
     if failed:
         logger.warning("conversation %s: %d node(s) failed as interrupted (calls left pending, or tool calls "
@@ -91,14 +92,15 @@ def _close_open_calls(conversation: Conversation) -> Node | None:
     Only the last turn node can be left so: each round's node is newer than the one whose calls it
     answers, and a node is written only under the lock, which the dead process held till now.
     """
-    last = Node.objects.filter(conversation=conversation, kind=Node.Kind.TURN).order_by("-pk").first()
+    last = Node.objects.of(conversation).filter(kind=Node.Kind.TURN).order_by("-pk").first()
     if last is None or last.status != Node.Status.SUCCEEDED:
         return None
     tip = path_node(last)
-    if not calls.open_calls(tip) or calls.undecided(tip):
+    if not calls.open_calls(tip) or calls.undecided(tip, owner=conversation.owner_id):
         return None  # answered with text, or waiting for a person: a state of its own, left alone (F3)
     error = llm.LLMError(Node.FailureReason.INTERRUPTED, ROUND_INTERRUPTED)
-    results = calls.resolve(tip, run=False, note=NOT_RUN)  # runs nothing; a stored result is kept
+    # Runs nothing; a stored result is kept.
+    results = calls.resolve(tip, run=False, owner_id=conversation.owner_id, note=NOT_RUN)
     node = records.start(conversation=conversation, parent=tip, kind=Node.Kind.TURN, sent=results,
                          model=last.model, instructions=last.instructions, keep_ephemeral=last.keep_ephemeral)
     records.result_bubbles(last.pk, results, owner=conversation.owner_id)
@@ -112,8 +114,8 @@ def _end_runs(runs, *, node: int | None = None, head: int | None = None) -> None
     for run in runs:
         # Numbered after the run's last event wherever the log is kept: on Redis the database holds none of them,
         # and an ending numbered 1 was refused by Redis and never reached a reader (issue 34).
-        kept = log_stores.store().read(run.pk, 0)
-        writer = TurnLog(run.pk, after=max(kept[-1][0] if kept else 0,
+        kept = log_stores.store().read(run.pk, 0, owner=run.owner_id)
+        writer = TurnLog(run.pk, owner=run.owner_id, after=max(kept[-1][0] if kept else 0,
                                            run.entries.aggregate(last=Max("seq"))["last"] or 0))
         writer.append(TurnEvent(EventType.ERROR, {"code": Node.FailureReason.INTERRUPTED, "message": INTERRUPTED,
                                                   "node": node, "head": head}))

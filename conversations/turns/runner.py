@@ -372,6 +372,7 @@ class Turn:
         """
         if self._pending is None and self._open is not None:
             self._start_node(parent=self._open, sent=calls.resolve(self._open, run=False,
+                                                                   owner_id=self.conversation.owner_id,
                                                                    note=f"not run: {error.message}"))
         node = self._pending
         if node is None:

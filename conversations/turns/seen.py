@@ -19,7 +19,8 @@ def next_context(conversation: Conversation) -> list[dict[str, Any]]:
     path = context_path(node_path(conversation.head_id, owner=conversation.owner_id), provider,
                         owner=conversation.owner_id)
     tip = path[-1] if path else None
-    waiting = calls.resolve(tip, run=False, note="pending: waiting for a person's decision") if tip else []
+    waiting = calls.resolve(tip, run=False, owner_id=conversation.owner_id,
+                            note="pending: waiting for a person's decision") if tip else []
     return assemble(path, waiting, instructions=instructions_for(conversation), provider=provider,
                     keep_ephemeral=conversation.keep_retrieved, attached=attached.contents(
                         conversation.owner_id, path, images_linked=True, recorded={}))  # by words: no provider call
@@ -43,8 +44,7 @@ def _attached(node: Node, path: list) -> dict[int, dict[str, Any]]:
     """The files `node`'s call got, for a person to read (images as links); no query for a call without any."""
     if not any(it.file_ids(p.sent) for p in [*path, node]):
         return {}
-    owner_id = Conversation.objects.filter(pk=node.conversation_id).values_list("owner_id", flat=True).first()
-    return attached.contents(owner_id, path, node.sent, images_linked=True, recorded=node.file_parts or {})
+    return attached.contents(node.owner_id, path, node.sent, images_linked=True, recorded=node.file_parts or {})
 
 
 def context_diff(a: Node, b: Node) -> dict[str, Any]:

@@ -77,7 +77,7 @@ def _turn(conversation: Conversation, lock: TurnLock, path: list[PathNode], new_
     """A turn whose first node hangs below the last node of `path`; refused while a call waits for a person.
     `models`: several are asked at once, one sibling branch each (issue 33), the first moving the head.
     `options`: the call's own model, instructions and tools (`Turn`)."""
-    if calls.undecided(path[-1] if path else None):
+    if calls.undecided(path[-1] if path else None, owner=conversation.owner_id):
         raise ApprovalPending("A tool call is waiting for approval: approve or refuse it first.")
     asked = list(models) or [options.pop("model", None) or conversation.effective_model]
     # X1: checked for every model before any branch takes the lock over
@@ -139,7 +139,7 @@ def turn_below(*, user, conversation_id: int, parent_id: int | None, items: list
         if parent_id is not None and not Node.objects.of(conversation).can_be_head().filter(pk=parent_id).exists():
             raise NotFound(f"No response {parent_id} to continue from in this conversation.")
         path = node_path(parent_id, owner=conversation.owner_id) if parent_id is not None else []
-        if calls.undecided(path[-1] if path else None):
+        if calls.undecided(path[-1] if path else None, owner=conversation.owner_id):
             raise ApprovalPending("A tool call is waiting for a person's approval on that response: decide it first.")
         follows = supplied[-1][1] if supplied else (path[-1].received if path else [])
         # Calls run here (issue 32: MCP servers a caller named) get their results from the turn, not the caller.
@@ -257,15 +257,16 @@ def turn_decide(*, user, conversation_id: int, call_id: str, approve: bool) -> T
         call = next((c for c in calls.open_calls(tip) if c["id"] == call_id and calls.needs_approval(c)), None)
         if call is None:
             raise NotFound(f"No tool call {call_id!r} is waiting for approval.")
-        earlier = (ToolApproval.objects.filter(node_id=tip.id, call_id=call_id)
+        earlier = (ToolApproval.objects.filter(owner_id=conversation.owner_id, node_id=tip.id, call_id=call_id)
                    .values_list("approved", flat=True).first())
         if earlier is not None and earlier != approve:
             raise BadInput(f"Tool call {call_id!r} was already {'approved' if earlier else 'refused'}.")
         if earlier is None:
             with transaction.atomic():
-                services.approval_record(node_id=tip.id, call_id=call_id, approved=approve, user=user)
+                services.approval_record(node_id=tip.id, owner=conversation.owner_id, call_id=call_id,
+                                         approved=approve, user=user)
                 records.decision_bubble(tip.id, call, owner=conversation.owner_id, approved=approve)
-        if calls.undecided(tip):
+        if calls.undecided(tip, owner=conversation.owner_id):
             return None  # more calls to decide: the lock goes back
         # The model that asked goes on (issue 33: a branch of several models' may not be the conversation's).
         model = tip.model if tip.model in settings.ARBOR_MODELS else None

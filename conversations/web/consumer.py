@@ -167,7 +167,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         """Read a run's log to its end: this socket's own turn, or (`announce`d as `joined`) another's."""
         if announce:
             await self.send_json({"type": "joined"})
-        async with contextlib.aclosing(follow_log(run_id)) as events:
+        async with contextlib.aclosing(follow_log(run_id, owner=self.user.pk)) as events:
             await self._forward(events)
         if not self.turn_ended:  # a run whose process is gone ends with no event of its own
             self.turn_ended = True
@@ -330,7 +330,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def _stop_turn(self) -> None:
         """Ask the conversation's running turn to stop and wait until it has recorded how it ended (its
         node failed/cancelled), whichever tab or process runs it."""
-        if not await in_pool_thread(detached.request_stop, self.conversation_id):
+        conversation = await in_pool_thread(
+            lambda: conversation_for_user(user=self.user, conversation_id=self.conversation_id))
+        if not await in_pool_thread(detached.request_stop, conversation):
             return
         task = self.generation
         if task and not task.done():
@@ -338,7 +340,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 await asyncio.wait_for(asyncio.shield(task), timeout=STOP_WAIT_SECONDS)
             return
         for _ in range(int(STOP_WAIT_SECONDS / 0.1)):
-            if not await in_pool_thread(detached.running, self.conversation_id):
+            if not await in_pool_thread(detached.running, conversation):
                 return
             await asyncio.sleep(0.1)
 

@@ -259,7 +259,7 @@ def test_shared_history_nodes_stay_readable_by_the_conversation_that_passes_thro
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_stream_whose_client_leaves_before_it_starts_still_runs_its_turn(api):
+def test_a_stream_whose_client_leaves_before_it_starts_still_runs_its_turn(api, user):
     """Issue 12, T9/R3: a client that leaves before reading a byte does not cancel its turn: it runs to its
     end (the whole answer recorded, replayable from the log), then gives the lock back."""
     from conversations.turns import log
@@ -269,7 +269,7 @@ def test_a_stream_whose_client_leaves_before_it_starts_still_runs_its_turn(api):
                         HTTP_ACCEPT="text/event-stream")
     assert response.status_code == 200 and response["Content-Type"] == "text/event-stream"
     response.close()
-    events = [event for _, event in log.follow(response.run_id)]
+    events = [event for _, event in log.follow(response.run_id, owner=user.pk)]
     assert events[-1].type == "done" and events[-1].data["answer"].startswith("echo: hi")
     assert Node.objects.get(pk=events[-1].data["head"]).status == "succeeded"
     assert _turn(api, cid, "again").status_code == 201

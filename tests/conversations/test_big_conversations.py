@@ -72,7 +72,7 @@ def bulk_conversation(owner, *, turns: int, branch_every: int = 10, compact_ever
             above = tip
         tip = node.id
     Node.objects.bulk_create(nodes, batch_size=1000)
-    recount(conversation_id=conversation.pk, model="arbor/echo")
+    recount(conversation, model="arbor/echo")
     Bubble.objects.bulk_create(bubbles, batch_size=2000)
     services.head_move(conversation=conversation, to=tip)
     conversation.refresh_from_db()

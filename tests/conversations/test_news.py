@@ -118,19 +118,21 @@ def test_issue_34_many_followers_of_another_processs_run_share_one_reader(conver
     mirror read by one thread; each store read is woken by the writer's news (a handful, not ten a second each)."""
     run = TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation)
     _held_by(conversation, run)
-    writer = log.TurnLog(run.pk)
+    writer = log.TurnLog(run.pk, owner=conversation.owner_id)
     log._local.pop(run.pk)  # the writer's copy is "in the other process"
     writer._local = None
     reads = []
     store = log_stores.store()
     original = store.read
-    monkeypatch.setattr(store, "read", lambda run_id, after: reads.append(after) or original(run_id, after))
+    monkeypatch.setattr(store, "read", lambda run_id, after, owner: reads.append(after) or original(run_id, after,
+                                                                                          owner=owner))
 
     async def scenario() -> list[list[str]]:
         async def follow() -> list[str]:
             from conversations.turns.streaming import follow_log
 
-            return [event.data.get("text", event.type) async for _, event in follow_log(run.pk)]
+            owner = conversation.owner_id
+            return [event.data.get("text", event.type) async for _, event in follow_log(run.pk, owner=owner)]
 
         followers = [asyncio.create_task(follow()) for _ in range(50)]
         await asyncio.sleep(0.3)
@@ -156,7 +158,7 @@ def test_issue_34_a_mirror_nobody_follows_stops_reading_and_the_next_follower_st
     monkeypatch.setattr(log, "MIRROR_IDLE_SECONDS", 0.2)
     run = TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation)
     _held_by(conversation, run)
-    writer = log.TurnLog(run.pk)
+    writer = log.TurnLog(run.pk, owner=conversation.owner_id)
     log._local.pop(run.pk)
     writer._local = None
     writer.append(TurnEvent(EventType.TOKEN, {"text": "a", "node": 1}))
@@ -165,7 +167,7 @@ def test_issue_34_a_mirror_nobody_follows_stops_reading_and_the_next_follower_st
     async def first_event() -> str:
         from conversations.turns.streaming import follow_log
 
-        async for _, event in follow_log(run.pk):
+        async for _, event in follow_log(run.pk, owner=conversation.owner_id):
             return event.data["text"]
         return ""
 
@@ -183,6 +185,7 @@ def test_issue_34_a_mirror_nobody_follows_stops_reading_and_the_next_follower_st
     async def everything() -> list[str]:
         from conversations.turns.streaming import follow_log
 
-        return [event.data.get("text", event.type) async for _, event in follow_log(run.pk)]
+        owner = conversation.owner_id
+        return [event.data.get("text", event.type) async for _, event in follow_log(run.pk, owner=owner)]
 
     assert asyncio.run(asyncio.wait_for(everything(), WAIT)) == ["a", "done"]

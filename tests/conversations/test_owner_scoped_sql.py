@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -18,16 +19,17 @@ from rest_framework.test import APIClient
 from conversations import services
 from conversations.errors import CorruptTree
 from conversations.jobs import worker
-from conversations.models import Bubble, Node, UsageEntry
+from conversations.models import Bubble, Node, ToolApproval, TurnLogEntry, TurnRun, UsageEntry
 from conversations.selectors import history_ids, node_path
-from files.models import FileChunkVector, StoredFile
+from conversations.turns import log
+from files.models import FileChunkVector, SentFile, StoredFile
 from search.models import BubbleDocument, ChunkVector
 from tests.conversations.helpers import ask, head
 
 pytestmark = pytest.mark.django_db
 
 HOT = [model._meta.db_table for model in (Node, Bubble, StoredFile, FileChunkVector, UsageEntry, BubbleDocument,
-                                          ChunkVector)]
+                                          ChunkVector, ToolApproval, SentFile, TurnRun, TurnLogEntry)]
 _NAMED = re.compile(r'"?\b(' + "|".join(HOT) + r')\b"?')
 
 
@@ -122,3 +124,65 @@ def test_issue_34_t11_a_cleared_conversations_nodes_are_not_shown_again(api, pag
     assert Node.objects.filter(pk=node, owner_id=conversation.owner_id).exists(), "kept, yet nobody's path"
     assert api.get(f"/api/nodes/{node}/").status_code == 404
     assert page.get(f"/chat/nodes/{node}/seen/").status_code == 404
+
+
+def test_issue_34_an_approval_a_sent_file_a_replayed_stream_a_stop_and_the_exports_ask_by_the_owner(api, conversation):
+    """The rows that hang off a node or a conversation name its owner too (migration 0027, files 0003): a decision on
+    a tool call, a file a call sent, a turn run and its log. A turn that sends a file, a person's approval, following
+    a turn's stream again, a stop and both exports ask each by it (the exports and the tree map are off the hot
+    path, but on a sharded database a read without the owner would ask every shard)."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    note = api.post("/api/files/", {"file": SimpleUploadedFile("oaks.txt", b"Oaks live long.\n")},
+                    format="multipart").json()
+    worker.run_due()
+    base = f"/api/conversations/{conversation.pk}"
+    sent = recorded(lambda: api.post(f"{base}/turns/", {"content": "Read this.", "files": [note["id"]]},
+                                     format="json"))
+    mail = '{"to": "a@example.com", "subject": "s", "body": "b"}'
+    paused = api.post(f"{base}/turns/", {"content": f"#tool send_email {mail}"}, format="json")
+    (call,) = paused.json()["approval_required"]
+    decided = recorded(lambda: api.post(f"{base}/approvals/", {"tool_call_id": call["call_id"], "approve": True},
+                                        format="json"))
+    replayed = recorded(lambda: api.get(f"{base}/stream/"))  # which run to follow again
+    run = TurnRun.objects.filter(conversation=conversation).latest("started_at")
+    # A reader in another process follows it from the store (`log.mirrored` fills its copy so).
+    followed = recorded(lambda: list(log.follow_store(run.pk, owner=conversation.owner_id, after=0,
+                                                      stop=threading.Event())))
+    stopped = recorded(lambda: api.post(f"{base}/stop/"))
+    exported = recorded(lambda: [b"".join(api.get(f"{base}/export/", {"format": kind}).streaming_content)
+                                 for kind in ("json", "chatgpt", "md")])
+    mapped = recorded(lambda: api.get(f"{base}/tree/"))
+    assert SentFile.objects.filter(file_id=note["id"]).count() == 1
+    assert ToolApproval.objects.filter(call_id=call["call_id"], approved=True).count() == 1
+    for row in (SentFile, ToolApproval, TurnRun, TurnLogEntry):
+        assert set(row.objects.values_list("owner_id", flat=True)) == {conversation.owner_id}, row.__name__
+    for name, statements, table in (("turn with a file", sent, SentFile), ("decision", decided, ToolApproval),
+                                    ("replay", replayed, TurnRun), ("reader elsewhere", followed, TurnLogEntry),
+                                    ("stop", stopped, TurnRun),
+                                    ("exports", exported, Node), ("tree map", mapped, Node)):
+        assert any(table._meta.db_table in sql for sql in statements), f"the {name} reads {table.__name__}"
+        assert unscoped(statements) == [], f"the {name} asks a hot table without its owner"
+
+
+def test_issue_34_the_backfill_gives_approvals_runs_logs_and_sent_files_their_owner(api, conversation):
+    """Migrations 0027 and files 0003: rows written before them get the owner of their node, conversation or run."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    note = api.post("/api/files/", {"file": SimpleUploadedFile("oaks.txt", b"Oaks live long.\n")},
+                    format="multipart").json()
+    worker.run_due()
+    base = f"/api/conversations/{conversation.pk}"
+    api.post(f"{base}/turns/", {"content": "Read this.", "files": [note["id"]]}, format="json")
+    mail = '{"to": "a@example.com", "subject": "s", "body": "b"}'
+    (call,) = api.post(f"{base}/turns/", {"content": f"#tool send_email {mail}"}, format="json"
+                       ).json()["approval_required"]
+    api.post(f"{base}/approvals/", {"tool_call_id": call["call_id"], "approve": False}, format="json")
+    rows = (SentFile, ToolApproval, TurnRun, TurnLogEntry)
+    for row in rows:
+        row.objects.update(owner=None)  # as before the migrations
+    for migration in ("conversations.migrations.0027_approval_and_run_owner", "files.migrations.0003_sentfile_owner"):
+        importlib.import_module(migration).owners(None, SimpleNamespace(connection=connection))
+    for row in rows:
+        assert row.objects.exists() and set(row.objects.values_list("owner_id", flat=True)) == {
+            conversation.owner_id}, row.__name__

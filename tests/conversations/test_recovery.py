@@ -234,9 +234,9 @@ def test_issue_12_a_run_whose_turn_never_began_ends_for_its_readers(conversation
     run_id = detached.start(turn)
     give_back(turn)  # the lock goes back; the run was opened and nobody runs it
     monkeypatch.setattr(log, "ORPHAN_SECONDS", 0.3)
-    assert list(log.follow(run_id)) == []
+    assert list(log.follow(run_id, owner=conversation.owner_id)) == []
     settings.ARBOR_TURN_LOCK_SECONDS = -1
     recovery.sweep()
-    (seq, ending), = log.read(run_id)
+    (seq, ending), = log.read(run_id, owner=conversation.owner_id)
     assert seq == 1 and ending.data["code"] == "interrupted"
-    assert log.latest_run(conversation.pk).ended_at is not None
+    assert log.latest_run(conversation).ended_at is not None

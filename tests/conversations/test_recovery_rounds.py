@@ -384,7 +384,7 @@ def test_issue_12_f3_d4_crash_while_an_approval_is_waiting_leaves_it_waiting_unt
             ask(conversation, "anything new?")
     assert Node.objects.filter(conversation=conversation).count() == 1 and head(conversation) == asked
     assert not ToolApproval.objects.exists()
-    assert calls.undecided(path_node(asked)) == [call]
+    assert calls.undecided(path_node(asked), owner=conversation.owner_id) == [call]
     assert Bubble.objects.get(node=asked, role="tool").data["status"] == "awaiting_approval"
     assert not _lock_held_by_the_dead(conversation)
     assert mail.outbox == [] and ran == {}
@@ -415,7 +415,7 @@ def test_issue_12_f3_d4_crash_after_one_of_two_decisions_keeps_it_and_waits_for_
 
     assert recovery.sweep() == []
     assert _approvals(asked) == decisions and [d[:3] for d in decisions] == [("call_a", True, None)]
-    assert [c["id"] for c in calls.undecided(path_node(asked))] == ["call_b"]
+    assert [c["id"] for c in calls.undecided(path_node(asked), owner=user.pk)] == ["call_b"]
     assert Node.objects.filter(conversation=stub_conversation).count() == 1 and mail.outbox == []
 
     resumed = run_here(turn_decide(user=user, conversation_id=conversation_id, call_id="call_b", approve=True))

@@ -164,7 +164,7 @@ def test_issue_33_t9_the_lock_and_the_persons_limit_count_every_model(api, conve
     assert not Node.objects.filter(conversation=conversation).exists(), "nothing recorded"
     assert _turn(api, conversation, {"content": "one is fine", "models": [STUB]}).status_code == 201
 
-    assert [event.type for _, event in follow(run)][-1] == "done"
+    assert [event.type for _, event in follow(run, owner=conversation.owner_id)][-1] == "done"
     both = _turn(api, conversation, {"content": "both now", "models": [ECHO, STUB]})
     assert both.status_code == 201 and len(both.json()["answers"]) == 2
 
@@ -175,7 +175,7 @@ def test_issue_33_t9_the_lock_and_the_persons_limit_count_every_model(api, conve
     elsewhere = _turn(api, other, {"content": "and here?"})
     assert elsewhere.status_code == 429 and "2 turns running" in elsewhere.json()["error"]["message"]
     assert Node.objects.filter(conversation=other).count() == 1, "nothing recorded"
-    assert [event.type for _, event in follow(group)][-1] == "done"
+    assert [event.type for _, event in follow(group, owner=conversation.owner_id)][-1] == "done"
     assert _turn(api, other, {"content": "and now?"}).status_code == 201
 
 
@@ -187,11 +187,11 @@ def test_issue_33_f1_a_stop_ends_every_branch_and_keeps_what_each_had_written(us
     run = launch(turn_ask(user=user, conversation_id=conversation.pk, content="#slow " + "word " * 200,
                           models=["arbor/echo", "arbor/echo-2"]))
     seen: set[str] = set()
-    for _, event in follow(run):
+    for _, event in follow(run, owner=conversation.owner_id):
         if event.type == "token":
             seen.add(event.data["model"])
             if seen == {"arbor/echo", "arbor/echo-2"}:
-                assert request_stop(conversation.pk)
+                assert request_stop(conversation)
         ending = event
     assert ending.type == "error" and ending.data["code"] == "cancelled"
     assert [(a["model"], a["ending"]) for a in ending.data["answers"]] == [("arbor/echo", "error"),
@@ -237,7 +237,7 @@ def test_issue_33_t3_the_head_moves_once_every_branch_has_ended(conversation, st
         time.sleep(0.02)
     conversation.refresh_from_db()
     assert conversation.head_id is None and conversation.turn_token is not None, "the first has answered; not yet"
-    ending = [event for _, event in follow(run)][-1]
+    ending = [event for _, event in follow(run, owner=conversation.owner_id)][-1]
     conversation.refresh_from_db()
     assert ending.type == "done" and conversation.head_id == ending.data["head"] == \
         Node.objects.get(conversation=conversation, model=ECHO).pk and conversation.turn_token is None
@@ -287,7 +287,7 @@ def test_issue_33_r3_a_group_that_outlived_its_lock_keeps_its_answers_and_moves_
     run = launch(turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="#slow a b c d e f g",
                           models=[ECHO, "arbor/echo-2"]))
     Conversation.objects.filter(pk=conversation.pk).update(turn_token=uuid.uuid4())  # another holder now
-    ending = [event for _, event in follow(run)][-1]
+    ending = [event for _, event in follow(run, owner=conversation.owner_id)][-1]
     assert ending.type == "error" and ending.data["code"] == "turn_superseded" and ending.data["head"] is None
     assert [a["ending"] for a in ending.data["answers"]] == ["done", "done"]
     conversation.refresh_from_db()

@@ -137,7 +137,7 @@ def test_high_2_a_rounds_results_share_the_nodes_limit(conversation, settings):
     settings.ARBOR_NODE_MAX_BYTES = 8000
     asked = [it.tool_call(f"call_{n}", "sql_query", json.dumps({"sql": ZEROBLOB_ATTACK})) for n in range(4)]
     node = TreeBuilder(conversation).node(sent=[it.user("four queries")], received=asked)
-    results = calls.resolve(path_node(node), run=True)
+    results = calls.resolve(path_node(node), run=True, owner_id=conversation.owner_id)
     assert [r["call_id"] for r in results] == [f"call_{n}" for n in range(4)]
     assert all(len(r["content"].encode()) <= 500 for r in results)
     assert all(TRUNCATED_KEY in json.loads(r["content"]) for r in results)

@@ -41,11 +41,11 @@ def test_issue_12_a_reader_that_leaves_early_does_not_end_the_turn(conversation,
     answer, and the log replays it from the start."""
     settings.ARBOR_ECHO_WORD_SECONDS = 0.02
     run_id = _launch(conversation)
-    reader = log.follow(run_id)
+    reader = log.follow(run_id, owner=conversation.owner_id)
     first = next(reader)
     assert first[0] == 1 and first[1].type == EventType.TOKEN
     reader.close()  # the client left
-    whole = list(log.follow(run_id))
+    whole = list(log.follow(run_id, owner=conversation.owner_id))
     assert whole[-1][1].type == EventType.DONE
     node = head(conversation)
     assert node.status == "succeeded" and it.answer_text(node.received) == _text(whole)
@@ -58,13 +58,14 @@ def test_issue_12_resuming_after_any_number_gives_exactly_the_rest(conversation,
     """1,000 random cut points over a finished turn's log: nothing duplicated, nothing missing."""
     settings.ARBOR_ECHO_WORD_SECONDS = 0.03
     run_id = _launch(conversation, "#slow " + " ".join(f"w{i}" for i in range(60)))
-    whole = list(log.follow(run_id))
+    whole = list(log.follow(run_id, owner=conversation.owner_id))
     full = _text(whole)
     rng = random.Random(12)
     duplicated = missing = 0
     for _ in range(1000):
         cut = rng.randrange(0, len(whole))
-        seen = _text(whole[:cut]) + _text(log.read(run_id, after=whole[cut - 1][0] if cut else 0))
+        owner = conversation.owner_id
+        seen = _text(whole[:cut]) + _text(log.read(run_id, owner=owner, after=whole[cut - 1][0] if cut else 0))
         duplicated += len(seen) > len(full)
         missing += len(seen) < len(full)
         assert seen == full
@@ -78,7 +79,7 @@ def test_issue_12_two_readers_following_live_get_the_same_events(conversation, s
     got: list[list] = [[], []]
 
     def read(into):
-        into.extend((seq, event.type, event.data) for seq, event in log.follow(run_id))
+        into.extend((seq, event.type, event.data) for seq, event in log.follow(run_id, owner=conversation.owner_id))
 
     readers = [threading.Thread(target=read, args=(got[i],)) for i in range(2)]
     for reader in readers:
@@ -92,10 +93,10 @@ def test_issue_12_two_readers_following_live_get_the_same_events(conversation, s
 def test_issue_12_a_stop_asked_from_elsewhere_ends_the_turn_as_cancelled(conversation, settings):
     settings.ARBOR_ECHO_WORD_SECONDS = 0.05
     run_id = _launch(conversation, "#slow " + " ".join(f"w{i}" for i in range(200)))
-    reader = log.follow(run_id)
+    reader = log.follow(run_id, owner=conversation.owner_id)
     next(reader)
     asked = time.monotonic()
-    assert detached.request_stop(conversation.pk)
+    assert detached.request_stop(conversation)
     rest = list(reader)
     took = time.monotonic() - asked
     ending = rest[-1][1]
@@ -103,24 +104,25 @@ def test_issue_12_a_stop_asked_from_elsewhere_ends_the_turn_as_cancelled(convers
     node = Node.objects.get(pk=ending.data["node"])
     assert (node.status, node.failure_reason) == ("failed", "cancelled") and node.received
     assert took < 2, f"stopped after {took:.2f} s"
-    assert detached.request_stop(conversation.pk) is False, "nothing runs any more"
+    assert detached.request_stop(conversation) is False, "nothing runs any more"
 
 
 def test_issue_12_tokens_reach_readers_here_at_once_and_the_store_in_one_batch(conversation):
     """Each token is numbered and shared with this process's readers as it comes; the store gets the tokens
     in one batched write, before the event that follows them."""
     run = TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation)
-    writer = log.TurnLog(run.pk)
+    writer = log.TurnLog(run.pk, owner=conversation.owner_id)
     for text, node in [("a", 1), ("b", 1), ("c", 2)]:
         writer.append(TurnEvent(EventType.TOKEN, {"text": text, "node": node}))
-    assert [(seq, e.data["text"]) for seq, e in log.read(run.pk)] == [(1, "a"), (2, "b"), (3, "c")]
+    owner = conversation.owner_id
+    assert [(seq, e.data["text"]) for seq, e in log.read(run.pk, owner=owner)] == [(1, "a"), (2, "b"), (3, "c")]
     with CaptureQueriesContext(connection) as queries:
         writer.append(TurnEvent(EventType.DONE, {"answer": "abc", "head": 2, "nodes": [1, 2]}))
     inserts = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("INSERT")]
     assert len(inserts) <= 1, inserts
     writer.close()
     log._local.pop(run.pk)  # read as another process does: from the store
-    assert [(seq, e.type, e.data.get("text")) for seq, e in log.read(run.pk)] == [
+    assert [(seq, e.type, e.data.get("text")) for seq, e in log.read(run.pk, owner=conversation.owner_id)] == [
         (1, "token", "a"), (2, "token", "b"), (3, "token", "c"), (4, "done", None)]
     # Issue 13: a run of one node's tokens is one row, numbered by its last token: a, b | c | done.
     assert list(TurnLogEntry.objects.filter(run=run).order_by("seq").values_list("seq", flat=True)) == [2, 3, 4]
@@ -129,10 +131,10 @@ def test_issue_12_tokens_reach_readers_here_at_once_and_the_store_in_one_batch(c
 def test_issue_12_old_logs_are_forgotten_and_then_no_run_is_shown(conversation, settings):
     settings.ARBOR_ECHO_WORD_SECONDS = 0
     run_id = _launch(conversation, "hi")
-    list(log.follow(run_id))
-    assert log.latest_run(conversation.pk).pk == run_id
+    list(log.follow(run_id, owner=conversation.owner_id))
+    assert log.latest_run(conversation).pk == run_id
     settings.ARBOR_TURN_LOG_RETENTION_SECONDS = -1
-    assert log.latest_run(conversation.pk) is None
+    assert log.latest_run(conversation) is None
     assert log.forget_old() >= 1 and not TurnLogEntry.objects.filter(run_id=run_id).exists()
 
 
@@ -151,7 +153,7 @@ def test_issue_12_stop_over_the_api_answers_the_stopped_node(conversation, api, 
     """`POST …/stop/` from any client of the owner: 200 with the node, failed/cancelled, its partial kept."""
     settings.ARBOR_ECHO_WORD_SECONDS = 0.05
     run_id = _launch(conversation, "#slow " + " ".join(f"w{i}" for i in range(200)))
-    next(log.follow(run_id))
+    next(log.follow(run_id, owner=conversation.owner_id))
     assert other_api.post(f"/api/conversations/{conversation.pk}/stop/").status_code == 404
     response = api.post(f"/api/conversations/{conversation.pk}/stop/")
     assert response.status_code == 200
@@ -166,10 +168,10 @@ def test_issue_12_a_stop_while_the_model_is_silent_ends_the_turn_without_waiting
     failed/cancelled without waiting for the next word, keeping the word it had."""
     settings.ARBOR_ECHO_WORD_SECONDS = 3
     run_id = _launch(conversation, "#slow one two three")
-    reader = log.follow(run_id)
+    reader = log.follow(run_id, owner=conversation.owner_id)
     first = next(reader)
     asked = time.monotonic()
-    assert detached.request_stop(conversation.pk)
+    assert detached.request_stop(conversation)
     rest = list(reader)
     took = time.monotonic() - asked
     print(f"\nstop while the model is silent -> cancelled: {took:.2f} s (the next word was 3 s away)")
@@ -199,8 +201,8 @@ def test_issue_12_a_stop_while_a_tool_runs_ends_the_turn_without_waiting_for_it(
     run_id = _launch(conversation, "#tool slow_tool {}")
     assert started.wait(30)
     asked = time.monotonic()
-    assert detached.request_stop(conversation.pk)
-    entries = list(log.follow(run_id))
+    assert detached.request_stop(conversation)
+    entries = list(log.follow(run_id, owner=conversation.owner_id))
     took = time.monotonic() - asked
     print(f"\nstop while a tool runs -> cancelled: {took:.2f} s (the tool needed 5 s)")
     ending = entries[-1][1]
@@ -256,12 +258,12 @@ def test_issue_13_an_async_reader_gets_what_came_meanwhile_in_one_batch(conversa
     from conversations.turns.streaming import follow_log_batches
 
     run = TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation)
-    writer = log.TurnLog(run.pk)
+    writer = log.TurnLog(run.pk, owner=conversation.owner_id)
     for k in range(5):
         writer.append(TurnEvent(EventType.TOKEN, {"text": f"w{k} ", "node": 1}))
 
     async def first_batch():
-        async for batch in follow_log_batches(run.pk):
+        async for batch in follow_log_batches(run.pk, owner=conversation.owner_id):
             return batch
 
     assert [seq for seq, _ in asyncio.run(first_batch())] == [1, 2, 3, 4, 5]
@@ -305,8 +307,8 @@ def test_issue_25_a_stop_during_an_automatic_compaction_ends_the_turn_without_wa
         assert time.monotonic() < deadline, "the summarising call never started"
         time.sleep(0.05)
     asked = time.monotonic()
-    assert detached.request_stop(conversation.pk)
-    events = [event for _, event in log.follow(run_id)]
+    assert detached.request_stop(conversation)
+    events = [event for _, event in log.follow(run_id, owner=conversation.owner_id)]
     took = time.monotonic() - asked
     assert took < 5, f"the stop waited {took:.1f} s for the summary"
     assert events[-1].type == EventType.ERROR and events[-1].data["code"] == "cancelled"

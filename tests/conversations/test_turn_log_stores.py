@@ -112,17 +112,18 @@ def test_issue_12_a_reader_in_another_process_follows_the_turn_live_from_the_sto
     settings.ARBOR_ECHO_WORD_SECONDS = 0.02
     run_id = _launch(conversation)
     here: list = []
-    reading = threading.Thread(target=lambda: here.extend(log.follow(run_id)))
+    reading = threading.Thread(target=lambda: here.extend(log.follow(run_id, owner=conversation.owner_id)))
     reading.start()
-    first = next(log.follow(run_id))  # the turn is under way
+    first = next(log.follow(run_id, owner=conversation.owner_id))  # the turn is under way
     _elsewhere(run_id)
-    there = list(log.follow(run_id))
+    there = list(log.follow(run_id, owner=conversation.owner_id))
     reading.join(30)
     assert there[0] == first and there[-1][1].type == EventType.DONE and _numbered(there)
     assert [(seq, e.type, e.data) for seq, e in there] == [(seq, e.type, e.data) for seq, e in here]
     assert _text(there) == it.answer_text(head(conversation).received)
     if store == "redis_server":
-        stored = log_stores.store().read(run_id, 0)  # Redis's entries, with none in the database
+        owner = conversation.owner_id
+        stored = log_stores.store().read(run_id, 0, owner=owner)  # Redis's entries, with none in the database
         assert not TurnLogEntry.objects.filter(run_id=run_id).exists()
     else:
         stored = _stored(run_id)
@@ -145,10 +146,10 @@ def test_issue_12_resume_from_the_store_after_any_number_gives_exactly_the_rest(
     request.getfixturevalue(store)
     settings.ARBOR_ECHO_WORD_SECONDS = 0.01
     run_id = _launch(conversation)
-    whole = list(log.follow(run_id))
+    whole = list(log.follow(run_id, owner=conversation.owner_id))
     _elsewhere(run_id)
     for cut in range(len(whole) + 1):
-        assert log.read(run_id, after=cut) == whole[cut:]
+        assert log.read(run_id, owner=conversation.owner_id, after=cut) == whole[cut:]
 
 
 @pytest.mark.slow
@@ -158,10 +159,11 @@ def test_issue_12_redis_stopped_and_restarted_mid_turn_loses_no_event(conversati
     once, in order, to the end; the node has the whole answer."""
     settings.ARBOR_ECHO_WORD_SECONDS = 0.1
     run_id = _launch(conversation, [f"w{i}" for i in range(80)])
-    first = next(log.follow(run_id))
+    first = next(log.follow(run_id, owner=conversation.owner_id))
     _elsewhere(run_id)
     there: list = [first]
-    reading = threading.Thread(target=lambda: there.extend(log.follow(run_id, after=first[0])))
+    owner = conversation.owner_id
+    reading = threading.Thread(target=lambda: there.extend(log.follow(run_id, owner=owner, after=first[0])))
     reading.start()
     time.sleep(1.5)
     redis_server.stop()
@@ -187,9 +189,9 @@ def test_issue_12_a_redis_that_cannot_be_reached_at_all_leaves_the_database_log(
     log_stores.reset()
     try:
         run_id = _launch(conversation, WORDS[:5])
-        here = list(log.follow(run_id))
+        here = list(log.follow(run_id, owner=conversation.owner_id))
         _elsewhere(run_id)
-        assert list(log.follow(run_id)) == here and here[-1][1].type == EventType.DONE
+        assert list(log.follow(run_id, owner=conversation.owner_id)) == here and here[-1][1].type == EventType.DONE
         assert _stored(run_id) == here
     finally:
         log_stores.reset()
@@ -200,16 +202,17 @@ def test_issue_12_tokens_a_paused_model_left_waiting_reach_other_processes_witho
     """Tokens go to the store in batches; when the model then goes quiet (thinking before a tool call), the
     flusher writes them within FLUSH_SECONDS, not when the model speaks again."""
     run_id = TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation).pk
-    writer = log.TurnLog(run_id)
+    writer = log.TurnLog(run_id, owner=conversation.owner_id)
     for text in "abc":
         writer.append(TurnEvent(EventType.TOKEN, {"text": text, "node": 1}))
     store = log_stores.store()
     deadline = time.monotonic() + 3
-    while _text(store.read(run_id, 0)) != "abc":
-        assert time.monotonic() < deadline, store.read(run_id, 0)
+    while _text(store.read(run_id, 0, owner=conversation.owner_id)) != "abc":
+        assert time.monotonic() < deadline, store.read(run_id, 0, owner=conversation.owner_id)
         time.sleep(0.05)
     _elsewhere(run_id)
-    assert _text(log.read(run_id)) == "abc" and _numbered(log.read(run_id))
+    owner = conversation.owner_id
+    assert _text(log.read(run_id, owner=owner)) == "abc" and _numbered(log.read(run_id, owner=owner))
     writer.close()
 
 
@@ -224,7 +227,7 @@ async def test_issue_12_async_readers_elsewhere_follow_through_a_thread(conversa
     await sync_to_async(request.getfixturevalue)(store)
     settings.ARBOR_ECHO_WORD_SECONDS = 0.02
     run_id = await sync_to_async(_launch)(conversation, WORDS[:10])
-    here = [entry async for entry in follow_log(run_id)]
+    here = [entry async for entry in follow_log(run_id, owner=conversation.owner_id)]
     _elsewhere(run_id)
-    there = [entry async for entry in follow_log(run_id)]
+    there = [entry async for entry in follow_log(run_id, owner=conversation.owner_id)]
     assert there == here and there[-1][1].type == EventType.DONE and _numbered(there)

@@ -382,7 +382,7 @@ def test_f3_d4_a_decided_call_keeps_its_result_after_the_tool_stops_asking(mcp_s
     asking = ToolApproval.objects.get(call_id=card["call_id"]).node
     mcp_servers({"notes": {**NOTES, "approval": {"write_note": "auto"}}})
     for run in (True, False):
-        (result,) = calls.resolve(path_node(asking), run=run, note="NOT RUN")
+        (result,) = calls.resolve(path_node(asking), run=run, owner_id=asking.owner_id, note="NOT RUN")
         assert result["content"].startswith("noted #") and "pay 100" in result["content"]
     notes = run_tool_call(_call("notes__count_notes"))["content"]  # the server as configured now (a new process)
     assert "pay 100" not in notes, "run once, whatever the tool says of itself now"

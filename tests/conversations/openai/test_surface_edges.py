@@ -687,18 +687,18 @@ async def test_issue_17_d3_a_stream_of_a_run_whose_process_died_ends_without_cla
         return TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation).pk
 
     run_id = await in_own_thread(orphan)()
-    chat = await asyncio.wait_for(_collect(views._translated(run_id, views._ChatChunks(MODEL, True), "chat")),
-                                  timeout=30)
+    chat = await asyncio.wait_for(_collect(views._translated(run_id, user.pk, views._ChatChunks(MODEL, True, user.pk),
+                                                             "chat")), timeout=30)
     lines = _data_lines(chat)
     (line,) = lines  # no chunk: no call was made to give one its id (issue 27: chatcmpl-<node id>)
     assert json.loads(line)["error"]["message"].startswith("The call ended without an answer")
     assert "[DONE]" not in lines and not any('"finish_reason": "stop"' in line for line in lines)
-    events = await asyncio.wait_for(_collect(views._translated(run_id, views._ResponsesEvents({}), "responses")),
-                                    timeout=30)
+    events = await asyncio.wait_for(_collect(views._translated(run_id, user.pk, views._ResponsesEvents({}, user.pk),
+                                                               "responses")), timeout=30)
     (event,) = [json.loads(line) for line in _data_lines(events)]  # one stream loop for every API: the same end
     assert event["type"] == "error" and event["message"].startswith("The call ended without an answer")
     anthropic = await asyncio.wait_for(_collect(views._translated(
-        run_id, views.messages.MessageEvents(MODEL, None), "messages")), timeout=30)
+        run_id, user.pk, views.messages.MessageEvents(MODEL, None), "messages")), timeout=30)
     assert b"event: error" in b"".join(anthropic) and b"message_stop" not in b"".join(anthropic)
 
 
