@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.core.validators import RegexValidator
+from django.utils import timezone
 from rest_framework import serializers
 
 from conversations.models import Conversation, Node, Project
@@ -156,11 +157,32 @@ class ConversationOut(serializers.ModelSerializer):
 
 
 class NodeOut(serializers.ModelSerializer):
+    """A node as the API shows it. The schema is DRF's, from the model's fields; the body is written here, field by
+    field, as DRF would write it (a test holds the two equal): DRF's per-field machinery took ~3 ms of every turn's
+    answer (issue 34)."""
+
     class Meta:
         model = Node
         fields = ["id", "parent", "conversation", "kind", "status", "failure_reason", "failure_message", "sent",
                   "received", "provider", "model", "usage", "compacted_from", "created_at", "finished_at",
                   "summary_call", "tokens", "path_tokens", "label", "starred"]
+
+    def to_representation(self, node: Node) -> dict:
+        return {"id": node.id, "parent": node.parent_id, "conversation": node.conversation_id, "kind": str(node.kind),
+                "status": str(node.status), "failure_reason": str(node.failure_reason),
+                "failure_message": node.failure_message, "sent": node.sent, "received": node.received,
+                "provider": node.provider, "model": node.model, "usage": node.usage,
+                "compacted_from": node.compacted_from_id, "created_at": _when(node.created_at),
+                "finished_at": _when(node.finished_at), "summary_call": node.summary_call_id, "tokens": node.tokens,
+                "path_tokens": node.path_tokens, "label": node.label, "starred": node.starred}
+
+
+def _when(value) -> str | None:
+    """A time as DRF's DateTimeField writes it (ISO 8601 in UTC, with `Z`)."""
+    if value is None:
+        return None
+    text = timezone.localtime(value).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 class NodeMarkIn(serializers.Serializer):

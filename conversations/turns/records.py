@@ -80,12 +80,10 @@ def ledger_entry(node: Node) -> UsageEntry:
     estimated = node.status == Node.Status.FAILED
     usage = node.usage or (estimated_usage(node) if estimated else {})
     details = usage.get("prompt_tokens_details") or {}
-    owner_id = node.conversation.owner_id if node.conversation_id else None
     project_id = node.conversation.project_id if node.conversation_id else None
-    return UsageEntry(node_id=node.pk, owner_id=owner_id, conversation_id=node.conversation_id, project_id=project_id,
-                      model=node.model,
-                      provider=node.provider, input_tokens=usage.get("prompt_tokens") or 0,
-                      output_tokens=usage.get("completion_tokens") or 0,
+    return UsageEntry(node_id=node.pk, owner_id=node.owner_id, conversation_id=node.conversation_id,
+                      project_id=project_id, model=node.model, provider=node.provider,
+                      input_tokens=usage.get("prompt_tokens") or 0, output_tokens=usage.get("completion_tokens") or 0,
                       cached_tokens=(details.get("cached_tokens") if isinstance(details, dict) else 0) or 0,
                       cost_usd=usage.get("cost_usd") or 0.0, day=(node.finished_at or timezone.now()).date(),
                       estimated=estimated)

@@ -53,6 +53,7 @@ class Turn:
         self.lock = lock
         self.new_items = new_items
         self.nodes: list[int] = []
+        self.recorded: dict[int, Node] = {}  # the nodes of `nodes` this turn wrote, as it wrote them (its answer)
         self._first_call: int | None = None  # this turn's first call's node: what its later rounds name
         self.model = model or conversation.effective_model  # a gateway call names its own
         self.provider = llm.provider_of(self.model)
@@ -328,6 +329,7 @@ class Turn:
         self._pending = node
         self._open = None
         self.nodes.append(node.pk)
+        self.recorded[node.pk] = node
         self._first_call = self._first_call or node.pk
         return node
 

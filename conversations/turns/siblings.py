@@ -53,6 +53,10 @@ class SiblingTurns:
     def nodes(self) -> list[int]:
         return [node for turn in self.turns for node in turn.nodes]
 
+    @property
+    def recorded(self) -> dict[int, Node]:
+        return {pk: node for turn in self.turns for pk, node in turn.recorded.items()}
+
     def events(self) -> Iterator[TurnEvent]:
         if self._started:
             return

@@ -300,3 +300,45 @@ def test_context_while_an_approval_waits_shows_the_pending_call_without_dropping
     assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
     assert messages[2]["content"].startswith("pending")
     assert not [r for r in caplog.records if r.name == "arbor.context"]
+
+
+def test_issue_34_a_node_is_written_as_drf_would_write_it(conversation):
+    """Issue 34: NodeOut writes its body itself (DRF's per-field machinery took ~3 ms of every turn's answer); what it
+    writes is what DRF's ModelSerializer writes for the same fields, for a succeeded and a failed node,
+    and with its times in the current time zone as DRF writes them (`Z` for UTC)."""
+    from django.utils import timezone as tz
+    from rest_framework import serializers as drf
+
+    from conversations.apis.serializers import NodeOut
+    from tests.conversations.helpers import ask
+
+    ask(conversation, "hello")
+    ask(conversation, "#fail")
+    nodes = list(Node.objects.filter(conversation=conversation))
+    assert {n.status for n in nodes} == {"succeeded", "failed"}
+    written = [NodeOut(node).data for node in nodes]
+    assert written == [drf.ModelSerializer.to_representation(NodeOut(), node) for node in nodes]
+    assert written[0]["created_at"].endswith("Z") and written[0]["parent"] is None
+    with tz.override("Asia/Seoul"):
+        assert [NodeOut(node).data for node in nodes] == [drf.ModelSerializer.to_representation(NodeOut(), node)
+                                                          for node in nodes]
+
+
+def test_issue_34_a_turns_answer_shows_its_nodes_as_recorded_without_reading_them_back(api, conversation):
+    """Issue 34: a turn answers with the nodes it holds, as it wrote them, not read back; they are what the database
+    then holds, for an answer, a tool round and a failure."""
+    from django.core.serializers.json import DjangoJSONEncoder
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from conversations.apis.serializers import NodeOut
+
+    base = f"/api/conversations/{conversation.pk}/turns/"
+    for content in ("hello", '#tool sql_query {"sql": "SELECT 1"}', "#fail"):
+        with CaptureQueriesContext(connection) as queries:
+            body = api.post(base, {"content": content}, format="json").json()
+        nodes = body.get("nodes") or body["error"]["nodes"]
+        assert nodes and [n["id"] for n in nodes] == sorted(n["id"] for n in nodes)
+        stored = Node.objects.filter(pk__in=[n["id"] for n in nodes]).order_by("id")
+        assert nodes == json.loads(json.dumps([NodeOut(n).data for n in stored], cls=DjangoJSONEncoder)), content
+        assert not any(sql["sql"].startswith('SELECT "conversations_node"."id"') for sql in queries.captured_queries)
