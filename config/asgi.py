@@ -3,10 +3,14 @@
 import gc
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)
+
+from config.pooled_http import PooledASGIHandler  # noqa: E402
+
+django_asgi_app = PooledASGIHandler()  # Django's, each request in one thread (config/pooled_http.py)
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
@@ -15,8 +19,6 @@ from config.origin import SameOriginValidator  # noqa: E402
 from config.web import socket_auth_stack  # noqa: E402
 from conversations.web.routing import websocket_urlpatterns  # noqa: E402
 
-# Every middleware in settings is async-capable: one sync-only middleware would put every request,
-# a running turn included, back on the one shared thread.
 application = ProtocolTypeRouter({
     "http": ASGIStaticFilesHandler(django_asgi_app),
     # Session-authenticated sockets from this site's own pages only: same scheme, host and port (config/origin.py).

@@ -156,10 +156,19 @@ def _share(run_id: uuid.UUID) -> LocalRun:
         return _local.setdefault(run_id, LocalRun())
 
 
+FORGET_EVERY_SECONDS = 1.0
+_forgot_at = 0.0
+
+
 def _forget_ended() -> None:
-    """Drop the runs that ended more than LOCAL_KEEP_SECONDS ago (under `_local_lock`)."""
-    gone = [key for key, run in _local.items()
-            if run.ended_at is not None and time.monotonic() - run.ended_at > LOCAL_KEEP_SECONDS]
+    """Drop the runs that ended more than LOCAL_KEEP_SECONDS ago (under `_local_lock`), at most once a
+    FORGET_EVERY_SECONDS: a look walks every run kept, and at 60 turns a second that was thousands each turn."""
+    global _forgot_at
+    now = time.monotonic()
+    if now - _forgot_at < FORGET_EVERY_SECONDS:
+        return
+    _forgot_at = now
+    gone = [key for key, run in _local.items() if run.ended_at is not None and now - run.ended_at > LOCAL_KEEP_SECONDS]
     for key in gone:
         del _local[key]
 
