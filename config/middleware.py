@@ -20,8 +20,8 @@ CONTENT_SECURITY_POLICY = (
 def content_security_policy(get_response: Callable) -> Callable:
     """Give every response the Content-Security-Policy header (issue 14 finding 7), unless it set its own.
 
-    Both a sync and an async middleware, whichever the chain below it is: under ASGI it never moves a
-    request onto the one shared thread (MiddlewareMixin would, to run process_response).
+    Both a sync and an async middleware, whichever the chain below it is (`config.pooled_http` runs the chain
+    sync, in one pool thread).
     """
     if iscoroutinefunction(get_response):
 
@@ -38,32 +38,3 @@ def content_security_policy(get_response: Callable) -> Callable:
         return response
 
     return middleware
-
-
-
-@sync_and_async_middleware
-def sync_views_straight_under_wsgi(get_response: Callable) -> Callable:
-    """Under WSGI (the test client, `manage.py runserver`), call a view wrapped by `off_the_shared_thread` as
-    the sync view it wraps, in the request's own thread.
-
-    Django would run the async wrapper in an event loop of its own, which hands the view back to this very
-    thread: two context hops per request for nothing. Python 3.11's contextvars can corrupt a context when
-    a garbage collection runs inside such a hop (CPython gh-148891: CI once saw "unhashable type:
-    'hamt_bitmap_node'" in asgiref's context restore). Under ASGI nothing changes: this is a pass-through.
-    Last in MIDDLEWARE, so every other middleware's process_view (CSRF) has run.
-    """
-    if iscoroutinefunction(get_response):
-        return get_response
-    return _SyncViewsStraight(get_response)
-
-
-class _SyncViewsStraight:
-    def __init__(self, get_response: Callable) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponseBase:
-        return self.get_response(request)
-
-    def process_view(self, request: HttpRequest, view: Callable, args: tuple, kwargs: dict) -> HttpResponseBase | None:
-        wrapper, sync_view = getattr(view, "sync_view", (None, None))
-        return sync_view(request, *args, **kwargs) if wrapper is view else None

@@ -95,7 +95,6 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "config.middleware.sync_views_straight_under_wsgi",  # last: the others' process_view have run
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -345,7 +344,8 @@ ARBOR_MODELS_PER_TURN = int(os.environ.get("ARBOR_MODELS_PER_TURN", "4"))
 # Streams one person may follow at once in one process (`GET …/stream/`, streamed turns and /v1 calls): a stream
 # holds no database connection while it waits, but it holds a socket and memory; one more answers 429.
 ARBOR_MAX_STREAMS_PER_USER = int(os.environ.get("ARBOR_MAX_STREAMS_PER_USER", "20"))
-# Threads for views that wait on a model (a JSON turn, a conversion): made as needed, up to this many.
+# Threads every HTTP request's view runs in (config/pooled_http.py), a JSON turn's for as long as its model takes:
+# made as needed, up to this many.
 ARBOR_LONG_VIEW_THREADS = int(os.environ.get("ARBOR_LONG_VIEW_THREADS", "1000"))
 ARBOR_PARTIAL_SAVE_SECONDS = float(os.environ.get("ARBOR_PARTIAL_SAVE_SECONDS", "2"))
 # A turn's numbered event log is kept this long after it ends, for clients that resume (GET .../stream/).

@@ -1,6 +1,6 @@
-"""What every app's pages share: the signed-in page shell, a way to run a long view off the one thread that ASGI
-gives every sync view, and a long write's progress streamed to its page (the Content-Security-Policy is
-config.middleware's, on every response). Imports no app."""
+"""What every app's pages share: the signed-in page shell, the pool of threads that long work runs in (every HTTP
+request's view, `config.pooled_http`, and a socket's sync calls), and a long write's progress streamed to its page
+(the Content-Security-Policy is config.middleware's, on every response). Imports no app."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect
@@ -92,28 +91,6 @@ class SocketAuthMiddleware(AuthMiddleware):
 def socket_auth_stack(inner):
     """`AuthMiddlewareStack` with `SocketAuthMiddleware`."""
     return CookieMiddleware(SessionMiddleware(SocketAuthMiddleware(inner)))
-
-
-def off_the_shared_thread(view: Callable) -> Callable:
-    """Run a long (model-calling) view in a thread of its own under ASGI.
-
-    Under ASGI, Django runs sync views one per request context, but a view's thread that waits seconds on a
-    model must not come from a small shared pool either: it gets one of `_long_view_threads`. Under WSGI
-    nothing is shared.
-    """
-
-    async def wrapper(request, *args, **kwargs):
-        if isinstance(request, ASGIRequest):
-            return await in_pool_thread(lambda: view(request, *args, **kwargs))
-        return await sync_to_async(view, thread_sensitive=True)(request, *args, **kwargs)
-
-    for attribute in ("cls", "initkwargs", "csrf_exempt", "view_class", "view_initkwargs"):
-        if hasattr(view, attribute):
-            setattr(wrapper, attribute, getattr(view, attribute))
-    # Called straight under WSGI (config.middleware.sync_views_straight_under_wsgi), but only as this wrapper: a
-    # decorator around it (require_POST) copies its attributes, and must not be skipped.
-    wrapper.sync_view = (wrapper, view)
-    return wrapper
 
 
 _DONE = object()

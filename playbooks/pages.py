@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from config.api import INT64_MAX, INT64_MIN
 from config.errors import BadInput
-from config.web import off_the_shared_thread, page, progress_response, wants_progress
+from config.web import page, progress_response, wants_progress
 from conversations.screen import path_bubbles
 from playbooks import services
 from playbooks.models import PlaybookRun
@@ -176,10 +176,10 @@ def playbook_run_detail_page(request: HttpRequest, playbook_id: int, run_id: int
 urlpatterns = [
     path("", playbook_list_page, name="playbook-page-list"),
     path("<int:playbook_id>/", playbook_detail_page, name="playbook-page-detail"),
-    path("from-conversation/<int:conversation_id>/", off_the_shared_thread(playbook_convert_page),
+    path("from-conversation/<int:conversation_id>/", playbook_convert_page,
          name="playbook-page-convert"),
     path("<int:playbook_id>/edit/", playbook_edit_page, name="playbook-page-edit"),
-    path("<int:playbook_id>/save/", off_the_shared_thread(playbook_save_page), name="playbook-page-save"),
-    path("<int:playbook_id>/run/", off_the_shared_thread(playbook_run_page), name="playbook-page-run"),
+    path("<int:playbook_id>/save/", playbook_save_page, name="playbook-page-save"),
+    path("<int:playbook_id>/run/", playbook_run_page, name="playbook-page-run"),
     path("<int:playbook_id>/runs/<int:run_id>/", playbook_run_detail_page, name="playbook-page-run-detail"),
 ]

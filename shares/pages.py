@@ -17,7 +17,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from config.errors import NotFound
-from config.web import off_the_shared_thread, page
+from config.web import page
 from shares import services
 from shares.selectors import share_bubbles, share_for_token
 
@@ -39,7 +39,6 @@ def share_page(request: HttpRequest, token: str) -> HttpResponse:
 
 
 @require_POST
-@off_the_shared_thread  # a long path is copied in one transaction: not on the thread every request shares
 @page
 def share_continue_page(request: HttpRequest, token: str) -> HttpResponse:
     """Copy the shared path into a new conversation of the visitor's, then open it in the chat."""

@@ -21,7 +21,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from config.errors import ArborError, BadInput, NotFound
-from config.web import off_the_shared_thread, page
+from config.web import page
 from conversations import services, usage
 from conversations.apis.paging import cursor_token, decode_cursor, page_nodes
 from conversations.apis.serializers import ConversationIn, PreferencesIn
@@ -220,7 +220,6 @@ def chat_fork(request: HttpRequest, conversation_id: int) -> HttpResponse:
 
 
 @require_POST
-@off_the_shared_thread  # the summarising call is a model call: it must not hold up other requests
 @page
 def chat_compact(request: HttpRequest, conversation_id: int) -> HttpResponse:
     """C2: compact now; the head moves to a new compaction node, the history stays on screen."""
@@ -238,7 +237,6 @@ def chat_delete(request: HttpRequest, conversation_id: int) -> HttpResponse:
     return redirect("chat")
 
 
-@off_the_shared_thread  # checking a large file takes seconds: not on the thread every request shares
 @page
 def chat_import(request: HttpRequest) -> HttpResponse:
     """Upload Arbor's tree export or ChatGPT's conversations.json; a refused file creates nothing."""
@@ -362,7 +360,6 @@ def _siblings_of(conversation: Conversation, opener: int) -> list[int]:
     return info.siblings
 
 
-@off_the_shared_thread  # listing the MCP servers' tools may start one: seconds
 @page
 def preferences(request: HttpRequest) -> HttpResponse:
     """A person's own instructions, sent before every conversation's; the tools conversations may use."""
@@ -430,7 +427,7 @@ urlpatterns = [
     path("chat/<int:conversation_id>/delete/", chat_delete, name="chat-delete"),
     path("chat/<int:conversation_id>/compare/", chat_compare, name="chat-compare"),
     path("chat/nodes/<int:node_id>/seen/", chat_seen, name="chat-seen"),
-    path("chat/render/", off_the_shared_thread(chat_render), name="chat-render"),
+    path("chat/render/", chat_render, name="chat-render"),
     path("settings/", preferences, name="preferences"),
     path("settings/theme/", theme, name="theme"),
 ]

@@ -1,7 +1,7 @@
 """Under ASGI a turn never holds up the server (T9, R3), and SSE streams a turn as it happens.
 
-These tests go through Django's ASGI handler (AsyncClient), where sync views share one thread: a
-turn running on that thread would make every other request wait for it.
+These tests go through Arbor's ASGI handler (`config.pooled_http`, as the server runs it): each request's view
+runs in a pool thread of its own, so a turn running in one makes no other request wait for it.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import json
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
-from django.test import AsyncClient
 from rest_framework.authtoken.models import Token
 
 from conversations import services
 from conversations.models import Conversation, Node
+from tests.support.asgi_client import ServerAsyncClient
 from tests.support.async_db import in_own_thread, settled_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,15 +31,9 @@ async def _close_shared_thread_connections():
     await sync_to_async(connections.close_all)()
 
 
-class TokenClient(AsyncClient):
-    """AsyncClient that sends the token on every request (its constructor headers do not reach ASGI)."""
-
-    def __init__(self, token: str):
-        super().__init__()
-        self.token = token
-
-    def generic(self, *args, headers=None, **kwargs):
-        return super().generic(*args, headers={"authorization": f"Token {self.token}", **(headers or {})}, **kwargs)
+def TokenClient(token: str) -> ServerAsyncClient:  # noqa: N802 (read as the client class it makes)
+    """An ASGI client handled as the server handles requests, with the token on every request."""
+    return ServerAsyncClient(("authorization", f"Token {token}"))
 
 
 @pytest.fixture
@@ -151,7 +145,7 @@ async def test_issue_12_a_client_that_disconnects_mid_stream_does_not_end_its_tu
         "path": f"/api/conversations/{conversation.pk}/turns/", "raw_path": b"", "query_string": b"",
         "root_path": "", "client": ("127.0.0.1", 1234), "server": ("testserver", 80),
         "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
-                    (b"accept", b"text/event-stream"), (b"authorization", f"Token {client.token}".encode()),
+                    (b"accept", b"text/event-stream"), (b"authorization", client.header[1].encode()),
                     (b"content-length", str(len(body)).encode())],
     }
     server = asyncio.create_task(application(scope, receive, send))

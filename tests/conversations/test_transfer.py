@@ -261,9 +261,9 @@ def test_issue_15_t8_a_chatgpt_round_trip_keeps_every_branch_message_call_result
 
 
 def test_a_long_view_runs_straight_under_wsgi(api, conversation, monkeypatch):
-    """Under WSGI (the test client) a view `off_the_shared_thread` wraps is called as the sync view it wraps:
-    no event loop per request and no context hop, where Python 3.11 can corrupt a context (CPython
-    gh-148891, seen once in CI as "unhashable type: 'hamt_bitmap_node'" during this very export)."""
+    """Under WSGI (the test client) a long view is called as the sync view it is: no event loop per request and
+    no context hop, where Python 3.11 can corrupt a context (CPython gh-148891, seen once in CI as "unhashable
+    type: 'hamt_bitmap_node'" during this very export)."""
     import asgiref.sync
 
     def no_hop(*args, **kwargs):
@@ -276,8 +276,8 @@ def test_a_long_view_runs_straight_under_wsgi(api, conversation, monkeypatch):
 
 
 def test_a_decorator_around_a_long_view_still_runs_under_wsgi(page, conversation):
-    """The WSGI shortcut is taken only for the wrapper itself: `require_POST` around it (which copies its
-    attributes) still refuses a GET, so a link cannot compact a conversation (a paid call) past CSRF."""
+    """`require_POST` around a long view still refuses a GET, so a link cannot compact a conversation (a paid
+    call) past CSRF."""
     response = page.get(f"/chat/{conversation.pk}/compact/")
     assert response.status_code == 405
 

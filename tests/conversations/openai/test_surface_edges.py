@@ -19,7 +19,7 @@ import openai
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
-from django.test import AsyncClient, Client
+from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -30,6 +30,7 @@ from conversations.openai import views
 from conversations.turns.start import turn_compact
 from tests.conversations.helpers import ask, head
 from tests.conversations.openai.test_responses import MODEL, WEATHER, _client
+from tests.support.asgi_client import ServerAsyncClient
 from tests.support.async_db import in_own_thread
 from tests.support.openai_stub import Reply
 
@@ -591,16 +592,10 @@ def test_issue_17_the_callers_tool_choice_reaches_the_model(v1, stub):
 # --- streams read late, and runs that died ------------------------------------------------------------------
 
 
-class BearerClient(AsyncClient):
-    """Django's ASGI test client with the Bearer key on every request (its constructor headers do not reach
-    ASGI). A streamed body is read only when the test reads it: a client that reads late."""
-
-    def __init__(self, key: str):
-        super().__init__()
-        self.key = key
-
-    def generic(self, *args, headers=None, **kwargs):
-        return super().generic(*args, headers={"authorization": f"Bearer {self.key}", **(headers or {})}, **kwargs)
+def BearerClient(key: str) -> ServerAsyncClient:  # noqa: N802 (read as the client class it makes)
+    """An ASGI client handled as the server handles requests, with the Bearer key on every request. A streamed
+    body is read only when the test reads it: a client that reads late."""
+    return ServerAsyncClient(("authorization", f"Bearer {key}"))
 
 
 @pytest.fixture
