@@ -153,6 +153,12 @@ def stop() -> None:
         _listener.stop()
 
 
+def listening(timeout: float) -> bool:
+    """Wait up to `timeout` seconds until this process listens (its catch-up wake of every waiter done); True when
+    it does, or where news stays in the process."""
+    return not pushes() or _listener.listening.wait(timeout)
+
+
 def pushes() -> bool:
     """Does news reach other processes (PostgreSQL), or only this one?"""
     return connection.vendor == "postgresql"

@@ -31,6 +31,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
 
+from config import news
 from conversations import items as it
 from conversations import llm
 from conversations.context import PathNode, assemble
@@ -368,7 +369,12 @@ def turn_queries(tree: Tree) -> tuple[int, float]:
     conversation = tree.conversation
     limits = override_settings(ARBOR_ECHO_MAX_INPUT_TOKENS=10**12, ARBOR_TURN_LOCK_SECONDS=24 * 3600,
                                ARBOR_PARTIAL_SAVE_SECONDS=24 * 3600)
-    configured()  # the MCP servers staff added are read once a process (issue 32), not per turn: not counted here
+    # The MCP servers staff added are read once a process (issue 32), not per turn: not counted here. Read again
+    # once the process listens for news: its first LISTEN wakes every waiter, that cache's too (a change said
+    # before it would be missed), which made the first depth's turn one read more.
+    configured()
+    news.listening(5)
+    configured()
     began = time.perf_counter()
     stop_check, detached.STOP_CHECK_SECONDS = detached.STOP_CHECK_SECONDS, 24 * 3600
     with limits, CaptureQueriesContext(connection) as captured:
