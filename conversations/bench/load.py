@@ -557,6 +557,9 @@ class Sampler(threading.Thread):
         return machine
 
 
+SETTLE_SECONDS = 1.0  # after the probe stops, before the servers do
+
+
 class Probe:
     """The GET probe process and the latencies it reports: (sent at, took, status)."""
 
@@ -821,6 +824,10 @@ class Command(BaseCommand):
                 probe.stop()
             if self.sampler:
                 self.sampler.halt.set()
+            # The probe's last GET may still be in a server when it goes: let it end. Daphne stopped with it pending
+            # kills it, and Django's handler then leaves its disconnect watcher's RequestAborted unread, a traceback
+            # in the server's stderr that is the benchmark's doing (seen once in CI, on a machine at 200%).
+            time.sleep(SETTLE_SECONDS)
             for server in self.servers:
                 server.stop()
             self.delete_conversations()
