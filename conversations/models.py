@@ -130,6 +130,11 @@ def owner_column() -> models.ForeignKey:
                              db_constraint=False, db_index=False, related_name="+")
 
 
+def _conversation_owner(conversation_id: int) -> int:
+    """A row written without its owner (issue 34) takes its conversation's; the turn's own writes name it."""
+    return Conversation.objects.values_list("owner_id", flat=True).get(pk=conversation_id)
+
+
 def _owners_filled(rows: list, owners_of: Any, key: str) -> list:
     """Issue 34: `rows` (nodes or bubbles written in bulk) each with its owner, read in one query (`owners_of`:
     the owner of each `key` id) for those that do not name it."""
@@ -324,9 +329,8 @@ class Node(TreeNode):
         return f"{self.kind} node {self.pk} ({self.status})"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        # A node is its conversation's owner's (issue 34); the turn's own writes name it and skip this read.
-        if self.owner_id is None and self.conversation_id is not None:
-            self.owner_id = Conversation.objects.values_list("owner_id", flat=True).get(pk=self.conversation_id)
+        if self.owner_id is None and self.conversation_id is not None:  # a node is its conversation's owner's
+            self.owner_id = _conversation_owner(self.conversation_id)
         super().save(*args, **kwargs)
 
 
@@ -502,8 +506,8 @@ class TurnRun(models.Model):
         return f"turn {self.pk} of conversation {self.conversation_id}"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        if self.owner_id is None:  # the turn's own write names it
-            self.owner_id = Conversation.objects.values_list("owner_id", flat=True).get(pk=self.conversation_id)
+        if self.owner_id is None:
+            self.owner_id = _conversation_owner(self.conversation_id)
         super().save(*args, **kwargs)
 
 

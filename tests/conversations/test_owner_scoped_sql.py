@@ -126,22 +126,34 @@ def test_issue_34_t11_a_cleared_conversations_nodes_are_not_shown_again(api, pag
     assert page.get(f"/chat/nodes/{node}/seen/").status_code == 404
 
 
-def test_issue_34_an_approval_a_sent_file_a_replayed_stream_a_stop_and_the_exports_ask_by_the_owner(api, conversation):
-    """The rows that hang off a node or a conversation name its owner too (migration 0027, files 0003): a decision on
-    a tool call, a file a call sent, a turn run and its log. A turn that sends a file, a person's approval, following
-    a turn's stream again, a stop and both exports ask each by it (the exports and the tree map are off the hot
-    path, but on a sharded database a read without the owner would ask every shard)."""
+def _read_file(api) -> dict:
+    """A text file uploaded and read by the worker, ready to send."""
     from django.core.files.uploadedfile import SimpleUploadedFile
 
     note = api.post("/api/files/", {"file": SimpleUploadedFile("oaks.txt", b"Oaks live long.\n")},
                     format="multipart").json()
     worker.run_due()
+    return note
+
+
+def _waiting_call(api, base: str) -> dict:
+    """A turn whose tool call (send_email) waits for a person's decision (F3); the call as the turn shows it."""
+    mail = '{"to": "a@example.com", "subject": "s", "body": "b"}'
+    (call,) = api.post(f"{base}/turns/", {"content": f"#tool send_email {mail}"}, format="json"
+                       ).json()["approval_required"]
+    return call
+
+
+def test_issue_34_an_approval_a_sent_file_a_replayed_stream_a_stop_and_the_exports_ask_by_the_owner(api, conversation):
+    """The rows that hang off a node or a conversation name its owner too (migration 0027, files 0003): a decision on
+    a tool call, a file a call sent, a turn run and its log. A turn that sends a file, a person's approval, following
+    a turn's stream again, a stop and both exports ask each by it (the exports and the tree map are off the hot
+    path, but on a sharded database a read without the owner would ask every shard)."""
+    note = _read_file(api)
     base = f"/api/conversations/{conversation.pk}"
     sent = recorded(lambda: api.post(f"{base}/turns/", {"content": "Read this.", "files": [note["id"]]},
                                      format="json"))
-    mail = '{"to": "a@example.com", "subject": "s", "body": "b"}'
-    paused = api.post(f"{base}/turns/", {"content": f"#tool send_email {mail}"}, format="json")
-    (call,) = paused.json()["approval_required"]
+    call = _waiting_call(api, base)
     decided = recorded(lambda: api.post(f"{base}/approvals/", {"tool_call_id": call["call_id"], "approve": True},
                                         format="json"))
     replayed = recorded(lambda: api.get(f"{base}/stream/"))  # which run to follow again
@@ -167,16 +179,10 @@ def test_issue_34_an_approval_a_sent_file_a_replayed_stream_a_stop_and_the_expor
 
 def test_issue_34_the_backfill_gives_approvals_runs_logs_and_sent_files_their_owner(api, conversation):
     """Migrations 0027 and files 0003: rows written before them get the owner of their node, conversation or run."""
-    from django.core.files.uploadedfile import SimpleUploadedFile
-
-    note = api.post("/api/files/", {"file": SimpleUploadedFile("oaks.txt", b"Oaks live long.\n")},
-                    format="multipart").json()
-    worker.run_due()
+    note = _read_file(api)
     base = f"/api/conversations/{conversation.pk}"
     api.post(f"{base}/turns/", {"content": "Read this.", "files": [note["id"]]}, format="json")
-    mail = '{"to": "a@example.com", "subject": "s", "body": "b"}'
-    (call,) = api.post(f"{base}/turns/", {"content": f"#tool send_email {mail}"}, format="json"
-                       ).json()["approval_required"]
+    call = _waiting_call(api, base)
     api.post(f"{base}/approvals/", {"tool_call_id": call["call_id"], "approve": False}, format="json")
     rows = (SentFile, ToolApproval, TurnRun, TurnLogEntry)
     for row in rows:
