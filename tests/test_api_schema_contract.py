@@ -404,3 +404,27 @@ def test_a_blank_label_is_valid_against_the_schema_and_removes_the_label(schema,
     response = api.patch(f"/api/nodes/{head}/", {"label": "", "starred": False}, format="json")
     assert response.status_code == 200 and response.json()["label"] == ""
     assert api.patch(f"/api/nodes/{head}/", {"label": "two\nlines"}, format="json").status_code == 400
+
+
+def _array_items(node, where="#"):
+    """Every array's `items` in a schema document, with where it is."""
+    if isinstance(node, dict):
+        if node.get("type") == "array" and isinstance(node.get("items"), dict):
+            yield where, node["items"]
+        for key, value in node.items():
+            yield from _array_items(value, f"{where}/{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _array_items(value, f"{where}/{index}")
+
+
+def test_no_array_item_wraps_its_ref_in_an_all_of_beside_other_keywords(schema):
+    """Finding (stop 41's fuzz, seed 311698835629440142466667286227284430446): `models` items were
+    `{allOf: [ModelsEnum], maxLength: 200}`; schemathesis could not negate a turn's body around that wrapper ("Cannot
+    generate an array with 1 demanded elements") and reported the operation as an error. The names bound the
+    length already, so the items are the enum itself."""
+    wrapped = [where for where, items in _array_items(schema["components"]) if "allOf" in items and len(items) > 1]
+    assert wrapped == []
+    models = schema["components"]["schemas"]["TurnIn"]["properties"]["models"]
+    assert models["items"] == {"$ref": "#/components/schemas/ModelsEnum"}
+    assert _resolve(schema, models["items"])["enum"]
