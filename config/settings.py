@@ -154,7 +154,8 @@ DATABASE_ROUTERS = ["config.replica.ReplicaRouter"]
 REDIS_URL = os.environ.get("REDIS_URL", "").strip()
 # Shared between processes when Redis is there (throttle counts); else this process's memory.
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
-                      "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1}}
+                      "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1,
+                                  "pool_class": "config.redis_pool.SharedConnectionPool"}}
           if REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 AUTH_PASSWORD_VALIDATORS = [

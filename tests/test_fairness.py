@@ -160,3 +160,94 @@ def test_issue_13_a_busy_conversation_whose_lease_runs_out_meanwhile_is_409_not_
     monkeypatch.setattr(QuerySet, "update", update_then_time_passes)
     with pytest.raises(TurnInProgress):
         TurnLock.acquire(Conversation.objects.get(pk=conversation.pk))
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_issues_13_34_requests_at_once_are_each_counted_in_redis_over_a_few_kept_connections(user):
+    """A real server with REDIS_URL set and a rate of 30 a minute; after one request, 40 more from 4 threads at
+    once. Exactly 29 are let through and the rest refused with 429, every one counted in Redis. DRF's own
+    count was a read and a write, so requests at once lost counts and went past the rate (29 of 41 counted).
+    And Django made a connection pool per request: each request opened a new connection to Redis (41 for
+    41); now the server keeps a few."""
+    import shutil
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    import requests
+    from rest_framework.authtoken.models import Token
+
+    from tests.conversations.test_turn_log_stores import ThrowawayRedis
+    from tests.support.servers import Server
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    token = Token.objects.create(user=user).key
+    redis = ThrowawayRedis().start()
+
+    def ask(*args: str) -> str:
+        return subprocess.run(["redis-cli", "-p", str(redis.port), *args], capture_output=True, text=True,
+                              check=True).stdout
+
+    def connections() -> int:
+        (line,) = [line for line in ask("info", "stats").splitlines() if line.startswith("total_connections_received:")]
+        return int(line.split(":")[1])
+
+    try:
+        with Server(REDIS_URL=redis.url, ARBOR_API_USER_RATE="30/min") as server:
+            def list_conversations(_=None) -> requests.Response:
+                return requests.get(server.url("/api/conversations/"), headers={"Authorization": f"Token {token}"},
+                                    timeout=30)
+
+            assert list_conversations().status_code == 200
+            before = connections()
+            with ThreadPoolExecutor(4) as pool:
+                answers = list(pool.map(list_conversations, range(40)))
+            opened = connections() - before
+            (key,) = [key for key in ask("--scan", "--pattern", "*throttle_user*").split() if key]
+            counted = ask("llen", key).strip()
+            redis.stop()
+            assert list_conversations().status_code == 200, "Redis away: the request is let through"
+        codes = [answer.status_code for answer in answers]
+        assert (codes.count(200), codes.count(429)) == (29, 11)
+        assert all(1 <= int(answer.headers["Retry-After"]) <= 60 for answer in answers if answer.status_code == 429)
+        assert counted == "30", "each request let through is counted"
+        assert opened <= 4, f"{opened} new connections to Redis for 40 requests"
+    finally:
+        redis.stop()
+
+
+def test_issue_13_requests_at_once_in_this_process_are_each_counted(user, monkeypatch):
+    """The embedded default counts in this process's memory: 8 threads' 40 requests at once at a rate of 10 a
+    minute let exactly 10 through. The cache's read is made slow, as a busy process's is: DRF's read and write
+    of the count, unlocked, then lost nearly every count."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from django.core.cache.backends.locmem import LocMemCache
+
+    from config.throttles import UserThrottle
+
+    monkeypatch.setattr(UserThrottle, "THROTTLE_RATES", {**UserThrottle.THROTTLE_RATES, "user": "10/min"})
+    read = LocMemCache.get
+
+    def slow_read(*args, **kwargs):
+        value = read(*args, **kwargs)
+        time.sleep(0.002)
+        return value
+
+    monkeypatch.setattr(LocMemCache, "get", slow_read)  # each thread has a cache object of its own
+    request = SimpleNamespace(user=user, META={})
+    start, allowed = threading.Barrier(8), []
+
+    def send():
+        start.wait()
+        allowed.extend(UserThrottle().allow_request(request, None) for _ in range(5))
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert (allowed.count(True), allowed.count(False)) == (10, 30)
