@@ -159,7 +159,9 @@ def test_issue_12_stop_over_the_api_answers_the_stopped_node(conversation, api, 
     assert response.status_code == 200
     body = response.json()
     assert (body["status"], body["failure_reason"]) == ("failed", "cancelled")
-    assert it.answer_text(body["received"]).startswith("echo: #slow w0")
+    # The stop is news to the turn (issue 34), so it ends within a word: its partial is what it had streamed.
+    streamed = _text(log.read(run_id, owner=conversation.owner_id))
+    assert streamed.startswith("echo: ") and it.answer_text(body["received"]) == streamed
     assert api.get(f"/api/conversations/{conversation.pk}/stream/").status_code == 200, "replayable a while"
 
 
@@ -181,6 +183,39 @@ def test_issue_12_a_stop_while_the_model_is_silent_ends_the_turn_without_waiting
     assert (node.status, node.failure_reason) == ("failed", "cancelled")
     assert it.answer_text(node.received) == first[1].data["text"]
     assert took < 2.5, "it did not wait for the silent call's next word"
+
+
+def _looks_for_a_stop(sql: str) -> bool:
+    return sql.startswith("SELECT") and '"stop_requested"' in sql
+
+
+def test_issue_34_a_running_turn_reads_no_stop_until_one_is_asked(conversation, settings, monkeypatch):
+    """A stop is news: a turn streaming for 3 s asks the database for a stop only when one was announced (it
+    asked every half second, 600 queries a second at 300 streams). Its look without news is pushed past the
+    turn here; a stop asked meanwhile still ends it within a poll (the test above)."""
+    monkeypatch.setattr(detached, "STOP_CHECK_SECONDS", 60)
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.1
+    turn = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=SLOW)
+    with CaptureQueriesContext(connection) as queries:
+        events = detached.run_here(turn)
+    assert events[-1].type == EventType.DONE and sum(e.type == EventType.TOKEN for e in events) >= 10
+    assert not [q for q in queries.captured_queries if _looks_for_a_stop(q["sql"])]
+
+    second = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=SLOW)
+    def stop_from_elsewhere():
+        try:
+            detached.request_stop(conversation)
+        finally:
+            connection.close()  # this thread's own
+
+    stopper = threading.Timer(0.5, stop_from_elsewhere)
+    stopper.start()
+    with CaptureQueriesContext(connection) as queries:
+        ending = detached.run_here(second)[-1]
+    stopper.join()
+    assert ending.type == EventType.ERROR and ending.data["code"] == "cancelled", "the news of the stop came"
+    looks = [q for q in queries.captured_queries if _looks_for_a_stop(q["sql"])]
+    assert len(looks) == 1, "one look, when the stop was announced"
 
 
 def test_issue_12_a_stop_while_a_tool_runs_ends_the_turn_without_waiting_for_it(conversation, settings,
