@@ -92,21 +92,23 @@ class RedisStore:
     def write(self, run_id: uuid.UUID, entries: list[Entry], *, owner: int, ends: bool = False) -> None:
         """Keep `entries` in Redis (in the database if Redis cannot take them); `ends`: the run has ended,
         marked in the database once they are kept, and its stream kept for the retention only."""
+        retention_set = False
         if entries and self._usable():
             try:
                 pipe = self.client.pipeline(transaction=False)
                 for seq, event in packed(entries):
                     fields = {"type": event.type, "data": json.dumps(event.data, ensure_ascii=False)}
                     pipe.xadd(self.key(run_id), fields, id=f"{seq}-0")
-                # Kept while the turn runs (a lease it renews with every event), then the retention.
-                pipe.expire(self.key(run_id), int(settings.ARBOR_TURN_LOG_RETENTION_SECONDS) + 3600)
+                # Kept while the turn runs (a lease it renews with every event), then the retention, set with
+                # the last entries (issue 34: a round trip of its own after them cost every turn one more).
+                pipe.expire(self.key(run_id), self._retention() if ends else self._retention() + 3600)
                 pipe.execute()
-                entries = []
+                entries, retention_set = [], ends
             except self.errors as error:
                 self._rest(error)
         if entries or ends:
             self.database.write(run_id, entries, owner=owner, ends=ends)
-        if ends:
+        if ends and not retention_set:
             self._expire(run_id)
 
     def read(self, run_id: uuid.UUID, after: int, *, owner: int) -> list[Entry]:
@@ -119,9 +121,13 @@ class RedisStore:
     def _expire(self, run_id: uuid.UUID) -> None:
         if self._usable():
             try:
-                self.client.expire(self.key(run_id), max(1, int(settings.ARBOR_TURN_LOG_RETENTION_SECONDS)))
+                self.client.expire(self.key(run_id), self._retention())
             except self.errors as error:
                 self._rest(error)
+
+    @staticmethod
+    def _retention() -> int:
+        return max(1, int(settings.ARBOR_TURN_LOG_RETENTION_SECONDS))
 
     def _redis_read(self, run_id: uuid.UUID, after: int, *, block: bool) -> list[Entry] | None:
         """Redis's entries after `after`; None when Redis cannot be asked."""

@@ -231,3 +231,33 @@ async def test_issue_12_async_readers_elsewhere_follow_through_a_thread(conversa
     _elsewhere(run_id)
     there = [entry async for entry in follow_log(run_id, owner=conversation.owner_id)]
     assert there == here and there[-1][1].type == EventType.DONE and _numbered(there)
+
+
+def test_issue_34_a_quick_turns_log_reaches_redis_in_one_round_trip_kept_for_the_retention(conversation, settings,
+                                                                                           redis_server):
+    """A quick turn's events go to Redis with its ending, in one pipeline that also sets the stream's retention
+    (a round trip of its own after them cost every turn one more); the stream then lives for the retention,
+    not the running turn's lease, and holds the whole turn."""
+    settings.ARBOR_TURN_LOG_RETENTION_SECONDS = 600
+
+    def redis(*args: str) -> str:
+        return subprocess.run(["redis-cli", "-p", str(redis_server.port), *args], capture_output=True, text=True,
+                              check=True).stdout
+
+    def commands() -> int:
+        return sum(int(line.split("calls=")[1].split(",")[0]) for line in redis("info", "commandstats").splitlines()
+                   if line.startswith("cmdstat_") and not line.startswith("cmdstat_info"))
+
+    log_stores.store().client.ping()  # the store's connection is made before counting
+    turn = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="a quick question")
+    before = commands()
+    run_id = detached.start(turn)
+    events = [event for _, event in detached.run(turn, run_id)]
+    written = commands() - before
+    assert events[-1].type == EventType.DONE
+    key = log_stores.RedisStore.key(run_id)
+    assert 0 < int(redis("ttl", key)) <= 600, "kept for the retention once the turn ended"
+    entries = redis_server.xlen(run_id)
+    assert written == entries + 1, f"{written} commands: {entries} entries and one expiry"
+    _elsewhere(run_id)
+    assert [event for _, event in log.read(run_id, owner=conversation.owner_id)] == events
