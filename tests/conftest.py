@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.core.cache import cache
+from django.db import connections
 from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -23,11 +24,15 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session", autouse=True)
 def _news_listener_stops(django_db_setup, django_db_blocker):
-    """The news listener (config.news) holds a connection to the test database: end it before the database is
-    dropped."""
+    """The news listener (config.news) holds a connection to the test database, and so does the connection pool
+    for each connection a thread gave back (`release_connection`): end them before the database is dropped."""
     yield
     with django_db_blocker.unblock():
         news.stop()
+        for database in connections.all():
+            if database.vendor == "postgresql":
+                database.close()
+                database.close_pool()
 
 
 @pytest.fixture(autouse=True)

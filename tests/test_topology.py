@@ -182,8 +182,8 @@ def test_issue_34_the_sweep_numbers_the_ending_of_a_dead_run_logged_on_redis_aft
     try:
         run = TurnRun.objects.create(id=uuid.uuid4(), conversation=conversation,
                                      started_at=timezone.now() - timedelta(hours=1))  # its lease long gone
-        log_stores.store().write(run.pk, [(seq, TurnEvent(EventType.TOKEN, {"node": 1, "text": f"w{seq} "}))
-                                          for seq in (1, 2, 3)], owner=conversation.owner_id)
+        log_stores.store().write([log_stores.Batch(run.pk, conversation.owner_id, [
+            (seq, TurnEvent(EventType.TOKEN, {"node": 1, "text": f"w{seq} "})) for seq in (1, 2, 3)])])
         recovery.sweep()
         after = log_stores.store().read(run.pk, 3, owner=conversation.owner_id)
     finally:

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 import uuid
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.utils import timezone
@@ -30,6 +31,16 @@ logger = logging.getLogger("arbor.turns")
 
 Entry = tuple[int, TurnEvent]
 
+
+@dataclass(frozen=True)
+class Batch:
+    """Entries of one run to keep, by its owner's id; `ends`: the run has ended, and says so with them."""
+
+    run_id: uuid.UUID
+    owner: int
+    entries: list[Entry]
+    ends: bool = False
+
 POLL_SECONDS = 0.1  # a database reader's pace where news does not reach other processes (SQLite)
 NEWS_WAIT_SECONDS = 1.0  # where it does (PostgreSQL's NOTIFY), a reader looks for itself this often
 LOG_NEWS = "arbor_turn_log"  # the news channel a run's log grows on; the key is the run's id
@@ -40,17 +51,19 @@ REDIS_REST_SECONDS = 5.0
 class DatabaseStore:
     """The embedded default: rows of `TurnLogEntry`; every process behind the database reads them."""
 
-    def write(self, run_id: uuid.UUID, entries: list[Entry], *, owner: int, ends: bool = False) -> None:
-        """Keep `entries` of `owner`'s run; `ends`: the run has ended, and says so with them (one statement on
-        PostgreSQL)."""
+    def write(self, batches: list[Batch]) -> None:
+        """Keep each batch's entries, and mark the runs that end ended with them: one statement on PostgreSQL for
+        every run (the flusher writes all its runs' tokens at once: issue 34)."""
         with together() as writes:
-            if entries:
-                writes.insert_rows([TurnLogEntry(run_id=run_id, owner_id=owner, seq=seq, type=event.type,
-                                                 data=event.data) for seq, event in packed(entries)])
-            if ends:
-                _mark_ended(run_id, owner, writes)
-            if entries or ends:
-                news.announce(LOG_NEWS, str(run_id), writes=writes)  # readers elsewhere wake (issue 34)
+            rows = [TurnLogEntry(run_id=batch.run_id, owner_id=batch.owner, seq=seq, type=event.type, data=event.data)
+                    for batch in batches for seq, event in packed(batch.entries)]
+            if rows:
+                writes.insert_rows(rows)
+            for batch in batches:
+                if batch.ends:
+                    _mark_ended(batch.run_id, batch.owner, writes)
+                if batch.entries or batch.ends:
+                    news.announce(LOG_NEWS, str(batch.run_id), writes=writes)  # readers elsewhere wake (issue 34)
         release_connection()  # the model goes on talking; no connection is held meanwhile
 
     def read(self, run_id: uuid.UUID, after: int, *, owner: int) -> list[Entry]:
@@ -89,27 +102,35 @@ class RedisStore:
     def key(run_id: uuid.UUID) -> str:
         return f"arbor:turn-log:{run_id}"
 
-    def write(self, run_id: uuid.UUID, entries: list[Entry], *, owner: int, ends: bool = False) -> None:
-        """Keep `entries` in Redis (in the database if Redis cannot take them); `ends`: the run has ended,
-        marked in the database once they are kept, and its stream kept for the retention only."""
-        retention_set = False
-        if entries and self._usable():
+    def write(self, batches: list[Batch]) -> None:
+        """Keep each batch's entries in Redis, all in one pipeline (in the database if Redis cannot take them);
+        the runs that end are marked ended in the database once their entries are kept, and their streams kept for
+        the retention only."""
+        in_redis = [batch for batch in batches if batch.entries] if self._usable() else []
+        if in_redis:
             try:
                 pipe = self.client.pipeline(transaction=False)
-                for seq, event in packed(entries):
-                    fields = {"type": event.type, "data": json.dumps(event.data, ensure_ascii=False)}
-                    pipe.xadd(self.key(run_id), fields, id=f"{seq}-0")
-                # Kept while the turn runs (a lease it renews with every event), then the retention, set with
-                # the last entries (issue 34: a round trip of its own after them cost every turn one more).
-                pipe.expire(self.key(run_id), self._retention() if ends else self._retention() + 3600)
+                for batch in in_redis:
+                    self._add(pipe, batch)
                 pipe.execute()
-                entries, retention_set = [], ends
             except self.errors as error:
                 self._rest(error)
-        if entries or ends:
-            self.database.write(run_id, entries, owner=owner, ends=ends)
-        if ends and not retention_set:
-            self._expire(run_id)
+                in_redis = []
+        kept = {id(batch) for batch in in_redis}  # with the retention set for those that end
+        rest = [replace(batch, entries=[]) if id(batch) in kept else batch for batch in batches]
+        if rest := [batch for batch in rest if batch.entries or batch.ends]:
+            self.database.write(rest)
+        for batch in batches:
+            if batch.ends and id(batch) not in kept:
+                self._expire(batch.run_id)
+
+    def _add(self, pipe, batch: Batch) -> None:
+        key = self.key(batch.run_id)
+        for seq, event in packed(batch.entries):
+            pipe.xadd(key, {"type": event.type, "data": json.dumps(event.data, ensure_ascii=False)}, id=f"{seq}-0")
+        # Kept while the turn runs (a lease it renews with every event), then the retention, set with the last
+        # entries (issue 34: a round trip of its own after them cost every turn one more).
+        pipe.expire(key, self._retention() if batch.ends else self._retention() + 3600)
 
     def read(self, run_id: uuid.UUID, after: int, *, owner: int) -> list[Entry]:
         return self._with_database(run_id, after, self._redis_read(run_id, after, block=False), owner)

@@ -261,3 +261,32 @@ def test_issue_34_a_quick_turns_log_reaches_redis_in_one_round_trip_kept_for_the
     assert written == entries + 1, f"{written} commands: {entries} entries and one expiry"
     _elsewhere(run_id)
     assert [event for _, event in log.read(run_id, owner=conversation.owner_id)] == events
+
+
+@pytest.mark.parametrize("store", ["database_store", "redis_server"])
+def test_issue_34_the_tokens_of_every_run_of_a_process_go_to_the_store_in_one_write(conversation, settings, store,
+                                                                                    request, monkeypatch):
+    """Three turns stream at once: the flusher writes their waiting tokens in one store write (one Redis pipeline,
+    or one statement) rather than one a run, and each run's log, read from the store, is the whole of it."""
+    from conversations.services import conversation_create
+
+    request.getfixturevalue(store)
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.03
+    settings.ARBOR_MAX_CONCURRENT_TURNS_PER_USER = 10
+    kept = log_stores.store()
+    writes: list[set] = []
+    real_write = type(kept).write
+
+    def write(self, batches):
+        writes.append({batch.run_id for batch in batches})
+        return real_write(self, batches)
+
+    monkeypatch.setattr(type(kept), "write", write)
+    others = [conversation_create(owner=conversation.owner, title=f"c{i}") for i in range(2)]
+    runs = [_launch(c, WORDS[:30]) for c in (conversation, *others)]
+    here = {run_id: list(log.follow(run_id, owner=conversation.owner_id)) for run_id in runs}
+    assert any(len(runs_written) >= 2 for runs_written in writes), "several runs' tokens went in one write"
+    for run_id in runs:
+        _elsewhere(run_id)
+        assert log_stores.store().read(run_id, 0, owner=conversation.owner_id) == here[run_id]
+        assert here[run_id][-1][1].type == EventType.DONE and _numbered(here[run_id])
