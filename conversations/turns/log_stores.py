@@ -41,6 +41,7 @@ class Batch:
     entries: list[Entry]
     ends: bool = False
 
+
 POLL_SECONDS = 0.1  # a database reader's pace where news does not reach other processes (SQLite)
 NEWS_WAIT_SECONDS = 1.0  # where it does (PostgreSQL's NOTIFY), a reader looks for itself this often
 LOG_NEWS = "arbor_turn_log"  # the news channel a run's log grows on; the key is the run's id
