@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -26,7 +27,6 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from config.errors import ArborError, NotFound
-from config.threads import GrowingThreads
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -52,17 +52,17 @@ def page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     return run
 
 
-_long_views: GrowingThreads | None = None
+_long_views: ThreadPoolExecutor | None = None
 
 
-def _long_view_threads() -> GrowingThreads:
+def _long_view_threads() -> ThreadPoolExecutor:
     """The pool long views run in: threads are made as needed, up to ARBOR_LONG_VIEW_THREADS, so a turn
     that waits a minute on its model holds one of hundreds, not one of the loop's default handful (six on
-    two cores: a seventh JSON turn used to wait for one of the first six to end, issue 13); made by the pool's
-    own thread, never on the event loop (config/threads.py)."""
+    two cores: a seventh JSON turn used to wait for one of the first six to end, issue 13)."""
     global _long_views
     if _long_views is None:
-        _long_views = GrowingThreads("arbor-view", most=settings.ARBOR_LONG_VIEW_THREADS)
+        _long_views = ThreadPoolExecutor(max_workers=settings.ARBOR_LONG_VIEW_THREADS,
+                                         thread_name_prefix="arbor-view")
     return _long_views
 
 

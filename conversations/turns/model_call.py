@@ -16,7 +16,6 @@ import threading
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-from config.threads import GrowingThreads
 from conversations import items as it
 from conversations import llm
 
@@ -101,6 +100,31 @@ class ModelCall:
         return [*(item for item in others if item.get("type") != "tool_call"), *delivered, *calls]
 
 
-# The threads that read model calls, kept between calls: starting a thread per call cost a turn milliseconds on a
-# busy machine (issue 13). One more is made when none is idle, so a call never waits for another to end.
-_readers = GrowingThreads("arbor-call")
+class _Readers:
+    """The threads that read model calls, kept between calls: starting a thread per call cost a turn
+    milliseconds on a busy machine (issue 13). One more is made when none is idle, so a call never waits
+    for another to end. Daemon threads: a call hanging on a silent provider never holds up the process's exit."""
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, read: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            grow = self._idle == 0
+            if not grow:
+                self._idle -= 1
+        self._jobs.put((read, args))
+        if grow:
+            threading.Thread(target=self._work, name="arbor-call", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            read, args = self._jobs.get()
+            read(*args)  # `ModelCall._read` hands every outcome, errors included, to its turn
+            with self._lock:
+                self._idle += 1
+
+
+_readers = _Readers()
