@@ -3,8 +3,9 @@
 Django keeps a cache object per request context (its connection handler is an asgiref `Local` that is not
 thread-critical), and each object makes its own connection pool: every API request opened a fresh connection to
 Redis for its throttle count, with its handshake, and dropped it. Under 50 users' quick turns, making those
-connections was a seventh of the stack samples of the server's busy threads (py-spy). The pool is redis-py's own, shared by every cache object of the process with the
-same URL and options; it is thread-safe and makes itself anew in a forked child.
+connections was a seventh of the stack samples of the server's busy threads (py-spy). The pool is redis-py's own,
+shared by every cache object of the process with the same URL and options; it is thread-safe and makes itself anew
+in a forked child.
 """
 
 from __future__ import annotations
