@@ -51,6 +51,12 @@ class _Board:
             callbacks = list(self._waiters.get((channel, key), ()))
         _call(callbacks)
 
+    def post_channels(self, channels: list[str]) -> None:
+        """Wake every waiter on `channels` (news on them may have been missed)."""
+        with self._lock:
+            callbacks = [c for (channel, _), waiters in self._waiters.items() if channel in channels for c in waiters]
+        _call(callbacks)
+
     def post_all(self) -> None:
         """Wake every waiter (news may have been missed)."""
         with self._lock:
@@ -119,13 +125,19 @@ class _Listener:
         while not self._stopped:
             with self._lock:
                 wanted = set(self._channels)
-            for channel in sorted(wanted - listened):
+            fresh = sorted(wanted - listened)
+            connected = not listened
+            for channel in fresh:
                 conn.execute(f'LISTEN "{channel}"')
                 listened.add(channel)
             if not self.listening.is_set():
-                # Anything said before this LISTEN was missed: everyone looks once, before anyone is told it
-                # listens (a waiter that then unsubscribes is called no more).
-                _board.post_all()
+                # Anything said before this LISTEN was missed: its waiters look once, before anyone is told it
+                # listens (a waiter that then unsubscribes is called no more). Every waiter on a new connection;
+                # on a channel added later, that channel's only (the others missed nothing).
+                if connected:
+                    _board.post_all()
+                else:
+                    _board.post_channels(fresh)
                 self.listening.set()
             for notice in conn.notifies(timeout=LISTEN_TIMEOUT_SECONDS):
                 _board.post(notice.channel, notice.payload)

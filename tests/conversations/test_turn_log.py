@@ -16,6 +16,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from config import news
 from conversations import items as it
 from conversations.models import Node, TurnLogEntry, TurnRun
 from conversations.turns import detached, log
@@ -195,6 +196,11 @@ def test_issue_34_a_running_turn_reads_no_stop_until_one_is_asked(conversation, 
     turn here; a stop asked meanwhile still ends it within a poll (the test above)."""
     monkeypatch.setattr(detached, "STOP_CHECK_SECONDS", 60)
     settings.ARBOR_ECHO_WORD_SECONDS = 0.1
+    # The process listens first: a listener that starts mid-turn wakes every waiter once to look (news said before
+    # its LISTEN would be lost), which is one look by design, not one this test is about.
+    unsubscribe = news.subscribe(detached.STOP_NEWS, "before the turns", lambda: None)
+    assert news.listening(10)
+    unsubscribe()
     turn = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=SLOW)
     with CaptureQueriesContext(connection) as queries:
         events = detached.run_here(turn)
