@@ -3,7 +3,11 @@ all read their stream through `ModelCall.tokens()`.
 
 The call is read in a thread of its own, so the reader can look up from it while it is silent: a provider may
 think for a minute and send nothing, and a blocked read cannot notice a stop. The thread hands each token over
-through a queue, so `tokens()` waits at most `STOP_POLL_SECONDS` at a time before asking `stop_requested`. A
+through a queue, so `tokens()` waits at most `STOP_POLL_SECONDS` at a time before asking `stop_requested`. The
+tokens waiting in the queue when the reader comes back for more are passed on as one text: a reader behind its model
+(an instant one, or a process busy with hundreds of streams) pays once for what arrived meanwhile, not once a token
+(issue 34: per token, the hand-off, the event, the log and the readers' wake-ups cost a quick turn of arbor/echo
+about a sixth of its server CPU). A
 stopped call is not waited out: the thread closes it as soon as it next speaks, and `leave()` keeps the text
 passed on, with the call's other items when the call gives them back at once.
 """
@@ -37,6 +41,7 @@ class ModelCall:
         self._leaving = threading.Event()
         self._closed = threading.Event()
         self._partial: list[dict] | None = None
+        self._held: tuple[str, Any] | None = None  # the call's end, found behind tokens passed on first
         _readers.submit(self._read, call)
 
     def _read(self, call: Generator[str, None, llm.CallResult]) -> None:
@@ -59,8 +64,9 @@ class ModelCall:
             self._closed.set()
 
     def tokens(self) -> Iterator[str]:
-        """Each token as it arrives. Ends when the call ends (`result` holds what it returned) or, also while the
-        model is silent, when a stop is asked (`stopped`; the caller then `leave()`s). A failure is raised."""
+        """The text as it arrives: a token, or the tokens that arrived together, as one. Ends when the call ends
+        (`result` holds what it returned) or, also while the model is silent, when a stop is asked (`stopped`; the
+        caller then `leave()`s). A failure is raised."""
         while True:
             token = self._next(timeout=STOP_POLL_SECONDS)
             if token is self.DONE:
@@ -70,21 +76,40 @@ class ModelCall:
                 return
             if token is self.SILENT:
                 continue
-            self.text.append(token)
-            yield token
+            text = self._with_waiting(token)
+            self.text.append(text)
+            yield text
 
     def _next(self, *, timeout: float) -> Any:
         """The next token, SILENT, or DONE; a failure of the call is raised here."""
-        try:
-            kind, value = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return self.SILENT
+        if self._held is not None:
+            (kind, value), self._held = self._held, None
+        else:
+            try:
+                kind, value = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                return self.SILENT
         if kind == "done":
             self.result = value
             return self.DONE
         if kind == "error":
             raise value
         return value
+
+    def _with_waiting(self, token: str) -> str:
+        """`token` and the tokens queued behind it, joined; the call's end, if it is queued too, is held for the
+        next `_next` (its result, or its failure, comes after the text that came before it)."""
+        texts = [token]
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item[0] != "token":
+                self._held = item
+                break
+            texts.append(item[1])
+        return texts[0] if len(texts) == 1 else "".join(texts)
 
     def leave(self) -> list[dict]:
         """Stop reading; return what was received: the text passed on, with the call's other items when it gives

@@ -20,7 +20,9 @@ from tests.conversations.helpers import command_output
 
 pytestmark = [pytest.mark.bench, pytest.mark.slow]
 
-TINY = ["--users", "1,3", "--quick-users", "3", "--quick-turns", "2", "--processes", "1", "--repeat", "1",
+# Quick turns enough for the quick load to outlast a few of the probe's GETs (one each PROBE_SECONDS): six lasted
+# 0.06 s once a quick answer came as one token event, and the load had no GET to report.
+TINY = ["--users", "1,3", "--quick-users", "3", "--quick-turns", "12", "--processes", "1", "--repeat", "1",
         "--words", "3", "--stacks", "1"]
 LOADS = ["SSE 1p N=1", "SSE 1p N=3", "WS 1p N=1", "WS 1p N=3", "quick JSON 1p N=3"]
 

@@ -424,11 +424,13 @@ def test_issue_33_f1_a_group_closed_at_its_compaction_keeps_every_question(conve
     """Closed right after the summary (a reader that leaves): the branches were on their way, so each records its
     question, stopped; nothing of the question is lost."""
     _compacting_soon(conversation, settings)
-    events = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=LONG,
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.05  # on their way: an instant answer could end before the close
+    question = f"{LONG} #slow"
+    events = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content=question,
                       models=[ECHO, "arbor/echo-2"]).events()
     assert next(events).type == "compaction"
     events.close()
-    asked = [n for n in Node.objects.filter(kind=Node.Kind.TURN) if it.question_of(n.sent) == LONG]
+    asked = [n for n in Node.objects.filter(kind=Node.Kind.TURN) if it.question_of(n.sent) == question]
     assert len(asked) == 2 and all(n.status == Node.Status.FAILED for n in asked)
     conversation.refresh_from_db()
     assert conversation.turn_token is None

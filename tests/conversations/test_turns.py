@@ -34,7 +34,18 @@ def test_t1_t3_one_call_is_one_succeeded_node_and_the_head_moves_to_it(conversat
     assert node.usage["prompt_tokens"] > 0 and node.usage["completion_tokens"] > 0
     assert node.finished_at is not None and node.conversation_id == conversation.pk
     assert answer(events) == "echo: hello\nseen: user:hello"
-    assert [e.type for e in events].count("token") > 1, "tokens stream in several steps"
+    assert [e.type for e in events].count("token") >= 1
+
+
+def test_t3_an_answer_streams_as_its_words_come_and_what_came_at_once_is_one_token_event(conversation, settings):
+    """T3, issue 34: words that come one by one are passed on one by one; words the model gave while the turn was
+    busy come as one event (an instant answer: one), so a turn pays per event, not per word."""
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.02
+    paced = [e.data["text"] for e in ask(conversation, "one two three #slow") if e.type == "token"]
+    assert len(paced) > 3 and "".join(paced).startswith("echo: one two three #slow")
+    instant = [e.data["text"] for e in ask(conversation, "four five six seven eight") if e.type == "token"]
+    assert len(instant) < 6, "fewer events than the answer's six words"
+    assert "".join(instant) == head(conversation).received[0]["text"]
 
 
 def test_t2_t5_the_next_call_sees_the_whole_path_and_nothing_else(conversation):
@@ -171,9 +182,10 @@ def test_r3_an_expired_lock_does_not_block_for_ever(conversation, settings):
     assert answer(ask(conversation, "later")).startswith("echo: later")
 
 
-def test_stopping_a_turn_records_it_as_cancelled_and_frees_the_conversation(conversation):
+def test_stopping_a_turn_records_it_as_cancelled_and_frees_the_conversation(conversation, settings):
     """Closing the event stream (stop) fails the node as cancelled, keeps its partial text, frees the lock."""
-    events = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="one two three").events()
+    settings.ARBOR_ECHO_WORD_SECONDS = 0.02  # words one by one: two token events, then the stop
+    events = turn_ask(user=conversation.owner, conversation_id=conversation.pk, content="one two three #slow").events()
     tokens = [next(events), next(events)]
     events.close()
     node = head(conversation)

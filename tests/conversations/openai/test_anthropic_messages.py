@@ -71,7 +71,8 @@ def test_issue_27_t4_t7_a_tool_loop_over_messages_records_one_path_and_only_what
 
 
 def test_issue_27_a_streamed_message_arrives_as_anthropics_events_and_the_sdk_assembles_it(client):
-    with client.messages.stream(model=MODEL, max_tokens=256, messages=[{"role": "user", "content": "hello there"}]
+    # `#slow`: the words come one by one (an instant answer comes as one piece: issue 34)
+    with client.messages.stream(model=MODEL, max_tokens=256, messages=[{"role": "user", "content": "hello there #slow"}]
                                 ) as stream:
         texts = list(stream.text_stream)
         final = stream.get_final_message()
