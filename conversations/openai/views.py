@@ -58,6 +58,13 @@ def _node(pk: int, owner: int) -> Node:
     return Node.objects.get(owner_id=owner, pk=pk)
 
 
+def _answered(turn, outcome: TurnOutcome) -> Node:
+    """The node a call ended on, as its turn recorded it: not read back (issue 27: a query less a call). Read only
+    when the turn wrote it elsewhere (a sweep had failed it: its answer went on a sibling, `records._settle`)."""
+    node = turn.recorded.get(outcome.head)
+    return node if node is not None and node.pk == outcome.head else Node.objects.get(pk=outcome.head)
+
+
 @extend_schema(exclude=True)  # OpenAI's own schema describes this surface; Arbor's documents its API
 class GatewayView(StreamSlotView):
     authentication_classes = [BearerTokenAuthentication]
@@ -178,7 +185,7 @@ class Responses(IdempotentView, GatewayView):
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
-        first = shapes.first_round(Node.objects.get(pk=outcome.head))
+        first = shapes.first_round(_answered(turn, outcome))
         return Response(response_of(first, sent=_responses_sent(body, options)))
 
 
@@ -247,7 +254,7 @@ class ChatCompletions(IdempotentView, GatewayView):
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
-        return Response(chat.completion_of(Node.objects.get(pk=outcome.head), model=model))
+        return Response(chat.completion_of(_answered(turn, outcome), model=model))
 
 
 class AnthropicMessages(IdempotentView, GatewayView):
@@ -278,7 +285,7 @@ class AnthropicMessages(IdempotentView, GatewayView):
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
-        return Response(messages.message_of(Node.objects.get(pk=outcome.head), model=model))
+        return Response(messages.message_of(_answered(turn, outcome), model=model))
 
 
 class AnthropicCountTokens(GatewayView):
