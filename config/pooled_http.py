@@ -8,12 +8,30 @@ of the server's CPU (issue 34). Here the whole sync chain runs as under WSGI, in
 (`config.web.in_pool_thread`): a view that waits a minute on its model holds that thread, never the loop, nor
 another request. What needs the loop stays there: reading the body, sending the response (a stream's async
 iterator included).
+
+The server's handler (`PooledASGIHandler`) also sends the `request_started` and `request_finished` signals in that
+thread, around the chain, as WSGI does, and closes a whole response there before it is sent. Django sent them from
+the loop through a thread made for the request (its `ThreadSensitiveContext`), and joined that thread through yet
+another one, although their receivers (this thread's old database connections, its queries) concern the view's own
+thread. Each start blocks the loop until the new thread first holds the GIL: with hundreds of streams running,
+bench_load's stack dumps found the loop in `Thread.start` in two thirds of its samples (issue 34). A streamed
+response is sent in such a context still, so a sync iterator (a file's) is read in a thread of its own request,
+never in the one thread Channels' sockets share; the context makes its thread only for that, and the response is
+closed in the pool.
 """
 
 from __future__ import annotations
 
-from django.core.handlers.asgi import ASGIHandler
+import asyncio
+import contextlib
+
+from asgiref.sync import ThreadSensitiveContext
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
+from django.http import FileResponse
+from django.urls import set_script_prefix
 
 from config.web import in_pool_thread
 
@@ -24,13 +42,76 @@ class RequestsInPool:
 
     _in_thread: BaseHandler | None = None
 
-    async def get_response_async(self, request):
+    def _chain(self) -> BaseHandler:
         if self._in_thread is None:
             chain = BaseHandler()
             chain.load_middleware(is_async=False)
             self._in_thread = chain
-        return await in_pool_thread(self._in_thread.get_response, request)
+        return self._in_thread
+
+    async def get_response_async(self, request):
+        return await in_pool_thread(self._chain().get_response, request)
 
 
 class PooledASGIHandler(RequestsInPool, ASGIHandler):
-    pass
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        await self.handle(scope, receive, send)  # no ThreadSensitiveContext for the request (above)
+
+    async def handle(self, scope, receive, send):
+        """Django's `ASGIHandler.handle`, with the signals and a whole response's close in the pool thread (above).
+        A client that leaves while the view runs is let go as Django lets it go; the view's thread ends its work."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        try:
+            await self._serve(scope, body_file, receive, send)
+        finally:
+            body_file.close()
+
+    async def _serve(self, scope, body_file, receive, send) -> None:
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            await self.send_response(error_response, send)
+            await in_pool_thread(error_response.close)
+            return
+        tasks = [asyncio.create_task(self.listen_for_disconnect(receive)),
+                 asyncio.create_task(self._respond(scope, request, send))]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if task.done():
+                with contextlib.suppress(RequestAborted):  # the client left
+                    task.result()
+            else:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _respond(self, scope, request, send) -> None:
+        try:
+            response = await in_pool_thread(self._response, scope, request)
+        except asyncio.CancelledError:  # the client left while the view ran: the response it makes is not closed
+            await in_pool_thread(signals.request_finished.send, self.__class__)
+            raise
+        if not response.streaming:
+            await self.send_response(response, send)  # closed already (`_response`)
+            return
+        try:
+            async with ThreadSensitiveContext():  # a sync iterator is read in a thread of this request's (above)
+                await self.send_response(response, send)
+        finally:
+            await in_pool_thread(response.close)
+
+    def _response(self, scope, request):
+        """In the pool thread: the request's signals, its chain and view, and a whole response closed."""
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        response = self._chain().get_response(request)
+        response._handler_class = self.__class__
+        if isinstance(response, FileResponse):  # as Django's handler: the server chunks it
+            response.block_size = self.chunk_size
+        if not response.streaming:
+            response.close()  # sends request_finished here, in the view's thread; the content stays to be sent
+        return response
