@@ -78,8 +78,9 @@ class PooledASGIHandler(RequestsInPool, ASGIHandler):
             await self.send_response(error_response, send)
             await in_pool_thread(error_response.close)
             return
+        view = asyncio.ensure_future(in_pool_thread(self._response, scope, request))
         tasks = [asyncio.create_task(self.listen_for_disconnect(receive)),
-                 asyncio.create_task(self._respond(scope, request, send))]
+                 asyncio.create_task(self._send(view, send))]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in tasks:
             if task.done():
@@ -89,21 +90,21 @@ class PooledASGIHandler(RequestsInPool, ASGIHandler):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        # A stream is closed once sent, or once its view ends when the client left first: its close gives back its
+        # person's stream slot (`config.streams`), which a stream left unclosed would hold for the process's life.
+        if view.done():
+            await _close_stream(view)
+        else:
+            view.add_done_callback(_close_stream_later)
 
-    async def _respond(self, scope, request, send) -> None:
-        try:
-            response = await in_pool_thread(self._response, scope, request)
-        except asyncio.CancelledError:  # the client left while the view ran: the response it makes is not closed
-            await in_pool_thread(signals.request_finished.send, self.__class__)
-            raise
-        if not response.streaming:
-            await self.send_response(response, send)  # closed already (`_response`)
-            return
-        try:
+    async def _send(self, view: asyncio.Future, send) -> None:
+        response = await asyncio.shield(view)  # a client leaving mid-view cancels this wait, never the view's future
+        with contextlib.suppress(asyncio.CancelledError):  # one leaving mid-send: let go, as Django's handler does
+            if not response.streaming:
+                await self.send_response(response, send)  # closed already (`_response`)
+                return
             async with ThreadSensitiveContext():  # a sync iterator is read in a thread of this request's (above)
                 await self.send_response(response, send)
-        finally:
-            await in_pool_thread(response.close)
 
     def _response(self, scope, request):
         """In the pool thread: the request's signals, its chain and view, and a whole response closed."""
@@ -115,3 +116,18 @@ class PooledASGIHandler(RequestsInPool, ASGIHandler):
         if not response.streaming:
             response.close()  # sends request_finished here, in the view's thread; the content stays to be sent
         return response
+
+
+async def _close_stream(view: asyncio.Future) -> None:
+    """Close the streamed response `view` made (a whole one was closed in its thread), in the pool."""
+    if not view.cancelled() and view.exception() is None and view.result().streaming:
+        await in_pool_thread(view.result().close)
+
+
+_closing: set[asyncio.Task] = set()  # the closes of streams whose client left before their view ended
+
+
+def _close_stream_later(view: asyncio.Future) -> None:
+    task = asyncio.ensure_future(_close_stream(view))
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)

@@ -14,6 +14,7 @@ from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 from django.urls import path
 
 from config.pooled_http import PooledASGIHandler
+from config.streams import EventStream
 
 released = threading.Event()
 seen: dict[str, list[str]] = {}
@@ -48,7 +49,23 @@ def _streamed(request):
     return StreamingHttpResponse(parts(), content_type="text/plain")
 
 
-urlpatterns = [path("plain/", _plain), path("waits/", _waits), path("file/", _file), path("streamed/", _streamed)]
+def _event_stream(request):
+    """As the turn API's stream: a slot held until the server closes the response."""
+    if request.GET.get("wait"):
+        released.wait(10)
+
+    async def events():
+        for word in ("one", "two"):
+            await asyncio.sleep(0)
+            yield f"data: {word}\n\n".encode()
+
+    stream = EventStream(events())
+    stream.hold(lambda: seen.setdefault("slot given back", []).append(threading.current_thread().name))
+    return stream
+
+
+urlpatterns = [path("plain/", _plain), path("waits/", _waits), path("file/", _file), path("streamed/", _streamed),
+               path("events/", _event_stream)]
 
 
 @pytest.fixture(autouse=True)
@@ -73,6 +90,21 @@ def recorded_signals():
     yield
     signals.request_started.disconnect(started)
     signals.request_finished.disconnect(finished)
+
+
+def _soon(what: str) -> list[str]:
+    for _ in range(500):
+        if what in seen:
+            return seen[what]
+        threading.Event().wait(0.01)
+    raise AssertionError(f"{what!r} never came: {seen}")
+
+
+async def _given_back() -> None:
+    for _ in range(500):
+        if "slot given back" in seen:
+            return
+        await asyncio.sleep(0.01)
 
 
 def _scope(url: str, method: str = "GET", headers: list | None = None, query: bytes = b"") -> dict:
@@ -143,8 +175,40 @@ def test_issue_34_a_client_that_leaves_while_the_view_runs_is_let_go_and_the_req
 
     sent = asyncio.run(leaving())
     assert sent == [], "nothing is sent to a client that left"
-    assert seen["request_started"] == seen["view"] and len(seen["request_finished"]) == 1
+    assert "request_finished" not in seen, "the view still runs"
     released.set()
+    assert _soon("request_finished") == seen["request_started"] == seen["view"], "finished in the view's thread"
+
+
+def test_issue_26_34_a_stream_gives_its_slot_back_read_whole_left_mid_stream_or_left_before_its_view_ended():
+    """The server closes every stream it was given (EventStream.close gives the person's stream slot back)."""
+    handler = PooledASGIHandler()
+    sent = asyncio.run(_call(handler, "/events/"))
+    assert _body(sent) == b"data: one\n\ndata: two\n\n" and len(_soon("slot given back")) == 1
+
+    async def leaves_at_once():  # the disconnect is there right after the request (a client that read and left)
+        left = asyncio.Event()
+        left.set()
+        await _call(handler, "/events/", leave=left)
+        await _given_back()  # on this loop, which a server keeps running
+
+    seen.clear()
+    asyncio.run(leaves_at_once())
+    assert len(seen["slot given back"]) == 1
+
+    async def leaves_mid_view():
+        leave = asyncio.Event()
+        call = asyncio.create_task(_call(handler, "/events/", query=b"wait=1", leave=leave))
+        await asyncio.sleep(0.2)
+        leave.set()
+        await asyncio.wait_for(call, 5)
+        assert "slot given back" not in seen, "the view still runs"
+        released.set()
+        await _given_back()  # once the view ends, although the handler has returned
+
+    seen.clear()
+    asyncio.run(leaves_mid_view())
+    assert len(seen.get("slot given back", [])) == 1, seen
 
 
 @pytest.mark.filterwarnings("ignore:StreamingHttpResponse must consume synchronous iterators")  # a file's, as Django
