@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
+import threading
 
 from asgiref.sync import ThreadSensitiveContext
 from django.core import signals
@@ -35,18 +38,23 @@ from django.urls import set_script_prefix
 
 from config.web import in_pool_thread
 
+logger = logging.getLogger(__name__)
+
 
 class RequestsInPool:
     """For a Django handler under ASGI (the server's, or the tests' `AsyncClientHandler`): `get_response_async`
     runs the sync middleware chain and the view in one pool thread."""
 
     _in_thread: BaseHandler | None = None
+    _building = threading.Lock()  # the first requests come in several pool threads at once: one chain is built
 
     def _chain(self) -> BaseHandler:
         if self._in_thread is None:
-            chain = BaseHandler()
-            chain.load_middleware(is_async=False)
-            self._in_thread = chain
+            with self._building:
+                if self._in_thread is None:
+                    chain = BaseHandler()
+                    chain.load_middleware(is_async=False)
+                    self._in_thread = chain
         return self._in_thread
 
     async def get_response_async(self, request):
@@ -61,41 +69,45 @@ class PooledASGIHandler(RequestsInPool, ASGIHandler):
 
     async def handle(self, scope, receive, send):
         """Django's `ASGIHandler.handle`, with the signals and a whole response's close in the pool thread (above).
-        A client that leaves while the view runs is let go as Django lets it go; the view's thread ends its work."""
+        A client that leaves while the view runs is let go as Django lets it go; the view's thread ends its work, and
+        its response is closed when it does (the request's body with it)."""
         try:
             body_file = await self.read_body(receive)
         except RequestAborted:
             return
         set_script_prefix(get_script_prefix(scope))
-        try:
-            await self._serve(scope, body_file, receive, send)
-        finally:
-            body_file.close()
-
-    async def _serve(self, scope, body_file, receive, send) -> None:
         request, error_response = self.create_request(scope, body_file)
         if request is None:
-            await self.send_response(error_response, send)
-            await in_pool_thread(error_response.close)
+            try:
+                await self.send_response(error_response, send)
+            finally:
+                await in_pool_thread(self._refused, scope, error_response)
+                body_file.close()
             return
         view = asyncio.ensure_future(in_pool_thread(self._response, scope, request))
         tasks = [asyncio.create_task(self.listen_for_disconnect(receive)),
                  asyncio.create_task(self._send(view, send))]
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            if task.done():
-                with contextlib.suppress(RequestAborted):  # the client left
-                    task.result()
-            else:
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in tasks:
+                if task.done():
+                    with contextlib.suppress(RequestAborted):  # the client left
+                        task.result()
+                else:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        except BaseException:  # a failure, or this request cancelled (a server shutting down)
+            for task in tasks:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            view.add_done_callback(functools.partial(_close_later, body_file=body_file, told=True))
+            raise
         # A stream is closed once sent, or once its view ends when the client left first: its close gives back its
         # person's stream slot (`config.streams`), which a stream left unclosed would hold for the process's life.
         if view.done():
-            await _close_stream(view)
+            await _closed(view, body_file)
         else:
-            view.add_done_callback(_close_stream_later)
+            view.add_done_callback(functools.partial(_close_later, body_file=body_file, told=False))
 
     async def _send(self, view: asyncio.Future, send) -> None:
         response = await asyncio.shield(view)  # a client leaving mid-view cancels this wait, never the view's future
@@ -117,17 +129,29 @@ class PooledASGIHandler(RequestsInPool, ASGIHandler):
             response.close()  # sends request_finished here, in the view's thread; the content stays to be sent
         return response
 
-
-async def _close_stream(view: asyncio.Future) -> None:
-    """Close the streamed response `view` made (a whole one was closed in its thread), in the pool."""
-    if not view.cancelled() and view.exception() is None and view.result().streaming:
-        await in_pool_thread(view.result().close)
-
-
-_closing: set[asyncio.Task] = set()  # the closes of streams whose client left before their view ended
+    def _refused(self, scope, response) -> None:
+        """A request Django could not read (400, 413): its signals, as any other's, in a pool thread."""
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        response.close()
 
 
-def _close_stream_later(view: asyncio.Future) -> None:
-    task = asyncio.ensure_future(_close_stream(view))
+async def _closed(view: asyncio.Future, body_file) -> None:
+    """Close the streamed response `view` made (a whole one was closed in its thread), in the pool; and the
+    request's body, which the view may read until it ends."""
+    try:
+        if not view.cancelled() and view.exception() is None and view.result().streaming:
+            await in_pool_thread(view.result().close)
+    finally:
+        body_file.close()
+
+
+_closing: set[asyncio.Task] = set()  # the closes of views whose request had ended before they did
+
+
+def _close_later(view: asyncio.Future, *, body_file, told: bool) -> None:
+    """`_closed`, once `view` has ended after its request did. `told`: its failure reached the server already."""
+    if not told and not view.cancelled() and view.exception() is not None:
+        logger.error("a view whose client had left failed", exc_info=view.exception())
+    task = view.get_loop().create_task(_closed(view, body_file))
     _closing.add(task)
     task.add_done_callback(_closing.discard)

@@ -58,6 +58,8 @@ def _event_stream(request):
         for word in ("one", "two"):
             await asyncio.sleep(0)
             yield f"data: {word}\n\n".encode()
+        if request.GET.get("break"):
+            raise RuntimeError("the stream broke")
 
     stream = EventStream(events())
     stream.hold(lambda: seen.setdefault("slot given back", []).append(threading.current_thread().name))
@@ -105,6 +107,7 @@ async def _given_back() -> None:
         if "slot given back" in seen:
             return
         await asyncio.sleep(0.01)
+    raise AssertionError(f"the stream's slot was never given back: {seen}")
 
 
 def _scope(url: str, method: str = "GET", headers: list | None = None, query: bytes = b"") -> dict:
@@ -221,8 +224,19 @@ def test_issue_34_a_file_is_streamed_whole_then_closed_and_an_async_stream_in_or
     assert sent[0]["status"] == 200 and _body(sent) == b"one two three"
 
 
-def test_a_request_django_cannot_read_is_answered_400_by_the_handler_and_no_view_runs():
+def test_a_stream_that_breaks_mid_send_fails_the_request_as_under_django_and_still_gives_its_slot_back():
+    async def breaking():
+        with pytest.raises(RuntimeError, match="the stream broke"):
+            await _call(PooledASGIHandler(), "/events/", query=b"break=1")
+        await _given_back()
+
+    asyncio.run(breaking())
+    assert len(seen["slot given back"]) == 1
+
+
+def test_a_request_django_cannot_read_is_answered_400_by_the_handler_and_no_view_runs(recorded_signals):
     sent = asyncio.run(_call(PooledASGIHandler(), "/plain/", query=b"q=\xff"))  # not UTF-8
     assert sent[0]["status"] == 400 and "view" not in seen
+    assert seen["request_started"] == seen["request_finished"] and seen["request_started"][0].startswith("arbor-view")
     with pytest.raises(ValueError, match="only handle ASGI/HTTP"):
         asyncio.run(PooledASGIHandler()({"type": "lifespan"}, None, None))
