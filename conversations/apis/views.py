@@ -38,7 +38,7 @@ from conversations.selectors import (
 )
 from conversations.tools import catalog
 from conversations.tree_map import tree_map
-from conversations.turns import detached
+from conversations.turns import detached, records
 from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.runner import Turn
 from conversations.turns.seen import context_diff, next_context
@@ -116,7 +116,7 @@ def _turn_response(request: Request, turn: Turn | None) -> Response | StreamingH
     if outcome.ending == EventType.ERROR and outcome.error["code"] == "unavailable":
         nodes = []  # the database is away: the error's message names the nodes recorded
     else:
-        nodes = s.NodeOut(_written(turn), many=True).data
+        nodes = s.NodeOut(records.as_written(turn, turn.nodes), many=True).data
     if outcome.ending == EventType.ERROR:
         more = {"answers": outcome.answers} if outcome.answers is not None else {}
         body = error_body(outcome.error["code"], outcome.error["message"], node=outcome.failed_node,
@@ -128,15 +128,6 @@ def _turn_response(request: Request, turn: Turn | None) -> Response | StreamingH
     if outcome.ending == EventType.APPROVAL_REQUIRED:
         body["approval_required"] = outcome.approval_required
     return Response(body, status=outcome.http_status)
-
-
-def _written(turn: Turn) -> list[Node]:
-    """The turn's nodes as it wrote them, in id order: no read back (issue 34), unless it wrote one it does not hold
-    (a compaction's) or one went elsewhere (an answer a sweep's failure pushed onto a sibling: its key changed)."""
-    held = turn.recorded
-    if all(pk in held and held[pk].pk == pk for pk in turn.nodes):
-        return [held[pk] for pk in sorted(turn.nodes)]
-    return list(Node.objects.filter(owner_id=turn.conversation.owner_id, pk__in=turn.nodes).order_by("id"))
 
 
 class TurnView(IdempotentView, StreamSlotView):

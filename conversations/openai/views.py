@@ -44,7 +44,7 @@ from conversations.openai.shapes import (
     tools_of,
 )
 from conversations.selectors import node_for_user
-from conversations.turns import detached
+from conversations.turns import detached, records
 from conversations.turns.events import EventType, TurnOutcome
 from conversations.turns.start import turn_below
 from conversations.turns.streaming import follow_log_batches
@@ -56,13 +56,6 @@ logger = logging.getLogger("arbor.openai")
 
 def _node(pk: int, owner: int) -> Node:
     return Node.objects.get(owner_id=owner, pk=pk)
-
-
-def _answered(turn, outcome: TurnOutcome) -> Node:
-    """The node a call ended on, as its turn recorded it: not read back (issue 27: a query less a call). Read only
-    when the turn wrote it elsewhere (a sweep had failed it: its answer went on a sibling, `records._settle`)."""
-    node = turn.recorded.get(outcome.head)
-    return node if node is not None and node.pk == outcome.head else Node.objects.get(pk=outcome.head)
 
 
 @extend_schema(exclude=True)  # OpenAI's own schema describes this surface; Arbor's documents its API
@@ -185,7 +178,7 @@ class Responses(IdempotentView, GatewayView):
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
-        first = shapes.first_round(_answered(turn, outcome))
+        first = shapes.first_round(records.as_written(turn, [outcome.head])[0])
         return Response(response_of(first, sent=_responses_sent(body, options)))
 
 
@@ -254,7 +247,7 @@ class ChatCompletions(IdempotentView, GatewayView):
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
-        return Response(chat.completion_of(_answered(turn, outcome), model=model))
+        return Response(chat.completion_of(records.as_written(turn, [outcome.head])[0], model=model))
 
 
 class AnthropicMessages(IdempotentView, GatewayView):
@@ -285,7 +278,7 @@ class AnthropicMessages(IdempotentView, GatewayView):
         outcome = TurnOutcome.of(detached.run_here(turn))
         if outcome.ending == EventType.ERROR:
             raise ArborError(outcome.error["message"], code=outcome.error["code"], status=outcome.http_status)
-        return Response(messages.message_of(_answered(turn, outcome), model=model))
+        return Response(messages.message_of(records.as_written(turn, [outcome.head])[0], model=model))
 
 
 class AnthropicCountTokens(GatewayView):

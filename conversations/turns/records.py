@@ -118,6 +118,16 @@ def record_supplied(*, conversation: Conversation, parent: PathNode | None, sent
     return node
 
 
+def as_written(turn, pks: Iterable[int]) -> list[Node]:
+    """Nodes `pks` of `turn` (a `Turn` or `SiblingTurns`) as it wrote them, in id order: no read back (issues 27, 34),
+    unless it wrote one it does not hold (a compaction's) or one went elsewhere (an answer a sweep's failure pushed
+    onto a sibling: its key changed)."""
+    held, pks = turn.recorded, sorted(pks)
+    if all(pk in held and held[pk].pk == pk for pk in pks):
+        return [held[pk] for pk in pks]
+    return list(Node.objects.filter(owner_id=turn.conversation.owner_id, pk__in=pks).order_by("id"))
+
+
 def _pending(node: Node) -> QuerySet[Node]:
     """The node while it is still pending, asked by its owner too (issue 34)."""
     return Node.objects.filter(owner_id=node.owner_id, pk=node.pk, status=Node.Status.PENDING)
