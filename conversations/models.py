@@ -7,6 +7,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, models
 from django.db.models import F, Q
+from django.db.models.fields.json import KT
+from django.db.models.functions import MD5
 from django.utils import timezone
 from tree_queries.fields import TreeNodeForeignKey
 from tree_queries.models import TreeNode
@@ -85,7 +87,14 @@ class Conversation(models.Model):
 
     class Meta:
         ordering = ["-updated_at", "-id"]
-        indexes = [models.Index(fields=["owner", "-updated_at"])]
+        indexes = [
+            models.Index(fields=["owner", "-updated_at"]),
+            # The few conversations whose lock is held: every turn counts its owner's running turns (issue 33) and
+            # the sweep finds locks left behind, without reading every conversation the owner has (issue 34).
+            models.Index(fields=["owner"], condition=Q(turn_token__isnull=False), name="conversation_turns_held"),
+            # The conversations with retrieval on (R2): a resent list is matched against their roots too (issue 27).
+            models.Index(fields=["owner"], condition=Q(retrieval=True), name="conversation_with_retrieval"),
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=Q(turn_token__isnull=True) | Q(turn_expires_at__isnull=False),
@@ -279,6 +288,11 @@ class Node(TreeNode):
             # A conversation's parentless nodes (its first questions and compaction roots): the screen's branch
             # places read them without touching every conversation's roots (issue 13).
             models.Index(fields=["conversation"], condition=Q(parent__isnull=True), name="node_conversation_roots"),
+            # A person's first questions, by their text's digest: a resent message list (issue 27) finds the roots
+            # that asked the same, however many conversations the person has (issue 34). A digest, as a question
+            # may be longer than an index entry can hold.
+            models.Index(F("owner"), MD5(KT("sent__0__text")), condition=Q(parent__isnull=True),
+                         name="node_roots_by_question"),
             # The few nodes a person named or starred: a chat page reads them on every load (issue 16).
             models.Index(fields=["conversation"], condition=Q(starred=True) | ~Q(label=""), name="node_marked"),
             # A turn's later rounds, by its first call (only nodes that have one are indexed).

@@ -8,7 +8,13 @@ official `openai` SDK calls, one request at a time and paced at `--rate` a secon
 
 - direct: the upstream itself (`chat.completions.create`, plain or `stream=True`);
 - new: Arbor's `/v1/chat/completions`, one message, so every call makes a conversation (the worst case);
-- continued: the same, naming one conversation (`X-Arbor-Conversation`), as a caller that continues one does.
+- continued: the same, naming one conversation (`X-Arbor-Conversation`), as a caller that continues one does;
+- resent: a list that resends a stored question and its answer with a new question, as an agent SDK's second turn
+  does (Arbor finds the stored path it extends, issue 27).
+
+The caller has `--history` earlier conversations (10,000 by default, each an answered question), made before the
+calls: an API caller makes one a call, so a year's use leaves many, and a call's statements must not read them all
+(issue 34).
 
 Each round runs every (kind, plain or streamed) case once, `--batch` calls each, in an order shuffled per round
 (`--seed`); `--repeat` rounds. It prints p50/p95/p99 of each case (a streamed call: to its last chunk, and to its
@@ -38,9 +44,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
+from conversations import items as it
 from conversations import services
-from conversations.bench.processes import database_url, free_port, stop
-from conversations.models import Conversation
+from conversations.bench.processes import database_url, delete_conversations, free_port, stop
+from conversations.models import Conversation, Node
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "openai/bench-upstream"
@@ -138,14 +145,17 @@ class Command(BaseCommand):
         parser.add_argument("--rate", type=float, default=20.0, help="calls a second at most, one at a time (20)")
         parser.add_argument("--seed", type=int, default=27, help="seed of the shuffled order (27)")
         parser.add_argument("--server", choices=("uvicorn", "daphne"), default="uvicorn")
+        parser.add_argument("--history", type=int, default=10_000,
+                            help="earlier conversations of the caller, each an answered question (10,000)")
 
-    def handle(self, *args, batch: int, repeat: int, rate: float, seed: int, server: str, **options):
+    def handle(self, *args, batch: int, repeat: int, rate: float, seed: int, server: str, history: int, **options):
         if connection.vendor != "postgresql":
             raise CommandError("bench_gateway runs on PostgreSQL (DATABASE_URL), as a deployment does.")
-        if min(batch, repeat) < 1 or rate <= 0:
-            raise CommandError("--batch and --repeat must be at least 1, --rate above 0.")
+        if min(batch, repeat) < 1 or rate <= 0 or history < 0:
+            raise CommandError("--batch and --repeat must be at least 1, --rate above 0, --history at least 0.")
         user, _ = get_user_model().objects.get_or_create(username="bench-gateway")
         self._clear(user)
+        self._history(user, history)
         key = Token.objects.get_or_create(user=user)[0].key
         named = services.conversation_create(owner=user, model=MODEL, origin=Conversation.Origin.API)
         upstream = _Upstream()
@@ -156,26 +166,42 @@ class Command(BaseCommand):
                 "new": openai.OpenAI(api_key=key, base_url=arbor.url, max_retries=0),
                 "continued": openai.OpenAI(api_key=key, base_url=arbor.url, max_retries=0,
                                            default_headers={"X-Arbor-Conversation": str(named.pk)}),
+                "resent": openai.OpenAI(api_key=key, base_url=arbor.url, max_retries=0),
             }
             for client in clients.values():  # connections open and both servers warm before anything counts
                 for streamed in (False, True):
-                    self._call(client, streamed, "warm up")
-            totals, firsts = self._measure(clients, batch, repeat, rate, seed)
+                    self._call(client, streamed, [{"role": "user", "content": "warm up"}])
+            stored = [{"role": "user", "content": "What is the stored question?"}]
+            answer = clients["resent"].chat.completions.create(model=MODEL, messages=stored).choices[0].message
+            earlier = [*stored, {"role": "assistant", "content": answer.content}]
+            totals, firsts = self._measure(clients, earlier, batch, repeat, rate, seed)
         finally:
             stop(arbor.process)
             upstream.close()
             self._clear(user)
-        self._report(totals, firsts, batch, repeat, rate, server)
+        self._report(totals, firsts, batch, repeat, rate, server, history)
 
     def _clear(self, user) -> None:
-        for conversation in Conversation.objects.filter(owner=user):
-            services.conversation_delete(conversation=conversation)
+        delete_conversations(Conversation.objects.filter(owner=user))
+
+    def _history(self, user, count: int) -> None:
+        """`count` earlier conversations of `user`, each one answered question, written in bulk."""
+        for start in range(0, count, 2_000):
+            made = Conversation.objects.bulk_create([
+                Conversation(owner=user, model=MODEL, origin=Conversation.Origin.API, title=f"earlier {start + i}")
+                for i in range(min(2_000, count - start))])
+            Node.objects.bulk_create([
+                Node(conversation=c, owner=user, kind=Node.Kind.TURN, status=Node.Status.SUCCEEDED,
+                     sent=[it.user(f"Earlier question {start + i}?")],
+                     received=[it.text(f"Earlier answer {start + i}.")])
+                for i, c in enumerate(made)])
+        with connection.cursor() as cursor:  # the planner's statistics, as autovacuum keeps them in a deployment
+            cursor.execute("ANALYZE conversations_conversation, conversations_node")
 
     @staticmethod
-    def _call(client: openai.OpenAI, streamed: bool, text: str) -> tuple[float, float]:
+    def _call(client: openai.OpenAI, streamed: bool, messages: list[dict]) -> tuple[float, float]:
         """One call: (seconds to the end, seconds to the first token)."""
         started = time.perf_counter()
-        messages = [{"role": "user", "content": text}]
         if not streamed:
             answer = client.chat.completions.create(model=MODEL, messages=messages)
             assert answer.choices[0].message.content
@@ -188,7 +214,8 @@ class Command(BaseCommand):
                     first = time.perf_counter() - started
         return time.perf_counter() - started, first if first is not None else float("nan")
 
-    def _measure(self, clients, batch, repeat, rate, seed):
+    def _measure(self, clients, earlier: list[dict], batch, repeat, rate, seed):
+        """Every case's calls, in rounds shuffled by `seed`; `earlier`: the stored turn the resent case resends."""
         cases = [(kind, streamed) for kind in clients for streamed in (False, True)]
         order = random.Random(seed)
         totals, firsts = defaultdict(list), defaultdict(list)
@@ -201,26 +228,28 @@ class Command(BaseCommand):
                 for _ in range(batch):
                     number += 1
                     started = time.perf_counter()
-                    total, first = self._call(clients[kind], streamed, f"call {number}: what is 2 + 2?")
+                    question = {"role": "user", "content": f"call {number}: what is 2 + 2?"}
+                    total, first = self._call(clients[kind], streamed,
+                                              [*earlier, question] if kind == "resent" else [question])
                     totals[kind, streamed].append(total)
                     firsts[kind, streamed].append(first)
                     time.sleep(max(0.0, interval - (time.perf_counter() - started)))
         return totals, firsts
 
-    def _report(self, totals, firsts, batch, repeat, rate, server) -> None:
+    def _report(self, totals, firsts, batch, repeat, rate, server, history) -> None:
         self.stdout.write(f"\n{batch * repeat} calls a case, one at a time, at most {rate:g}/s; one {server} "
-                          "process, PostgreSQL; ms")
+                          f"process, PostgreSQL; the caller has {history:,} earlier conversations; ms")
         for streamed in (False, True):
             direct = _figures(totals["direct", streamed])
             self.stdout.write(f"\n{'streamed (to the last chunk)' if streamed else 'plain'}:")
             self.stdout.write(f"  {'case':<10} {'p50':>8} {'p95':>8} {'p99':>8}   added over direct p50/p95/p99")
-            for kind in ("direct", "new", "continued"):
+            for kind in ("direct", "new", "continued", "resent"):
                 p50, p95, p99 = _figures(totals[kind, streamed])
                 added = "" if kind == "direct" else (f"   +{p50 - direct[0]:.1f} / +{p95 - direct[1]:.1f} / "
                                                      f"+{p99 - direct[2]:.1f}")
                 self.stdout.write(f"  {kind:<10} {p50:8.1f} {p95:8.1f} {p99:8.1f}{added}")
             if streamed:
-                for kind in ("direct", "new", "continued"):
+                for kind in ("direct", "new", "continued", "resent"):
                     p50, p95, _ = _figures([v for v in firsts[kind, True] if v == v])
                     self.stdout.write(f"  first token, {kind:<10} p50 {p50:.1f}  p95 {p95:.1f}")
         mean = statistics.mean(sum(totals.values(), [])) * 1000

@@ -67,14 +67,14 @@ from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.sessions.models import Session
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection, transaction
+from django.db import connection
 from psycopg import sql
 from rest_framework.authtoken.models import Token
 
 from conversations.bench import processes
-from conversations.bench.processes import free_port, parse_counts
+from conversations.bench.processes import delete_conversations, free_port, parse_counts
 from conversations.llm.echo import make_plan
-from conversations.models import Conversation, Node, OutboxJob, TurnRun
+from conversations.models import Conversation, TurnRun
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/arbor_load"
@@ -886,13 +886,7 @@ class Command(BaseCommand):
 
     def delete_conversations(self) -> None:
         """The bench users' conversations with their nodes and after-turn jobs, in bulk (no other path uses them)."""
-        conversations = Conversation.objects.filter(owner__username__startswith=USER_PREFIX)
-        ids = list(conversations.values_list("pk", flat=True))
-        with transaction.atomic():
-            conversations.update(head=None)
-            Node.objects.filter(conversation_id__in=ids).delete()
-            OutboxJob.objects.filter(payload__conversation__in=ids).delete()
-            Conversation.objects.filter(pk__in=ids).delete()
+        delete_conversations(Conversation.objects.filter(owner__username__startswith=USER_PREFIX))
 
     def conversations_for(self, people: list[Person], count: int, case: Case, run: int) -> list[Person]:
         """`people` with `count` fresh conversations each."""

@@ -1,5 +1,5 @@
 """What the benchmarks that start real server processes share: a free port, the database URL for the
-servers, and stopping a process."""
+servers, stopping a process, and deleting the conversations a run made."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import socket
 import subprocess
 
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models import QuerySet
+
+from conversations.models import Conversation, Node, OutboxJob
 
 
 def parse_counts(value: str) -> list[int]:
@@ -47,3 +50,14 @@ def stop(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
     process.wait(10)
+
+
+def delete_conversations(conversations: QuerySet) -> None:
+    """A bench's conversations with their nodes and after-turn jobs, in bulk: no other path uses them, and deleting
+    thousands one by one (T11's `conversation_delete`) would take longer than the run."""
+    ids = list(conversations.values_list("pk", flat=True))
+    with transaction.atomic():
+        Conversation.objects.filter(pk__in=ids).update(head=None)
+        Node.objects.filter(conversation_id__in=ids).delete()
+        OutboxJob.objects.filter(payload__conversation__in=ids).delete()
+        Conversation.objects.filter(pk__in=ids).delete()

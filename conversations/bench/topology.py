@@ -48,7 +48,7 @@ import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection, transaction
+from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from rest_framework.authtoken.models import Token
 
@@ -60,8 +60,8 @@ from conversations.bench.load import (
     proc_cpu_seconds,
     sse_events,
 )
-from conversations.bench.processes import database_url, parse_counts
-from conversations.models import Conversation, Node, OutboxJob
+from conversations.bench.processes import database_url, delete_conversations, parse_counts
+from conversations.models import Conversation, OutboxJob
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "topology"
@@ -282,13 +282,7 @@ class Command(BaseCommand):
 
     def delete_conversations(self) -> None:
         """The bench users' conversations with their nodes and after-turn jobs, in bulk (as bench_load does)."""
-        conversations = Conversation.objects.filter(owner__username__startswith=USER_PREFIX)
-        ids = list(conversations.values_list("pk", flat=True))
-        with transaction.atomic():
-            conversations.update(head=None)
-            Node.objects.filter(conversation_id__in=ids).delete()
-            OutboxJob.objects.filter(payload__conversation__in=ids).delete()
-            Conversation.objects.filter(pk__in=ids).delete()
+        delete_conversations(Conversation.objects.filter(owner__username__startswith=USER_PREFIX))
 
     def header(self, topologies: dict[int, Topology], took: float, repeat: int, seed: int) -> None:
         db = connection.settings_dict

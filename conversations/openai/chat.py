@@ -12,12 +12,17 @@ instructions.
 
 from __future__ import annotations
 
+import hashlib
+import heapq
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 from django.db.models import Q
+from django.db.models.fields.json import KT
+from django.db.models.functions import MD5
 
 from config.errors import BadInput, NotFound, TooLarge
 from conversations import items as it
@@ -171,22 +176,37 @@ class Match:
     matched: int  # how many of the list's turns it covers
 
 
-def longest_match(*, user, turns: list[ListedTurn], conversation: Conversation | None) -> Match:
-    """The stored path of the caller's conversations (or of `conversation`) that the list's answered turns
-    extend furthest: one query for the roots, one a level below."""
-    answered = [t for t in turns if t.received is not None]
+def _candidate_roots(user, conversation: Conversation | None, *, first: it.Item) -> Iterator[Node]:
+    """The roots a list's first call may be, newest first. For a first question, only the roots that asked the same
+    (by the digest index `node_roots_by_question`) and those of conversations with retrieval on, which put their
+    found items first (R2): indexed reads, however many conversations the person has (issue 34)."""
     roots = Node.objects.filter(owner=user, conversation__owner=user, parent__isnull=True, kind=Node.Kind.TURN,
                                 status=Node.Status.SUCCEEDED).select_related("conversation").order_by("-id")
     if conversation is not None:
         roots = roots.filter(conversation=conversation)
+    if first["type"] != "user":
+        return roots.iterator(chunk_size=200)
+    asked = (roots.alias(question=MD5(KT("sent__0__text")))
+             .filter(question=hashlib.md5(first["text"].encode()).hexdigest(), sent__0__text=first["text"],
+                     conversation__retrieval=False))
+    retrieving = Conversation.objects.filter(owner=user, retrieval=True)  # by `conversation_with_retrieval`
+    if conversation is not None:
+        retrieving = retrieving.filter(pk=conversation.pk)
+    ids = list(retrieving.values_list("pk", flat=True))
+    if not ids:
+        return asked.iterator(chunk_size=200)
+    return heapq.merge(asked.iterator(chunk_size=200), roots.filter(conversation__in=ids).iterator(chunk_size=200),
+                       key=lambda n: -n.pk)
+
+
+def longest_match(*, user, turns: list[ListedTurn], conversation: Conversation | None) -> Match:
+    """The stored path of the caller's conversations (or of `conversation`) that the list's answered turns
+    extend furthest: one query for the roots, one a level below."""
+    answered = [t for t in turns if t.received is not None]
     best = Match(conversation=conversation, node=None, matched=0)
     if not answered:
         return best
-    first = answered[0].sent[0]
-    if first["type"] == "user":  # only roots that asked the same first question are read, however many there
-        # are; a conversation with retrieval (R2) puts its found items first, so its roots are all read
-        roots = roots.filter(Q(sent__0__text=first["text"]) | Q(conversation__retrieval=True))
-    for root in roots.iterator(chunk_size=200):
+    for root in _candidate_roots(user, conversation, first=answered[0].sent[0]):
         if not (_same_sent(root.sent, answered[0].sent) and _same_received(root.received, answered[0].received)):
             continue
         node, depth = root, 1

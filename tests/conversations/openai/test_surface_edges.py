@@ -279,6 +279,32 @@ def test_issue_17_r2_retrieved_hits_are_not_the_callers_input_items(v1, user):
         ("user", "What does the enterprise tier cost?")]
 
 
+def test_issue_27_r2_a_resent_list_goes_on_in_a_conversation_with_retrieval_beside_one_that_asked_the_same(v1, user):
+    """Issue 27 (R2): a resent list is matched against the roots that asked its first question and against those of
+    conversations with retrieval on, whose first call sent its found items before the question (issue 34 reads the
+    two apart, by index, and merges them newest first). The list goes on where its answer is: in the retrieval
+    conversation, not in the older one that asked the same and was answered otherwise."""
+    older = services.conversation_create(owner=user, title="asked first")
+    ask(older, "What does the enterprise tier cost?")
+    notes = services.conversation_create(owner=user, title="Pricing notes")
+    ask(notes, "Our enterprise tier costs 900 dollars per seat")
+    worker.run_due()
+    retrieving = services.conversation_create(owner=user)
+    services.conversation_update(conversation=retrieving, retrieval=True)
+    ask(retrieving, "What does the enterprise tier cost?")
+    root = head(retrieving)
+    assert root.sent[0].get("ephemeral"), "its first call sent a found item before the question"
+    listed = [{"role": "user", "content": "What does the enterprise tier cost?"},
+              {"role": "assistant", "content": "".join(i["text"] for i in root.received if i["type"] == "text")},
+              {"role": "user", "content": "And the team tier?"}]
+    count = Conversation.objects.count()
+    reply = v1.post("/v1/chat/completions", {"model": MODEL, "messages": listed}, format="json")
+    assert reply.status_code == 200, reply.content
+    assert Conversation.objects.count() == count, "no new conversation"
+    assert head(retrieving).parent_id == root.pk, "the call hangs below the retrieval conversation's first call"
+    assert head(older).parent_id is None, "the older conversation is left as it was"
+
+
 def _too_long(settings):
     return "x" * (settings.ARBOR_MAX_CONTENT_CHARS + 1)
 
