@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import connection, models
 from django.db.models import F, Q
 from django.db.models.fields.json import KT
-from django.db.models.functions import MD5
+from django.db.models.functions import Left
 from django.utils import timezone
 from tree_queries.fields import TreeNodeForeignKey
 from tree_queries.models import TreeNode
@@ -187,6 +187,10 @@ class NodeQuerySet(TreeQuerySet):
         )
 
 
+# How much of a first question the index `node_roots_by_question` holds: a resent list's first question is found by it.
+QUESTION_OPENING_CHARS = 200
+
+
 class NodeKind(models.TextChoices):
     TURN = "turn"
     PLAYBOOK = "playbook"
@@ -288,11 +292,12 @@ class Node(TreeNode):
             # A conversation's parentless nodes (its first questions and compaction roots): the screen's branch
             # places read them without touching every conversation's roots (issue 13).
             models.Index(fields=["conversation"], condition=Q(parent__isnull=True), name="node_conversation_roots"),
-            # A person's first questions, by their text's digest: a resent message list (issue 27) finds the roots
-            # that asked the same, however many conversations the person has (issue 34). A digest, as a question
-            # may be longer than an index entry can hold.
-            models.Index(F("owner"), MD5(KT("sent__0__text")), condition=Q(parent__isnull=True),
-                         name="node_roots_by_question"),
+            # A person's first questions, by their opening: a resent message list (issue 27) finds the roots that
+            # asked the same, however many conversations the person has (issue 34). The opening only: a question
+            # may be longer than an index entry can hold. No digest: SQLite would need Django's own MD5 function
+            # (which fails on a text that is not a string) to write a node, even from its command line.
+            models.Index(F("owner"), Left(KT("sent__0__text"), QUESTION_OPENING_CHARS),
+                         condition=Q(parent__isnull=True), name="node_roots_by_question"),
             # The few nodes a person named or starred: a chat page reads them on every load (issue 16).
             models.Index(fields=["conversation"], condition=Q(starred=True) | ~Q(label=""), name="node_marked"),
             # A turn's later rounds, by its first call (only nodes that have one are indexed).

@@ -1,6 +1,8 @@
 """Issue 34: indexes a turn needs so its work does not grow with the person's other conversations (the lock's count
 of running turns, a resent list's match by first question). Built CONCURRENTLY on PostgreSQL: turns keep writing
-nodes while the index over them builds (a plain CREATE INDEX would hold their writes for as long)."""
+nodes while the index over them builds (a plain CREATE INDEX would hold their writes for as long). Not in a
+transaction, so a build that fails leaves the indexes before it, and PostgreSQL an INVALID one to drop by hand
+(`DROP INDEX CONCURRENTLY <name>`) before the migration runs again."""
 
 import django.db.models.fields.json
 import django.db.models.functions.text
@@ -44,8 +46,8 @@ class Migration(migrations.Migration):
         ),
         AddIndexOnline(
             model_name='node',
-            index=models.Index(models.F('owner'), django.db.models.functions.text.MD5(
+            index=models.Index(models.F('owner'), django.db.models.functions.text.Left(
                 django.db.models.fields.json.KeyTextTransform('text', django.db.models.fields.json.KeyTextTransform(
-                    '0', 'sent'))), condition=models.Q(('parent__isnull', True)), name='node_roots_by_question'),
+                    '0', 'sent')), 200), condition=models.Q(('parent__isnull', True)), name='node_roots_by_question'),
         ),
     ]

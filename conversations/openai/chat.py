@@ -12,8 +12,8 @@ instructions.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,11 +22,11 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q
 from django.db.models.fields.json import KT
-from django.db.models.functions import MD5
+from django.db.models.functions import Left
 
 from config.errors import BadInput, NotFound, TooLarge
 from conversations import items as it
-from conversations.models import Conversation, Node
+from conversations.models import QUESTION_OPENING_CHARS, Conversation, Node
 from conversations.openai.parts import user_content
 from conversations.openai.shapes import cut_short, instructions_text
 
@@ -177,26 +177,27 @@ class Match:
 
 
 def _candidate_roots(user, conversation: Conversation | None, *, first: it.Item) -> Iterator[Node]:
-    """The roots a list's first call may be, newest first. For a first question, only the roots that asked the same
-    (by the digest index `node_roots_by_question`) and those of conversations with retrieval on, which put their
-    found items first (R2): indexed reads, however many conversations the person has (issue 34)."""
+    """The roots a list's first call may be, newest first, each once. For a first question, only the roots that
+    asked the same (by the index `node_roots_by_question` of their first question's opening) and those of
+    conversations with retrieval on, which put their found items first (R2): indexed reads, however many other
+    conversations the person has (issue 34). A root both reads find (retrieval turned on meanwhile) comes once."""
     roots = Node.objects.filter(owner=user, conversation__owner=user, parent__isnull=True, kind=Node.Kind.TURN,
                                 status=Node.Status.SUCCEEDED).select_related("conversation").order_by("-id")
     if conversation is not None:
         roots = roots.filter(conversation=conversation)
     if first["type"] != "user":
         return roots.iterator(chunk_size=200)
-    asked = (roots.alias(question=MD5(KT("sent__0__text")))
-             .filter(question=hashlib.md5(first["text"].encode()).hexdigest(), sent__0__text=first["text"],
-                     conversation__retrieval=False))
+    asked = (roots.alias(opening=Left(KT("sent__0__text"), QUESTION_OPENING_CHARS))
+             .filter(opening=first["text"][:QUESTION_OPENING_CHARS], sent__0__text=first["text"]))
     retrieving = Conversation.objects.filter(owner=user, retrieval=True)  # by `conversation_with_retrieval`
     if conversation is not None:
         retrieving = retrieving.filter(pk=conversation.pk)
-    ids = list(retrieving.values_list("pk", flat=True))
+    ids = list(retrieving.order_by().values_list("pk", flat=True))
     if not ids:
         return asked.iterator(chunk_size=200)
-    return heapq.merge(asked.iterator(chunk_size=200), roots.filter(conversation__in=ids).iterator(chunk_size=200),
-                       key=lambda n: -n.pk)
+    merged = heapq.merge(asked.iterator(chunk_size=200), roots.filter(conversation__in=ids).iterator(chunk_size=200),
+                         key=lambda n: -n.pk)
+    return (next(same) for _, same in itertools.groupby(merged, key=lambda n: n.pk))
 
 
 def longest_match(*, user, turns: list[ListedTurn], conversation: Conversation | None) -> Match:

@@ -15,10 +15,12 @@ import re
 from dataclasses import dataclass
 
 from django.db import IntegrityError, connection, transaction
+from psycopg import errors
 
-_SCANS = ("Scan",)  # Seq Scan, Index Scan, Index Only Scan, Bitmap Heap Scan, …
 # `QuerySet.iterator()` reads through a server-side cursor: its query is the one after `FOR`.
 _CURSOR = re.compile(r'^\s*DECLARE\s+"[^"]+"\s+NO SCROLL CURSOR(?:\s+WITH(?:OUT)?\s+HOLD)?\s+FOR\s+', re.IGNORECASE)
+_READS = ("SELECT", "WITH", "UPDATE", "INSERT", "DELETE", "(")
+_NOT_READS = ("SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT", "BEGIN", "SET")  # a transaction's own statements
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,10 @@ class Read:
 
 
 def _rows(plan: dict) -> int:
+    """The rows the plan's scans of tables read: a Bitmap Index Scan's are its heap scan's, and a CTE's or a
+    subquery's scan reads rows counted where they were read."""
     own = 0
-    if any(word in plan.get("Node Type", "") for word in _SCANS) and plan.get("Node Type") != "Bitmap Index Scan":
+    if "Relation Name" in plan:  # Seq Scan, Index Scan, Index Only Scan, Bitmap Heap Scan
         per_loop = (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)
                     + plan.get("Rows Removed by Index Recheck", 0))
         own = per_loop * max(1, plan.get("Actual Loops", 1))
@@ -38,8 +42,8 @@ def _rows(plan: dict) -> int:
 
 def rows_read(statements: list[str]) -> list[Read]:
     """Each statement (SQL as the database got it, values in place) with the rows it reads when run again now.
-    A write whose second run fails on a key it inserts (taken by its first run) is left out; any other failure is
-    raised, so a statement is never silently not counted."""
+    A write whose second run fails on a key it inserts (taken by its first run) is left out; a statement neither
+    read nor a transaction's own, or any other failure, is raised: a statement is never silently not counted."""
     found = []
     with transaction.atomic():
         with connection.cursor() as cursor:
@@ -47,14 +51,19 @@ def rows_read(statements: list[str]) -> list[Read]:
                            "SET LOCAL enable_mergejoin = off")
         for sql in statements:
             sql = _CURSOR.sub("", sql)
-            if not sql.lstrip().upper().startswith(("SELECT", "WITH", "UPDATE", "INSERT", "DELETE")):
+            words = sql.lstrip().upper()
+            if words.startswith(_NOT_READS):
                 continue
+            if not words.startswith(_READS):
+                raise ValueError(f"not a statement rows_read knows how to count: {sql[:200]}")
             try:
                 with transaction.atomic(), connection.cursor() as cursor:
                     cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
                     plan = cursor.fetchone()[0]
-            except IntegrityError:  # a key it inserts is taken now (the turn's run, say): no scan to count
-                continue
+            except IntegrityError as error:
+                if not isinstance(error.__cause__, errors.UniqueViolation):
+                    raise
+                continue  # a key it inserts is taken now (the turn's run, say): no scan to count
             plan = json.loads(plan) if isinstance(plan, str) else plan
             found.append(Read(sql, _rows(plan[0]["Plan"])))
         transaction.set_rollback(True)
