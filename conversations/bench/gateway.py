@@ -10,7 +10,9 @@ official `openai` SDK calls, one request at a time and paced at `--rate` a secon
 - new: Arbor's `/v1/chat/completions`, one message, so every call makes a conversation (the worst case);
 - continued: the same, naming one conversation (`X-Arbor-Conversation`), as a caller that continues one does;
 - resent: a list that resends a stored question and its answer with a new question, as an agent SDK's second turn
-  does (Arbor finds the stored path it extends, issue 27).
+  does (Arbor finds the stored path it extends, issue 27);
+- seam (streamed only): Arbor's model seam alone, `llm.stream_call` (litellm) called in this process with no server
+  around it: the share of what the gateway adds that is litellm's over the `openai` SDK of the direct case.
 
 The caller has `--history` earlier conversations (10,000 by default, each an answered question), made before the
 calls: an API caller makes one a call, so a year's use leaves many, and a call's statements must not read them all
@@ -45,7 +47,7 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from conversations import items as it
-from conversations import services
+from conversations import llm, services
 from conversations.bench.processes import database_url, delete_conversations, free_port, stop
 from conversations.models import Conversation, Node
 
@@ -96,6 +98,26 @@ class _Upstream:
         self.server.shutdown()
 
 
+class _Seam:
+    """Arbor's model seam called here, without a server: `llm.stream_call` to the upstream, as a turn calls it."""
+
+    def __init__(self, upstream: _Upstream):
+        self.url = upstream.url
+
+    def call(self, messages: list[dict]) -> tuple[float, float]:
+        started, first = time.perf_counter(), None
+        stream = llm.stream_call(model=MODEL, messages=messages, api_base=self.url, options={"api_key": "sk-bench"})
+        try:
+            while True:
+                if next(stream) and first is None:
+                    first = time.perf_counter() - started
+        except StopIteration as done:
+            received = done.value.received
+        if not received:
+            raise CommandError("the seam's call to the upstream received nothing")
+        return time.perf_counter() - started, first if first is not None else float("nan")
+
+
 class _Arbor:
     """One Arbor server process on a free port, `/v1/` with the upstream's model."""
 
@@ -125,6 +147,11 @@ class _Arbor:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+
+def _cases(clients: dict) -> list[tuple[str, bool]]:
+    """(kind, streamed) of every case; the seam streams only, as every call of Arbor's does."""
+    return [(kind, streamed) for kind in clients for streamed in (False, True) if kind != "seam" or streamed]
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -167,10 +194,10 @@ class Command(BaseCommand):
                 "continued": openai.OpenAI(api_key=key, base_url=arbor.url, max_retries=0,
                                            default_headers={"X-Arbor-Conversation": str(named.pk)}),
                 "resent": openai.OpenAI(api_key=key, base_url=arbor.url, max_retries=0),
+                "seam": _Seam(upstream),
             }
-            for client in clients.values():  # connections open and both servers warm before anything counts
-                for streamed in (False, True):
-                    self._call(client, streamed, [{"role": "user", "content": "warm up"}])
+            for kind, streamed in _cases(clients):  # connections open and both servers warm before anything counts
+                self._call(clients[kind], streamed, [{"role": "user", "content": "warm up"}])
             stored = [{"role": "user", "content": "What is the stored question?"}]
             answer = clients["resent"].chat.completions.create(model=MODEL, messages=stored).choices[0].message
             earlier = [*stored, {"role": "assistant", "content": answer.content}]
@@ -199,8 +226,10 @@ class Command(BaseCommand):
             cursor.execute("ANALYZE conversations_conversation, conversations_node")
 
     @staticmethod
-    def _call(client: openai.OpenAI, streamed: bool, messages: list[dict]) -> tuple[float, float]:
+    def _call(client: openai.OpenAI | _Seam, streamed: bool, messages: list[dict]) -> tuple[float, float]:
         """One call: (seconds to the end, seconds to the first token)."""
+        if isinstance(client, _Seam):
+            return client.call(messages)
         started = time.perf_counter()
         if not streamed:
             answer = client.chat.completions.create(model=MODEL, messages=messages)
@@ -216,7 +245,7 @@ class Command(BaseCommand):
 
     def _measure(self, clients, earlier: list[dict], batch, repeat, rate, seed):
         """Every case's calls, in rounds shuffled by `seed`; `earlier`: the stored turn the resent case resends."""
-        cases = [(kind, streamed) for kind in clients for streamed in (False, True)]
+        cases = _cases(clients)
         order = random.Random(seed)
         totals, firsts = defaultdict(list), defaultdict(list)
         interval, number = 1.0 / rate, 0
@@ -243,15 +272,17 @@ class Command(BaseCommand):
             direct = _figures(totals["direct", streamed])
             self.stdout.write(f"\n{'streamed (to the last chunk)' if streamed else 'plain'}:")
             self.stdout.write(f"  {'case':<10} {'p50':>8} {'p95':>8} {'p99':>8}   added over direct p50/p95/p99")
-            for kind in ("direct", "new", "continued", "resent"):
+            for kind in ("direct", "new", "continued", "resent", *(("seam",) if streamed else ())):
                 p50, p95, p99 = _figures(totals[kind, streamed])
                 added = "" if kind == "direct" else (f"   +{p50 - direct[0]:.1f} / +{p95 - direct[1]:.1f} / "
                                                      f"+{p99 - direct[2]:.1f}")
                 self.stdout.write(f"  {kind:<10} {p50:8.1f} {p95:8.1f} {p99:8.1f}{added}")
             if streamed:
-                for kind in ("direct", "new", "continued", "resent"):
+                for kind in ("direct", "new", "continued", "resent", "seam"):
                     p50, p95, _ = _figures([v for v in firsts[kind, True] if v == v])
                     self.stdout.write(f"  first token, {kind:<10} p50 {p50:.1f}  p95 {p95:.1f}")
+                self.stdout.write("  seam: Arbor's model seam alone (llm.stream_call, litellm) in this process, no "
+                                  "server: its added figure is litellm's share of the gateway's")
         mean = statistics.mean(sum(totals.values(), [])) * 1000
         self.stdout.write("\nTargets (issue 27/34): the gateway adds p50 ≤ 5 ms and p99 ≤ 15 ms, the node recorded "
                           f"inside that; mean of every call here: {mean:.1f}")

@@ -31,8 +31,8 @@ def test_bench_gateway_prints_each_case_and_what_the_gateway_adds_and_leaves_not
     for streamed in ("plain", "streamed"):
         assert streamed in output
     assert "the caller has 50 earlier conversations" in output
-    rows = re.findall(r"^\s+(direct|new|continued|resent)\s+[\d.]+\s+[\d.]+\s+[\d.]+(.*)$", output, re.M)
-    assert [kind for kind, _ in rows] == ["direct", "new", "continued", "resent"] * 2
+    rows = re.findall(r"^\s+(direct|new|continued|resent|seam)\s+[\d.]+\s+[\d.]+\s+[\d.]+(.*)$", output, re.M)
+    assert [kind for kind, _ in rows] == ["direct", "new", "continued", "resent"] * 2 + ["seam"]
     assert all("added over" not in added and (kind == "direct") == (added == "") for kind, added in rows)
     # Calls: 50 earlier ones; warm-up, 2 a gateway kind, and the resent list's stored question; measured, 2 calls x 2
     # modes x 3 gateway kinds. Conversations: the earlier ones, the named one, one a new call (warm-up and measured),
