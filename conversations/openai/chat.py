@@ -202,7 +202,7 @@ def _candidate_roots(user, conversation: Conversation | None, *, first: it.Item)
 
 def longest_match(*, user, turns: list[ListedTurn], conversation: Conversation | None) -> Match:
     """The stored path of the caller's conversations (or of `conversation`) that the list's answered turns
-    extend furthest: one query for the roots, one a level below."""
+    extend furthest: the roots it may start at (`_candidate_roots`), then one query a level below."""
     answered = [t for t in turns if t.received is not None]
     best = Match(conversation=conversation, node=None, matched=0)
     if not answered:
