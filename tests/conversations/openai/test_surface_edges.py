@@ -262,16 +262,22 @@ def test_issue_17_c2_a_compaction_node_is_no_response(v1, user, settings):
     assert Node.objects.count() == before
 
 
-def test_issue_17_r2_retrieved_hits_are_not_the_callers_input_items(v1, user):
-    """Issue 17 (R2): a call that read retrieved hits (ephemeral items from the person's other conversations)
-    lists only what was sent as its input items: the question, not the hits."""
+def _asked_with_retrieval(user) -> Conversation:
+    """A conversation with retrieval on (R2), asked a question another of the person's conversations answers (its
+    notes are indexed first, so the call reads them as a hit)."""
     notes = services.conversation_create(owner=user, title="Pricing notes")
     ask(notes, "Our enterprise tier costs 900 dollars per seat")
     worker.run_due()
     conversation = services.conversation_create(owner=user)
     services.conversation_update(conversation=conversation, retrieval=True)
     ask(conversation, "What does the enterprise tier cost?")
-    node = head(conversation)
+    return conversation
+
+
+def test_issue_17_r2_retrieved_hits_are_not_the_callers_input_items(v1, user):
+    """Issue 17 (R2): a call that read retrieved hits (ephemeral items from the person's other conversations)
+    lists only what was sent as its input items: the question, not the hits."""
+    node = head(_asked_with_retrieval(user))
     assert any(item.get("ephemeral") for item in node.sent), "the call did read a hit"
     listed = v1.get(f"/v1/responses/resp_{node.pk}/input_items")
     assert listed.status_code == 200
@@ -286,12 +292,7 @@ def test_issue_27_r2_a_resent_list_goes_on_in_a_conversation_with_retrieval_besi
     conversation, not in the older one that asked the same and was answered otherwise."""
     older = services.conversation_create(owner=user, title="asked first")
     ask(older, "What does the enterprise tier cost?")
-    notes = services.conversation_create(owner=user, title="Pricing notes")
-    ask(notes, "Our enterprise tier costs 900 dollars per seat")
-    worker.run_due()
-    retrieving = services.conversation_create(owner=user)
-    services.conversation_update(conversation=retrieving, retrieval=True)
-    ask(retrieving, "What does the enterprise tier cost?")
+    retrieving = _asked_with_retrieval(user)
     root = head(retrieving)
     assert root.sent[0].get("ephemeral"), "its first call sent a found item before the question"
     listed = [{"role": "user", "content": "What does the enterprise tier cost?"},
