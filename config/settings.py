@@ -218,7 +218,7 @@ DEFAULT_FROM_EMAIL = os.environ.get("DJANGO_DEFAULT_FROM_EMAIL", "arbor@localhos
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "config.token_auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     # The anonymous rate first: a caller with no credentials is throttled, not answered 401 for ever (issue 26).

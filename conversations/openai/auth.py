@@ -1,7 +1,7 @@
 """The API's own tokens, as the providers' clients send a key: `Authorization: Bearer <token>` (OpenAI's, and
 Anthropic's SDK), or `x-api-key: <token>` (Anthropic's API, as Claude Code and older SDKs send it)."""
 
-from rest_framework.authentication import TokenAuthentication
+from config.token_auth import TokenAuthentication
 
 
 class BearerTokenAuthentication(TokenAuthentication):

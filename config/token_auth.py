@@ -1,0 +1,60 @@
+"""The API's token check: DRF's `TokenAuthentication`, its look-up compiled once.
+
+Every API request looks its key up. Through the ORM that meant building the same query each time, the largest
+single share of a quick API turn's Python time (issue 34: 9% of it in bench_load's profile, more than the turn's
+own writes). The statement is the ORM's own, compiled once per database and run with each key; the objects it
+gives, and every answer and error, are DRF's.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from django.db import connections, router
+from django.utils.translation import gettext_lazy as _
+from rest_framework import authentication, exceptions
+from rest_framework.authtoken.models import Token
+
+
+@functools.cache
+def _compiled(alias: str) -> tuple[str, list, list[str], list[str]]:
+    """The look-up's SQL on `alias`, its columns' converters, and the token's and the user's field names in the
+    order of its columns."""
+    query = Token.objects.select_related("user").filter(key="").query
+    compiler = query.get_compiler(using=alias)
+    sql, params = compiler.as_sql()
+    if list(params) != [""]:  # the key must be the statement's only parameter
+        raise RuntimeError(f"unexpected parameters in the token look-up: {params!r}")
+    columns = [column for column, _, _ in compiler.select]
+    names = [column.target.attname for column in columns]
+    split = next(i for i, column in enumerate(columns) if column.target.model is not Token)
+    return sql, compiler.get_converters(columns), names[:split], names[split:]
+
+
+def token_and_user(key: str) -> Token | None:
+    """The token with this key, its user loaded with it (as `select_related("user")`), or None."""
+    alias = router.db_for_read(Token)
+    sql, converters, token_fields, user_fields = _compiled(alias)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, [key])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values: list[Any] = list(row)
+    for position, (functions, expression) in converters.items():
+        for convert in functions:
+            values[position] = convert(values[position], expression, connections[alias])
+    token = Token.from_db(alias, token_fields, values[:len(token_fields)])
+    token.user = Token.user.field.related_model.from_db(alias, user_fields, values[len(token_fields):])
+    return token
+
+
+class TokenAuthentication(authentication.TokenAuthentication):
+    def authenticate_credentials(self, key):
+        token = token_and_user(key)
+        if token is None:
+            raise exceptions.AuthenticationFailed(_("Invalid token."))
+        if not token.user.is_active:
+            raise exceptions.AuthenticationFailed(_("User inactive or deleted."))
+        return token.user, token
