@@ -39,6 +39,13 @@ def sweeps() -> dict[str, tuple[Callable[[], bool], float]]:
     return dict(_sweeps)
 
 
+def payload_nodes(payload: dict[str, Any]) -> list[int] | None:
+    """The nodes an after-turn job's turn wrote (None: look at the whole conversation). A bad value is an error
+    of the job, retried and then kept failed, as a bad conversation id is."""
+    nodes = payload.get("nodes")
+    return None if nodes is None else [int(node) for node in nodes]
+
+
 def handler_for(kind: str) -> Handler | None:
     return _handlers.get(kind)
 
@@ -48,11 +55,14 @@ def enqueue(*, kind: str, payload: dict[str, Any]) -> OutboxJob:
     return OutboxJob.objects.create(kind=kind, payload=payload)
 
 
-def enqueue_after_turn(*, conversation_id: int, head: int | None, writes: Together | None = None,
-                       when: Written | None = None) -> None:
+def enqueue_after_turn(*, conversation_id: int, head: int | None, nodes: list[int] | None = None,
+                       writes: Together | None = None, when: Written | None = None) -> None:
     """Queue every after-turn kind for a conversation whose turn (or import) just committed; with `writes`,
-    in that batch (only if `when` wrote a row)."""
-    payload = {"conversation": conversation_id, "head": head}
+    in that batch (only if `when` wrote a row). `nodes`: the nodes the turn wrote, whose bubbles are all a job
+    need look at (`payload_nodes`); None (an import, a recovered turn): the whole conversation."""
+    payload: dict[str, Any] = {"conversation": conversation_id, "head": head}
+    if nodes is not None:
+        payload["nodes"] = list(nodes)
     with together(writes) as batch:
         for kind in _after_turn:
             batch.insert(OutboxJob(kind=kind, payload=payload), when=when)

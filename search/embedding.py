@@ -112,26 +112,34 @@ def _batch(bubbles) -> Work:
     return found
 
 
-def embed_conversation(conversation_id: int, *, seconds: float | None = None) -> int:
-    """Embed the bubbles of the conversation that have no vector of the current model, for at most about
-    `seconds` (one unit of work more); return how many bubbles were embedded."""
+def _of_conversation(model: str, conversation_id: int, nodes: list[int] | None):
+    bubbles = _unembedded(model).filter(conversation_id=conversation_id)
+    return bubbles if nodes is None else bubbles.filter(node_id__in=nodes)
+
+
+def embed_conversation(conversation_id: int, *, nodes: list[int] | None = None, seconds: float | None = None) -> int:
+    """Embed the bubbles of the conversation (of `nodes` only: what a turn wrote) that have no vector of the
+    current model, for at most about `seconds` (one unit of work more); return how many bubbles were embedded."""
     model = settings.ARBOR_EMBEDDING_MODEL
     started = time.monotonic()
     done = 0
     while model and (seconds is None or not done or time.monotonic() - started < seconds) and (
-            batch := _batch(_unembedded(model).filter(conversation_id=conversation_id))):
+            batch := _batch(_of_conversation(model, conversation_id, nodes))):
         embed_bubbles(batch, model)
         done += len(batch)
     return done
 
 
 def run(payload: dict[str, Any]) -> None:
-    """The `embed` job. A conversation with more to embed than a job's share of time (a large import) gets a
-    follow-up job: a job stays well inside its lease, so it is not claimed again while it runs."""
-    conversation = int(payload["conversation"])
+    """The `embed` job: the bubbles of the turn's nodes (a job after each turn looked at the whole conversation,
+    O(turns²) over its life; `backfill` finds what a job that gave up left), or of the whole conversation (an
+    import). One with more to embed than a job's share of time (a large import) gets a follow-up job: a job stays
+    well inside its lease, so it is not claimed again while it runs."""
+    conversation, nodes = int(payload["conversation"]), outbox.payload_nodes(payload)
     model = settings.ARBOR_EMBEDDING_MODEL
-    embed_conversation(conversation, seconds=settings.ARBOR_WORKER_LEASE_SECONDS * JOB_SECONDS_SHARE_OF_LEASE)
-    if model and _unembedded(model).filter(conversation_id=conversation).exists():
+    embed_conversation(conversation, nodes=nodes,
+                       seconds=settings.ARBOR_WORKER_LEASE_SECONDS * JOB_SECONDS_SHARE_OF_LEASE)
+    if model and _of_conversation(model, conversation, nodes).exists():
         outbox.enqueue(kind="embed", payload=payload)
 
 

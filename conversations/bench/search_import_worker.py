@@ -29,9 +29,11 @@ from conversations.bench.assembly import p95
 from conversations.jobs import worker
 from conversations.models import Bubble, Conversation, Node, OutboxJob
 from conversations.transfer import arbor_tree, importing
+from search import embedding
+from search import jobs as search_jobs
 from search import query as search_query
 from search.index import index_bubbles, unindexed_bubbles
-from search.models import BubbleDocument
+from search.models import BubbleDocument, ChunkVector
 from search.query import search_bubbles
 
 USERNAME = "arbor-bench7"
@@ -66,8 +68,11 @@ class Command(BaseCommand):
         parser.add_argument("--import-nodes", type=int, default=10_000, help="nodes in the exported tree (10000)")
         parser.add_argument("--keep", action="store_true", help="reuse the search dataset if it is there")
         parser.add_argument("--allow-sqlite", action="store_true", help="run on SQLite too (FTS5; figures differ)")
-        parser.add_argument("--parts", default="search,worker,import,owners",
-                            help="what to run, of search,worker,import,owners (default all)")
+        parser.add_argument("--parts", default="search,worker,turn-jobs,import,owners",
+                            help="what to run, of search,worker,turn-jobs,import,owners (default all)")
+        parser.add_argument("--turn-jobs-sizes", default="10,200,2000",
+                            help="turn-jobs: answered turns in each conversation (default 10,200,2000)")
+        parser.add_argument("--turn-jobs-repeat", type=int, default=15, help="turn-jobs: runs of each way (15)")
         parser.add_argument("--owners-total", type=int, default=500_000,
                             help="issue 34: nodes in the big table, everyone's (500000)")
         parser.add_argument("--owners-mine", type=int, default=10_000, help="issue 34: the person's nodes (10000)")
@@ -79,7 +84,7 @@ class Command(BaseCommand):
                             help="issue 34: time the search as it was (0005's index, made for the run) beside it")
 
     def handle(self, *args, bubbles: int, queries: int, jobs: int, import_nodes: int, keep: bool,
-               allow_sqlite: bool, parts: str, **options):
+               allow_sqlite: bool, parts: str, turn_jobs_sizes: str, turn_jobs_repeat: int, **options):
         if connection.vendor != "postgresql" and not allow_sqlite:
             raise CommandError("The figures are for PostgreSQL; pass --allow-sqlite to run on SQLite anyway.")
         rng = random.Random(7)
@@ -90,6 +95,9 @@ class Command(BaseCommand):
             self._search(user, rng, bubbles=bubbles, queries=queries, keep=keep)
         if "worker" in chosen:
             self._worker(user, rng, jobs=jobs)
+        if "turn-jobs" in chosen:
+            sizes = [int(size) for size in turn_jobs_sizes.split(",")]
+            turn_jobs(self.stdout, user, rng, sizes=sizes, repeat=turn_jobs_repeat)
         if "import" in chosen:
             self._import(user, rng, nodes=import_nodes)
         if "owners" in chosen and connection.vendor == "postgresql":
@@ -255,6 +263,50 @@ SELECT r.role, CASE r.role WHEN 'user' THEN n.sent -> 0 ->> 'text' ELSE n.receiv
        n.created_at, n.conversation_id, n.owner_id, n.id
 FROM {Node._meta.db_table} n CROSS JOIN (VALUES ('user', 0), ('assistant', 1)) AS r(role, place)
 WHERE n.id = ANY(%s) ORDER BY n.id, r.place"""
+
+
+def turn_jobs(out, user, rng: random.Random, *, sizes: list[int], repeat: int) -> None:
+    """Issue 34: the index and embed jobs after one more turn, in conversations of `sizes` answered turns, as they
+    run now (the turn's nodes, the job's payload) and as they ran (the whole conversation, the payload of an
+    import), interleaved in a shuffled order. Before each run the turn's entries and vectors are dropped, so each
+    finds and does the same work."""
+    out.write(f"== Turn jobs: index and embed after one turn, {repeat} runs each way, ms a turn (median / p95)")
+    for size in sizes:
+        conversation = Conversation.objects.create(owner=user, title=f"bench7:turn-jobs:{size}", model="arbor/echo")
+        nodes = Node.objects.bulk_create([
+            Node(conversation=conversation, owner=user, kind="turn", status="succeeded",
+                 sent=[it.user(_sentence(rng, 8))], received=[it.text(_sentence(rng, 20))], provider="arbor",
+                 model="arbor/echo") for _ in range(size)], batch_size=2000)
+        for parent, node in itertools.pairwise(nodes):  # one line of turns: ids exist now
+            node.parent_id = parent.pk
+        Node.objects.bulk_update(nodes, ["parent"], batch_size=2000)
+        ids = [node.pk for node in nodes]
+        services.head_move(conversation=conversation, to=ids[-1])
+        Bubble.objects.bulk_create([Bubble(conversation=conversation, owner=user, node=n, role=role, content=text)
+                                    for n in nodes for role, text in (("user", n.sent[0]["text"]),
+                                                                      ("assistant", n.received[0]["text"]))],
+                                   batch_size=5000)
+        search_jobs.run({"conversation": conversation.pk, "head": ids[-1]})
+        embedding.run({"conversation": conversation.pk, "head": ids[-1]})
+        if connection.vendor == "postgresql":  # the planner's statistics, as autovacuum keeps them
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE conversations_bubble, search_bubbledocument, search_chunkvector")
+        ways = {"turn's nodes": {"conversation": conversation.pk, "head": ids[-1], "nodes": [ids[-1]]},
+                "whole conversation": {"conversation": conversation.pk, "head": ids[-1]}}
+        times: dict[str, list[float]] = {way: [] for way in ways}
+        for _ in range(repeat):
+            for way in rng.sample(list(ways), len(ways)):
+                BubbleDocument.objects.filter(bubble__node_id=ids[-1]).delete()
+                ChunkVector.objects.filter(bubble__node_id=ids[-1]).delete()
+                started = time.perf_counter()
+                search_jobs.run(ways[way])
+                embedding.run(ways[way])
+                times[way].append(time.perf_counter() - started)
+                if BubbleDocument.objects.filter(bubble__node_id=ids[-1]).count() != 2:
+                    raise CommandError(f"{way}: the turn's two bubbles were not indexed")
+        figures = "; ".join(f"{way} {_ms(statistics.median(t))} / {_ms(p95(t))}" for way, t in times.items())
+        out.write(f"{size} turns: {figures}")
+        conversation.delete()
 
 
 def _fast_sentence(rng: random.Random, length: int) -> str:

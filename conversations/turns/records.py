@@ -283,9 +283,10 @@ def result_bubbles(caller_id: int, results: Iterable[it.Item], *, owner: int, wr
                     **bubble.data, "result": result["content"], "is_error": result["is_error"], "status": status})
 
 
-def committed(conversation: Conversation, *, head: int | None = None, writes: Together | None = None,
-              when: Written | None = None) -> None:
+def committed(conversation: Conversation, *, head: int | None = None, nodes: list[int] | None = None,
+              writes: Together | None = None, when: Written | None = None) -> None:
     """R4: queue the work after the commit (indexing, a title), with the caller's writes; `head`: the head
-    the writes leave (default: the conversation's as it is in memory)."""
+    the writes leave (default: the conversation's as it is in memory); `nodes`: the nodes whose bubbles the
+    writes made (default: look at the whole conversation)."""
     outbox.enqueue_after_turn(conversation_id=conversation.pk, head=conversation.head_id if head is None else head,
-                            writes=writes, when=when)
+                              nodes=nodes, writes=writes, when=when)

@@ -228,7 +228,7 @@ class Turn:
         result = dataclasses.replace(result, received=self.tools.received(result.received))
         asked = it.tool_calls(result.received)
         end, waiting = self.tools.round_end(asked, last_round=last_round)
-        if not self._succeed(node, result, head_moves=end != RoundEnd.RUN_CALLS, waiting=end == RoundEnd.WAITING):
+        if not self._succeed(node, result, head_moves=end != RoundEnd.RUN_CALLS):
             yield self._superseded(node)
             return path, True
         if end == RoundEnd.RUN_CALLS:
@@ -333,7 +333,7 @@ class Turn:
         self._first_call = self._first_call or node.pk
         return node
 
-    def _succeed(self, node: Node, result: llm.CallResult, *, head_moves: bool, waiting: bool) -> bool:
+    def _succeed(self, node: Node, result: llm.CallResult, *, head_moves: bool) -> bool:
         """One round trip: the answered node, its bubbles, the head move at the turn's end, the jobs.
 
         Return False if this turn lost its lock (it outlived its expiry and another turn took over):
@@ -346,10 +346,13 @@ class Turn:
             moved = None
             if head_moves:  # the turn's end: the lock goes back in the same UPDATE
                 moved = self._move_head(node.pk, release=True, writes=writes, when=settled)
-                if not waiting:
-                    records.committed(self.conversation, head=node.pk, writes=writes, when=moved or settled)
+                # A turn waiting for approval too: the jobs look at this turn's nodes only, and the turn that
+                # goes on after the approval writes nodes of its own.
+                records.committed(self.conversation, head=node.pk, nodes=self.nodes, writes=writes,
+                                  when=moved or settled)
         if not settled.count:  # a sweep had failed it: the answer went on a sibling, whose bubbles these are
             records.answer_bubbles(node, needs_approval=calls.needs_approval)
+            records.committed(self.conversation, nodes=[*self.nodes, node.pk])
         self._pending = None
         return moved is None or bool(moved.count)
 
@@ -387,9 +390,10 @@ class Turn:
                 self._move_head(node.pk, writes=writes, when=settled)
             # R4: a failed turn's question is searchable too
             records.committed(self.conversation, head=node.pk if moves else self.conversation.head_id,
-                              writes=writes, when=settled)
+                              nodes=self.nodes, writes=writes, when=settled)
         if not settled.count:  # a sweep had failed it: this failure went on a sibling (`records._settle`)
             records.error_bubble(node, error)
+            records.committed(self.conversation, nodes=[*self.nodes, node.pk])
         self._pending = None
         return TurnEvent(EventType.ERROR, {"code": error.reason, "message": error.message, "node": node.pk,
                                            "head": self.conversation.head_id, "nodes": list(self.nodes)})

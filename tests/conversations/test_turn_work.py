@@ -14,7 +14,11 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from conversations import items as it
-from conversations.models import Conversation, Node
+from conversations import outbox
+from conversations.jobs import worker
+from conversations.models import Bubble, Conversation, Node, OutboxJob
+from search import embedding, index
+from search.models import BubbleDocument
 from tests.support.rows_read import rows_read
 
 pytestmark = pytest.mark.django_db
@@ -80,3 +84,90 @@ def test_issue_34_a_calls_statements_read_as_many_rows_with_hundreds_more_conver
     for rows in (before, after):  # the two statements that grew were counted, in each look
         assert any(kind.startswith('UPDATE "conversations_conversation"') for kind in rows["new call"]), rows
         assert any(kind.startswith('SELECT "conversations_node"') for kind in rows["resent list"]), rows
+
+
+# --- the worker's jobs after a turn ----------------------------------------------------------------------------
+
+
+def _answered_conversation(user, *, branches: int) -> Conversation:
+    """A conversation of five answered questions on its head's path and `branches` more answers beside them (the
+    first question regenerated), every bubble indexed and embedded by the worker. The head's path, and so what the
+    next turn sends and is answered, is the same whatever `branches` is."""
+    conversation = Conversation.objects.create(owner=user, model="arbor/echo")
+    path: list[Node] = []
+    for n in range(5 + branches):
+        parent = path[-1] if n < 5 and path else (path[0] if n >= 5 else None)
+        node = Node.objects.create(conversation=conversation, owner=user, parent=parent, kind=Node.Kind.TURN,
+                                   status=Node.Status.SUCCEEDED, sent=[it.user(f"Question {n}?")],
+                                   received=[it.text(f"Answer {n}.")], provider="arbor", model="arbor/echo")
+        path += [node] if n < 5 else []
+        Bubble.objects.bulk_create([
+            Bubble(conversation=conversation, owner=user, node=node, role=Bubble.Role.USER, content=f"Question {n}?"),
+            Bubble(conversation=conversation, owner=user, node=node, role=Bubble.Role.ASSISTANT,
+                   content=f"Answer {n}.")])
+    Conversation.objects.filter(pk=conversation.pk).update(head=path[-1])
+    while index.sweep() or embedding.backfill():
+        pass
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE conversations_node, conversations_bubble, search_bubbledocument, search_chunkvector")
+    return conversation
+
+
+def _jobs_rows(api, conversation: Conversation) -> dict[str, int]:
+    """One more turn, then the rows its index and embed jobs read, by job."""
+    response = api.post(f"/api/conversations/{conversation.pk}/turns/", {"content": "One more?"}, format="json")
+    assert response.status_code == 201, response.content
+    rows = {}
+    for job in OutboxJob.objects.filter(kind__in=("index", "embed"), payload__conversation=conversation.pk,
+                                        status=OutboxJob.Status.PENDING):
+        rows[job.kind] = sum(_rows_of(lambda job=job: outbox.handler_for(job.kind)(job.payload)).values())
+    assert set(rows) == {"index", "embed"}, rows
+    assert BubbleDocument.objects.filter(bubble__node_id=response.json()["head"]).count() == 2, "the turn indexed"
+    return rows
+
+
+def test_issue_34_r4_the_jobs_after_a_turn_read_its_rows_not_the_whole_conversations(user, api):
+    """R4's index and embed jobs looked for work across the whole conversation after every turn, so a conversation's
+    life cost O(turns²). They look at the turn's own nodes now: as many rows with hundreds more answers in the
+    conversation (its branches: the turn itself, sent the same path, writes the same)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's own count of the rows a statement reads (EXPLAIN ANALYZE)")
+    small = _jobs_rows(api, _answered_conversation(user, branches=0))
+    large = _jobs_rows(api, _answered_conversation(user, branches=MORE))
+    grown = {kind: (small[kind], rows) for kind, rows in large.items() if rows > small[kind] + 10}
+    assert not grown, f"the jobs read more rows (5 answers, {5 + MORE} answers): {grown}"
+
+
+def test_r4_a_turn_waiting_for_approval_is_indexed_and_the_turn_after_the_approval_too(api):
+    """The jobs look at a turn's nodes only, so a turn that waits for approval queues its own (its question is
+    searchable before anyone approves), and the turn that goes on after the approval queues jobs for its nodes."""
+    conversation = api.post("/api/conversations/", {}, format="json").json()["id"]
+    paused = api.post(f"/api/conversations/{conversation}/turns/", {
+        "content": '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"}'}, format="json")
+    assert paused.status_code == 202
+    worker.run_due()
+    asked = Bubble.objects.get(conversation_id=conversation, role=Bubble.Role.USER)
+    assert BubbleDocument.objects.filter(bubble=asked).exists(), "the waiting turn's question is indexed"
+    (call,) = paused.json()["approval_required"]
+    done = api.post(f"/api/conversations/{conversation}/approvals/", {"tool_call_id": call["call_id"],
+                                                                      "approve": True}, format="json")
+    assert done.status_code == 201
+    worker.run_due()
+    answers = Bubble.objects.filter(conversation_id=conversation, role=Bubble.Role.ASSISTANT)
+    assert answers.exists() and all(BubbleDocument.objects.filter(bubble=b).exists() for b in answers)
+    assert not OutboxJob.objects.exclude(status=OutboxJob.Status.DONE).exists()
+
+
+def test_r4_the_index_sweep_finds_what_a_job_that_gave_up_left(api):
+    """Nothing is lost: a turn whose index job ran out of attempts is indexed by the worker's sweep (no later turn
+    of the conversation looks at it any more)."""
+    conversation = api.post("/api/conversations/", {}, format="json").json()["id"]
+    head = api.post(f"/api/conversations/{conversation}/turns/", {"content": "Where is the oak?"},
+                    format="json").json()["head"]
+    OutboxJob.objects.filter(kind="index").update(status=OutboxJob.Status.FAILED, last_error="gave up")
+    api.post(f"/api/conversations/{conversation}/turns/", {"content": "And the birch?"}, format="json")
+    worker.run_due()
+    assert not BubbleDocument.objects.filter(bubble__node_id=head).exists(), "the later turn's job left it"
+    assert index.sweep() is True
+    assert BubbleDocument.objects.filter(bubble__node_id=head).count() == 2
+    assert index.sweep() is False, "nothing more to do"

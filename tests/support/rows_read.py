@@ -21,6 +21,10 @@ from psycopg import errors
 _CURSOR = re.compile(r'^\s*DECLARE\s+"[^"]+"\s+NO SCROLL CURSOR(?:\s+WITH(?:OUT)?\s+HOLD)?\s+FOR\s+', re.IGNORECASE)
 _READS = ("SELECT", "WITH", "UPDATE", "INSERT", "DELETE", "(")
 _NOT_READS = ("SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT", "BEGIN", "SET")  # a transaction's own statements
+# `executemany` is captured as "N times: <SQL with placeholders>", which cannot be run again; an INSERT … VALUES is
+# counted as the one row each of its N runs may meet (a conflicting key), anything else is raised.
+_MANY = re.compile(r"^(\d+) times: ")
+_INSERT_VALUES = re.compile(r"^\s*INSERT\s+INTO\s+\S+\s*\([^)]*\)\s*VALUES\s*\(", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,9 @@ def rows_read(statements: list[str]) -> list[Read]:
                            "SET LOCAL enable_mergejoin = off")
         for sql in statements:
             sql = _CURSOR.sub("", sql)
+            if (many := _MANY.match(sql)) and _INSERT_VALUES.match(sql[many.end():]):
+                found.append(Read(sql, int(many.group(1))))
+                continue
             words = sql.lstrip().upper()
             if words.startswith(_NOT_READS):
                 continue
