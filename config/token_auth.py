@@ -18,40 +18,46 @@ from rest_framework.authtoken.models import Token
 
 
 @functools.cache
-def _compiled(alias: str) -> tuple[str, list, list[str], list[str]]:
-    """The look-up's SQL on `alias`, its columns' converters, and the token's and the user's field names in the
-    order of its columns."""
+def _compiled(alias: str) -> tuple[str, list, int]:
+    """The look-up's SQL on `alias`, its columns, and how many of them are the token's (the user's follow)."""
     query = Token.objects.select_related("user").filter(key="").query
     compiler = query.get_compiler(using=alias)
     sql, params = compiler.as_sql()
     if list(params) != [""]:  # the key must be the statement's only parameter
         raise RuntimeError(f"unexpected parameters in the token look-up: {params!r}")
     columns = [column for column, _, _ in compiler.select]
-    names = [column.target.attname for column in columns]
-    split = next(i for i, column in enumerate(columns) if column.target.model is not Token)
-    return sql, compiler.get_converters(columns), names[:split], names[split:]
+    return sql, columns, next(i for i, column in enumerate(columns) if column.target.model is not Token)
+
+
+_KEY_CHARS = Token._meta.get_field("key").max_length
 
 
 def token_and_user(key: str) -> Token | None:
     """The token with this key, its user loaded with it (as `select_related("user")`), or None."""
+    if not key or len(key) > _KEY_CHARS or "\x00" in key:  # no key is that (PostgreSQL refuses a NUL: a 500)
+        return None
     alias = router.db_for_read(Token)
-    sql, converters, token_fields, user_fields = _compiled(alias)
-    with connections[alias].cursor() as cursor:
+    sql, columns, split = _compiled(alias)
+    connection = connections[alias]
+    with connection.cursor() as cursor:
         cursor.execute(sql, [key])
         row = cursor.fetchone()
     if row is None:
         return None
     values: list[Any] = list(row)
-    for position, (functions, expression) in converters.items():
-        for convert in functions:
-            values[position] = convert(values[position], expression, connections[alias])
-    token = Token.from_db(alias, token_fields, values[:len(token_fields)])
-    token.user = Token.user.field.related_model.from_db(alias, user_fields, values[len(token_fields):])
+    for position, column in enumerate(columns):  # the backend's converters (SQLite's dates), as the ORM applies them
+        for convert in connection.ops.get_db_converters(column) + column.get_db_converters(connection):
+            values[position] = convert(values[position], column, connection)
+    names = [column.target.attname for column in columns]
+    token = Token.from_db(alias, names[:split], values[:split])
+    token.user = Token.user.field.related_model.from_db(alias, names[split:], values[split:])
     return token
 
 
 class TokenAuthentication(authentication.TokenAuthentication):
     def authenticate_credentials(self, key):
+        if self.get_model() is not Token:  # a subclass's own token model: DRF's look-up
+            return super().authenticate_credentials(key)
         token = token_and_user(key)
         if token is None:
             raise exceptions.AuthenticationFailed(_("Invalid token."))

@@ -13,9 +13,9 @@ INDEXED_ROLES = (Bubble.Role.USER, Bubble.Role.ASSISTANT)
 _BUBBLES_OWNERS = "FROM conversations_bubble b JOIN conversations_conversation c ON c.id = b.conversation_id"
 
 
-def unindexed_bubbles(*, conversation_id: int | None = None, nodes: list[int] | None = None, after: int = 0,
+def unindexed_bubbles(*, conversation_id: int | None = None, nodes: list[int] | None = None,
                       limit: int = 5000) -> list[int]:
-    """Bubbles to index, in id order: of the conversation, of `nodes` only (a turn's), or anyone's (a sweep)."""
+    """Bubbles to index, in id order: of the conversation, of `nodes` only (a turn's), or anyone's."""
     # No entry, or one without its owner (written by a process older than search's migration 0005): the left join
     # leaves the owner empty for both.
     bubbles = Bubble.objects.filter(document__owner__isnull=True, role__in=INDEXED_ROLES, conversation__isnull=False)
@@ -23,7 +23,7 @@ def unindexed_bubbles(*, conversation_id: int | None = None, nodes: list[int] | 
         bubbles = bubbles.filter(conversation_id=conversation_id)
     if nodes is not None:
         bubbles = bubbles.filter(node_id__in=nodes)
-    return list(bubbles.filter(pk__gt=after).order_by("id").values_list("id", flat=True)[:limit])
+    return list(bubbles.order_by("id").values_list("id", flat=True)[:limit])
 
 
 @transaction.atomic
@@ -55,20 +55,8 @@ def index_bubbles(bubble_ids: Sequence[int]) -> int:
 def index_conversation(conversation_id: int, *, nodes: list[int] | None = None) -> int:
     """Index every bubble of the conversation not indexed yet (those of failed turns included); with `nodes`, of
     those nodes only (what a turn wrote: a job after each turn looks at the turn, not at the whole conversation,
-    which made a conversation's life cost O(turns²); `sweep` finds what a job that gave up left)."""
+    which made a conversation's life cost O(turns²); `jobs.run_given_up` runs again a job that gave up)."""
     total = 0
     while ids := unindexed_bubbles(conversation_id=conversation_id, nodes=nodes):
         total += index_bubbles(ids)
     return total
-
-
-SWEEP_BUBBLES = 5000  # a sweep's share of work before the worker looks at its queue again
-
-
-def sweep() -> bool:
-    """Index a share of whatever no job indexed (a job that ran out of attempts); True if there was any."""
-    done, after = 0, 0
-    while done < SWEEP_BUBBLES and (ids := unindexed_bubbles(after=after, limit=SWEEP_BUBBLES)):
-        index_bubbles(ids)
-        done, after = done + len(ids), ids[-1]
-    return bool(done)

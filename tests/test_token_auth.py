@@ -58,6 +58,11 @@ def test_issue_34_the_api_answers_as_drfs_token_check(user, other_user):
     inactive = _client(other_key).get("/api/conversations/")
     assert inactive.status_code == 401 and "inactive" in inactive.json()["error"]["message"]
 
+    for odd in ("abc\x00def", "x" * 41, "é" * 40):  # a NUL (PostgreSQL refuses it: a 500), too long, not a key
+        assert token_and_user(odd) is None
+        refused = APIClient().get("/v1/models", HTTP_X_API_KEY=odd)  # a header passed on as it came (Anthropic's)
+        assert refused.status_code == 401, (odd, refused.content)
+
     Token.objects.filter(key=key).delete()
     revoked = _client(key).get("/api/conversations/")
     assert revoked.status_code == 401 and "Invalid token" in revoked.json()["error"]["message"]

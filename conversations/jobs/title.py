@@ -14,6 +14,7 @@ from conversations import llm
 from conversations.context import assemble
 from conversations.models import Conversation, Node
 from conversations.selectors import context_path, node_path
+from conversations.turns import calls
 from conversations.turns.side_calls import run_side_call
 
 # `#title` is also arbor/echo's directive for a title call (see `conversations.llm.echo`).
@@ -42,9 +43,11 @@ def title_conversation(conversation_id: int) -> str | None:
     if not title:  # a job that ran before and crashed after its call needs no second call
         model = conversation.effective_model
         provider = llm.provider_of(model)
+        whole = node_path(conversation.head_id, owner=conversation.owner_id)
+        if whole and calls.undecided(whole[-1], owner=conversation.owner_id):
+            return None  # the turn waits for a person's approval: the turn after it is named once it commits
         # The opening turns name a conversation; reading only those keeps a long (imported) one cheap.
-        path = context_path(node_path(conversation.head_id, owner=conversation.owner_id), provider,
-                            owner=conversation.owner_id)[:TITLE_CONTEXT_NODES]
+        path = context_path(whole, provider, owner=conversation.owner_id)[:TITLE_CONTEXT_NODES]
         sent = [it.user(TITLE_PROMPT)]
         call = run_side_call(conversation=conversation, parent=path[-1] if path else None, kind=Node.Kind.TITLE,
                              sent=sent, messages=assemble(path, sent, provider=provider), model=model)

@@ -48,11 +48,13 @@ class Turn:
     def __init__(self, *, conversation: Conversation, lock: TurnLock, path: list[PathNode],
                  new_items: list[it.Item], instructions: str | None = None,
                  tools: list[dict] | ServerTools | None = None,
-                 model: str | None = None, call_options: dict | None = None):
+                 model: str | None = None, call_options: dict | None = None, written_before: list[int] = ()):
         self.conversation = conversation
         self.lock = lock
         self.new_items = new_items
         self.nodes: list[int] = []
+        # Nodes recorded for this turn before it began (a /v1 list's earlier answers): its jobs look at them too.
+        self.written_before = list(written_before)
         self.recorded: dict[int, Node] = {}  # the nodes of `nodes` this turn wrote, as it wrote them (its answer)
         self._first_call: int | None = None  # this turn's first call's node: what its later rounds name
         self.model = model or conversation.effective_model  # a gateway call names its own
@@ -346,15 +348,19 @@ class Turn:
             moved = None
             if head_moves:  # the turn's end: the lock goes back in the same UPDATE
                 moved = self._move_head(node.pk, release=True, writes=writes, when=settled)
-                # A turn waiting for approval too: the jobs look at this turn's nodes only, and the turn that
-                # goes on after the approval writes nodes of its own.
-                records.committed(self.conversation, head=node.pk, nodes=self.nodes, writes=writes,
-                                  when=moved or settled)
+                # A turn waiting for approval too, and one that lost its lock (its answer is kept as a branch):
+                # the jobs look at this turn's nodes only, so no later turn's finds them.
+                records.committed(self.conversation, head=node.pk, nodes=self._written(), writes=writes,
+                                  when=settled)
         if not settled.count:  # a sweep had failed it: the answer went on a sibling, whose bubbles these are
             records.answer_bubbles(node, needs_approval=calls.needs_approval)
-            records.committed(self.conversation, nodes=[*self.nodes, node.pk])
+            records.committed(self.conversation, nodes=[*self._written(), node.pk])
         self._pending = None
         return moved is None or bool(moved.count)
+
+    def _written(self) -> list[int]:
+        """Every node written for this turn: what its after-turn jobs (R4) look at."""
+        return [*self.written_before, *self.nodes]
 
     def _move_head(self, node_id: int, *, release: bool = False, writes: Together | None = None,
                    when: Written | None = None) -> Written | None:
@@ -390,10 +396,10 @@ class Turn:
                 self._move_head(node.pk, writes=writes, when=settled)
             # R4: a failed turn's question is searchable too
             records.committed(self.conversation, head=node.pk if moves else self.conversation.head_id,
-                              nodes=self.nodes, writes=writes, when=settled)
+                              nodes=self._written(), writes=writes, when=settled)
         if not settled.count:  # a sweep had failed it: this failure went on a sibling (`records._settle`)
             records.error_bubble(node, error)
-            records.committed(self.conversation, nodes=[*self.nodes, node.pk])
+            records.committed(self.conversation, nodes=[*self._written(), node.pk])
         self._pending = None
         return TurnEvent(EventType.ERROR, {"code": error.reason, "message": error.message, "node": node.pk,
                                            "head": self.conversation.head_id, "nodes": list(self.nodes)})

@@ -145,11 +145,13 @@ def turn_below(*, user, conversation_id: int, parent_id: int | None, items: list
         # Calls run here (issue 32: MCP servers a caller named) get their results from the turn, not the caller.
         runs_here = getattr(options.get("tools"), "runs_calls", False)
         _check_results([c for c in it.tool_calls(follows) if calls.is_clients(c) or not runs_here], items)
+        written = []
         for sent, received in supplied:
             node = records.record_supplied(conversation=conversation, parent=path[-1] if path else None, sent=sent,
                                            received=received, model=options.get("model") or conversation.model)
             path = [*path, path_node(node)]
-        return _turn(conversation, lock, path, items, **options)
+            written.append(node.pk)
+        return _turn(conversation, lock, path, items, written_before=written, **options)
 
     return _under_lock(user, conversation_id, begin)
 

@@ -18,7 +18,8 @@ from conversations import outbox
 from conversations.jobs import worker
 from conversations.models import Bubble, Conversation, Node, OutboxJob
 from search import embedding, index
-from search.models import BubbleDocument
+from search import jobs as search_jobs
+from search.models import BubbleDocument, ChunkVector
 from tests.support.rows_read import rows_read
 
 pytestmark = pytest.mark.django_db
@@ -106,8 +107,8 @@ def _answered_conversation(user, *, branches: int) -> Conversation:
             Bubble(conversation=conversation, owner=user, node=node, role=Bubble.Role.ASSISTANT,
                    content=f"Answer {n}.")])
     Conversation.objects.filter(pk=conversation.pk).update(head=path[-1])
-    while index.sweep() or embedding.backfill():
-        pass
+    index.index_conversation(conversation.pk)
+    embedding.embed_conversation(conversation.pk)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE conversations_node, conversations_bubble, search_bubbledocument, search_chunkvector")
     return conversation
@@ -138,9 +139,10 @@ def test_issue_34_r4_the_jobs_after_a_turn_read_its_rows_not_the_whole_conversat
     assert not grown, f"the jobs read more rows (5 answers, {5 + MORE} answers): {grown}"
 
 
-def test_r4_a_turn_waiting_for_approval_is_indexed_and_the_turn_after_the_approval_too(api):
+def test_r4_a_turn_waiting_for_approval_is_indexed_and_the_turn_after_the_approval_too(api, caplog):
     """The jobs look at a turn's nodes only, so a turn that waits for approval queues its own (its question is
-    searchable before anyone approves), and the turn that goes on after the approval queues jobs for its nodes."""
+    searchable before anyone approves), and the turn that goes on after the approval queues jobs for its nodes.
+    The title waits for that turn: a title call now would read an unanswered call (T6)."""
     conversation = api.post("/api/conversations/", {}, format="json").json()["id"]
     paused = api.post(f"/api/conversations/{conversation}/turns/", {
         "content": '#tool send_email {"to": "a@example.com", "subject": "s", "body": "b"}'}, format="json")
@@ -148,6 +150,9 @@ def test_r4_a_turn_waiting_for_approval_is_indexed_and_the_turn_after_the_approv
     worker.run_due()
     asked = Bubble.objects.get(conversation_id=conversation, role=Bubble.Role.USER)
     assert BubbleDocument.objects.filter(bubble=asked).exists(), "the waiting turn's question is indexed"
+    assert Conversation.objects.get(pk=conversation).title == ""
+    assert not Node.objects.filter(conversation_id=conversation, kind=Node.Kind.TITLE).exists()
+    assert "no partner" not in caplog.text
     (call,) = paused.json()["approval_required"]
     done = api.post(f"/api/conversations/{conversation}/approvals/", {"tool_call_id": call["call_id"],
                                                                       "approve": True}, format="json")
@@ -155,19 +160,46 @@ def test_r4_a_turn_waiting_for_approval_is_indexed_and_the_turn_after_the_approv
     worker.run_due()
     answers = Bubble.objects.filter(conversation_id=conversation, role=Bubble.Role.ASSISTANT)
     assert answers.exists() and all(BubbleDocument.objects.filter(bubble=b).exists() for b in answers)
+    assert Conversation.objects.get(pk=conversation).title, "named once the turn after the approval committed"
     assert not OutboxJob.objects.exclude(status=OutboxJob.Status.DONE).exists()
 
 
-def test_r4_the_index_sweep_finds_what_a_job_that_gave_up_left(api):
+def test_r4_an_index_job_that_gave_up_is_run_again_by_the_workers_sweep(api):
     """Nothing is lost: a turn whose index job ran out of attempts is indexed by the worker's sweep (no later turn
-    of the conversation looks at it any more)."""
+    of the conversation looks at it any more), and the job is then done. One that fails again waits behind the
+    others for the next sweep."""
     conversation = api.post("/api/conversations/", {}, format="json").json()["id"]
     head = api.post(f"/api/conversations/{conversation}/turns/", {"content": "Where is the oak?"},
                     format="json").json()["head"]
     OutboxJob.objects.filter(kind="index").update(status=OutboxJob.Status.FAILED, last_error="gave up")
     api.post(f"/api/conversations/{conversation}/turns/", {"content": "And the birch?"}, format="json")
+    broken = outbox.enqueue(kind="index", payload={"conversation": "not a number"})
+    OutboxJob.objects.filter(pk=broken.pk).update(status=OutboxJob.Status.FAILED)
     worker.run_due()
     assert not BubbleDocument.objects.filter(bubble__node_id=head).exists(), "the later turn's job left it"
-    assert index.sweep() is True
+    assert search_jobs.run_given_up() is True
     assert BubbleDocument.objects.filter(bubble__node_id=head).count() == 2
-    assert index.sweep() is False, "nothing more to do"
+    assert not OutboxJob.objects.filter(kind="index", payload__conversation=conversation).exclude(
+        status=OutboxJob.Status.DONE).exists()
+    broken.refresh_from_db()
+    assert broken.status == OutboxJob.Status.FAILED and "not a number" in broken.last_error
+    assert search_jobs.run_given_up() is False, "nothing more runs: the broken job waits for the next sweep"
+
+
+def test_r4_a_v1_lists_earlier_answers_are_indexed_by_the_calls_own_jobs(user):
+    """A Chat Completions list that carries answers this server never gave (an edited list): they are recorded
+    before the call's turn begins, and the call's jobs look at them too, not only at the sweeps."""
+    gateway = APIClient()
+    gateway.credentials(HTTP_AUTHORIZATION="Bearer " + Token.objects.get_or_create(user=user)[0].key)
+    messages = [{"role": "user", "content": "Name an oak."}, {"role": "assistant", "content": "A sessile oak."},
+                {"role": "user", "content": "And a birch?"}]
+    reply = gateway.post("/v1/chat/completions", {"model": "arbor/echo", "messages": messages}, format="json")
+    assert reply.status_code == 200, reply.content
+    worker.run_due()
+    bubbles = Bubble.objects.filter(owner=user, role__in=(Bubble.Role.USER, Bubble.Role.ASSISTANT))
+    assert sorted(bubbles.values_list("content", flat=True))[:3] == ["A sessile oak.", "And a birch?",
+                                                                   "Name an oak."]
+    unindexed = [b.content for b in bubbles if not BubbleDocument.objects.filter(bubble=b).exists()]
+    assert not unindexed, unindexed
+    unembedded = [b.content for b in bubbles if not ChunkVector.objects.filter(bubble=b).exists()]
+    assert not unembedded, unembedded

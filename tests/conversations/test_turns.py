@@ -11,6 +11,7 @@ from django.core import mail
 from config.errors import BadInput
 from conversations import services
 from conversations.errors import ApprovalPending, TurnInProgress
+from conversations.jobs import worker
 from conversations.locks import TurnLock
 from conversations.models import Bubble, Node, OutboxJob, ToolApproval
 from conversations.screen import path_bubbles
@@ -333,6 +334,10 @@ def test_r3_a_turn_that_outlived_its_lock_keeps_its_node_but_cannot_move_the_hea
     assert interrupted.status == "failed" and interrupted.failure_reason == "interrupted"
     assert fresh_head.parent_id == interrupted.pk
     assert late.status == "succeeded" and late.parent_id == interrupted.parent_id
+    # R4: the late answer, kept as a branch, is searchable like the rest (its turn queued jobs for it).
+    worker.run_due()
+    shown = Bubble.objects.filter(conversation=conversation, role__in=("user", "assistant"))
+    assert shown.filter(node=late).exists() and not shown.filter(document__isnull=True).exists()
     assert late.received[0]["text"].startswith("echo: stale")
     # Its answer's bubble is the sibling's; the interrupted node keeps only its error (issue 13: the answer is
     # written in one batch, whose bubbles wait for the node's own UPDATE and are written for the sibling instead).
