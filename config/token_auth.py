@@ -1,9 +1,9 @@
 """The API's token check: DRF's `TokenAuthentication`, its look-up compiled once.
 
-Every API request looks its key up. Through the ORM that meant building the same query each time, the largest
-single share of a quick API turn's Python time (issue 34: 9% of it in bench_load's profile, more than the turn's
-own writes). The statement is the ORM's own, compiled once per database and run with each key; the objects it
-gives, and every answer and error, are DRF's.
+Every API request looks its key up. Through the ORM that meant building the same query each time: 9–11% of a
+quick API turn's Python time in bench_load's profile (issue 34), the largest single share. The statement is the
+ORM's own, compiled once per database and run with each key; the objects it gives, and every answer and error, are
+DRF's.
 """
 
 from __future__ import annotations

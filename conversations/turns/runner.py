@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 
 from django.conf import settings
 
@@ -48,7 +48,7 @@ class Turn:
     def __init__(self, *, conversation: Conversation, lock: TurnLock, path: list[PathNode],
                  new_items: list[it.Item], instructions: str | None = None,
                  tools: list[dict] | ServerTools | None = None,
-                 model: str | None = None, call_options: dict | None = None, written_before: list[int] = ()):
+                 model: str | None = None, call_options: dict | None = None, written_before: Iterable[int] = ()):
         self.conversation = conversation
         self.lock = lock
         self.new_items = new_items
