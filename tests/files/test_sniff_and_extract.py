@@ -129,8 +129,10 @@ def test_x1_the_service_refuses_bytes_past_the_limit_too(user, settings):
 
 def test_d5_hostile_html_is_read_in_linear_time(settings):
     """An uploaded page that makes Python's html.parser rescan (unclosed attribute quotes, comment openers; 120 KB
-    took it a minute, so a 25 MB upload hours of the worker) or raise (`<![ `) is read in a blink, as its text."""
+    took it a minute, so a 25 MB upload hours of the worker) or raise (`<![ `) is read in a blink, as its text.
+    These 1.2 MB pages would take the rescanning parser over an hour; read in linear time they take under a second
+    (7 s once on a loaded 2-core CI machine), so the bound leaves a slow machine room and still fails by far."""
     started = time.monotonic()
     for hostile in ("<p>kept</p>" + "<a b='" * 200_000, "<p>kept</p>" + "<!--" * 300_000, "<p>kept</p><![ x]>"):
         assert extract.text_of(hostile.encode(), "text/html").startswith("kept")
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60
